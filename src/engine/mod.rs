@@ -1,0 +1,37 @@
+//! The pure placement engine: can a pod fit a node, exactly where, how good is that, and the
+//! table of what is allocated. No I/O, async, clock, randomness or locks: everything here is
+//! built from plain values and answers from plain values, so the extender, the simulator and the
+//! inspect tool ask one core the same questions.
+//!
+//! ```
+//! use gpu_extender::engine::{GpuDemand, GpuMode, MemMiB, CpuMilli, NodeSpec, NodeState, PodRequest, Policy};
+//! let node = NodeState::new(NodeSpec::uniform("gpu-a", GpuMode::ShareMemory, 4, "T4", MemMiB(16_384)));
+//! let pod = PodRequest::single(CpuMilli(1000), MemMiB(1024), GpuDemand::share(8, 1, None).unwrap());
+//! let placed = Policy::default().evaluate(&node, &pod).unwrap();
+//! assert_eq!(placed.allocation.containers[0].gpus.len(), 1);
+//! ```
+
+pub mod allocation;
+pub mod fit;
+pub mod model;
+pub mod policy;
+pub mod request;
+pub mod state;
+pub mod table;
+pub mod topology;
+
+pub use allocation::{ContainerAllocation, GpuGrant, GpuHold, Grant, PodAllocation};
+pub use fit::{RejectReason, fit};
+pub use model::{
+    ComputeMilli, CpuMilli, Gpu, GpuIndex, GpuMode, GpuPlacement, Link, LinkMatrix, MemMiB,
+    NodeName, NodeSpec, PodKey, WHOLE_GPU_COMPUTE,
+};
+pub use policy::fgd::{TypicalPod, TypicalPods};
+pub use policy::{Evaluation, Policy, ScoringPolicy, ShareChoice};
+pub use request::{
+    ContainerRequest, GpuConstraints, GpuDemand, ModelPattern, PodRequest, RequestError,
+    TopologyPreference,
+};
+pub use state::{GpuUsage, NodeState};
+pub use table::{Change, Hold, PodEntry, Table, TableError};
+pub use topology::TopologyIndex;

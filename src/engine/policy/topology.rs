@@ -1,0 +1,36 @@
+//! Topology quality of a multi-GPU placement: how close the chosen group's interconnect comes to
+//! the best the node could offer when empty.
+
+use crate::engine::allocation::{Grant, PodAllocation};
+use crate::engine::state::NodeState;
+
+/// 1.0 when every container's whole-GPU group is as well connected as the best group of its size
+/// on the node; less in proportion to the weakest link otherwise. Placements of fewer than two
+/// whole GPUs per container always score 1.0.
+pub fn quality(node: &NodeState, allocation: &PodAllocation) -> f64 {
+    let topology = &node.spec.topology;
+    let mut quality: f64 = 1.0;
+    for container in &allocation.containers {
+        let group = container
+            .gpus
+            .iter()
+            .filter(|grant| grant.grant == Grant::Whole)
+            .filter_map(|grant| node.spec.position_of(grant.gpu))
+            .fold(0u64, |mask, position| mask | (1u64 << position));
+        let size = group.count_ones() as usize;
+        if size < 2 {
+            continue;
+        }
+        let (Some((_, chosen)), Some(best)) = (
+            topology.best_group(group, size),
+            topology.best_possible(size),
+        ) else {
+            continue;
+        };
+        let weakest = |conn: u64| (conn >> 32) as f64;
+        if weakest(best) > 0.0 {
+            quality = quality.min(weakest(chosen) / weakest(best));
+        }
+    }
+    quality
+}

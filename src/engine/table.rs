@@ -1,0 +1,357 @@
+//! The cluster's allocation table: every node's usage and every pod's allocation, changed only
+//! through [`Table::apply`], [`Table::reserve`] and [`Table::release`], and checkable against its
+//! invariants. Time is passed in (milliseconds on any monotonic clock the caller owns).
+
+use std::collections::{BTreeSet, HashMap};
+
+use thiserror::Error;
+
+use super::allocation::PodAllocation;
+use super::model::{NodeName, NodeSpec, PodKey, WHOLE_GPU_COMPUTE};
+use super::state::{GpuUsage, NodeState};
+
+/// A fact about the cluster, as the watchers report it.
+#[derive(Clone, Debug)]
+pub enum Change {
+    /// A node appeared or changed (labels, capacity, GPUs).
+    UpsertNode(NodeSpec),
+    /// A node is gone. Its pods' records are kept until their own deletion arrives.
+    RemoveNode(NodeName),
+    /// A pod is bound with this allocation (from its allocation record). Replaces a reservation.
+    PodBound {
+        pod: PodKey,
+        allocation: PodAllocation,
+    },
+    /// A pod finished (Succeeded/Failed) or was deleted: its GPUs are free again.
+    PodGone(PodKey),
+}
+
+/// Whether a pod's hold is confirmed by the API server or only promised by a bind in flight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hold {
+    /// Reserved by bind; lapses at `expires_at_ms` unless the watch confirms the pod.
+    Reserved { expires_at_ms: u64 },
+    /// Seen bound by the watch.
+    Bound,
+}
+
+/// One pod's entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodEntry {
+    pub allocation: PodAllocation,
+    pub hold: Hold,
+}
+
+/// Why a reservation was refused.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum TableError {
+    #[error("node {0} is not known")]
+    UnknownNode(NodeName),
+    #[error("pod {0} already holds an allocation")]
+    AlreadyAllocated(PodKey),
+    #[error("allocation no longer fits node {node}: {detail}")]
+    NoLongerFits { node: NodeName, detail: String },
+}
+
+/// The table.
+#[derive(Clone, Debug)]
+pub struct Table {
+    nodes: HashMap<NodeName, NodeState>,
+    pods: HashMap<PodKey, PodEntry>,
+    /// Pods by the node their allocation names, including nodes not (yet) known.
+    pods_by_node: HashMap<NodeName, BTreeSet<PodKey>>,
+    max_shares_per_gpu: u16,
+}
+
+impl Table {
+    /// An empty table enforcing at most `max_shares_per_gpu` pods on one shared GPU.
+    pub fn new(max_shares_per_gpu: u16) -> Self {
+        Self {
+            nodes: HashMap::new(),
+            pods: HashMap::new(),
+            pods_by_node: HashMap::new(),
+            max_shares_per_gpu,
+        }
+    }
+
+    /// A table built from a full list of nodes and bound pods, as after a restart or relist.
+    pub fn rebuild(
+        max_shares_per_gpu: u16,
+        nodes: impl IntoIterator<Item = NodeSpec>,
+        pods: impl IntoIterator<Item = (PodKey, PodAllocation)>,
+    ) -> Self {
+        let mut table = Self::new(max_shares_per_gpu);
+        for node in nodes {
+            table.apply(Change::UpsertNode(node));
+        }
+        for (pod, allocation) in pods {
+            table.apply(Change::PodBound { pod, allocation });
+        }
+        table
+    }
+
+    /// The per-GPU pod limit this table enforces.
+    pub fn max_shares_per_gpu(&self) -> u16 {
+        self.max_shares_per_gpu
+    }
+
+    /// Applies a fact. Facts are never refused: the cluster is the truth, and an over-commit it
+    /// reports is kept visible to [`Table::check_invariants`] rather than hidden.
+    pub fn apply(&mut self, change: Change) {
+        match change {
+            Change::UpsertNode(spec) => {
+                let name = spec.name.clone();
+                let mut state = NodeState::new(spec);
+                for pod in self.pods_by_node.get(&name).into_iter().flatten() {
+                    if let Some(entry) = self.pods.get(pod) {
+                        state.add(&entry.allocation);
+                    }
+                }
+                self.nodes.insert(name, state);
+            }
+            Change::RemoveNode(name) => {
+                self.nodes.remove(&name);
+            }
+            Change::PodBound { pod, allocation } => {
+                if let Some(entry) = self.pods.get(&pod)
+                    && entry.allocation == allocation
+                {
+                    self.pods.insert(
+                        pod,
+                        PodEntry {
+                            allocation,
+                            hold: Hold::Bound,
+                        },
+                    );
+                    return;
+                }
+                self.release(&pod);
+                self.insert(pod, allocation, Hold::Bound);
+            }
+            Change::PodGone(pod) => {
+                self.release(&pod);
+            }
+        }
+    }
+
+    /// Holds `allocation` for `pod` until the watch confirms it or `expires_at_ms` passes.
+    /// Refused if the pod already holds something or the allocation no longer fits.
+    pub fn reserve(
+        &mut self,
+        pod: PodKey,
+        allocation: PodAllocation,
+        expires_at_ms: u64,
+    ) -> Result<(), TableError> {
+        if self.pods.contains_key(&pod) {
+            return Err(TableError::AlreadyAllocated(pod));
+        }
+        let node = self
+            .nodes
+            .get(&allocation.node)
+            .ok_or_else(|| TableError::UnknownNode(allocation.node.clone()))?;
+        let mut trial = node.clone();
+        trial.add(&allocation);
+        if let Some(detail) = node_violations(&trial, self.max_shares_per_gpu)
+            .into_iter()
+            .next()
+        {
+            return Err(TableError::NoLongerFits {
+                node: allocation.node.clone(),
+                detail,
+            });
+        }
+        self.insert(pod, allocation, Hold::Reserved { expires_at_ms });
+        Ok(())
+    }
+
+    /// Frees whatever `pod` holds and returns it.
+    pub fn release(&mut self, pod: &PodKey) -> Option<PodAllocation> {
+        let entry = self.pods.remove(pod)?;
+        if let Some(node) = self.nodes.get_mut(&entry.allocation.node) {
+            node.remove(&entry.allocation);
+        }
+        if let Some(set) = self.pods_by_node.get_mut(&entry.allocation.node) {
+            set.remove(pod);
+            if set.is_empty() {
+                self.pods_by_node.remove(&entry.allocation.node);
+            }
+        }
+        Some(entry.allocation)
+    }
+
+    /// Releases every reservation whose time has passed; returns the pods released.
+    pub fn expire_reservations(&mut self, now_ms: u64) -> Vec<PodKey> {
+        let expired: Vec<PodKey> = self
+            .pods
+            .iter()
+            .filter(|(_, entry)| {
+                matches!(entry.hold, Hold::Reserved { expires_at_ms } if expires_at_ms <= now_ms)
+            })
+            .map(|(pod, _)| pod.clone())
+            .collect();
+        for pod in &expired {
+            self.release(pod);
+        }
+        expired
+    }
+
+    fn insert(&mut self, pod: PodKey, allocation: PodAllocation, hold: Hold) {
+        if let Some(node) = self.nodes.get_mut(&allocation.node) {
+            node.add(&allocation);
+        }
+        self.pods_by_node
+            .entry(allocation.node.clone())
+            .or_default()
+            .insert(pod.clone());
+        self.pods.insert(pod, PodEntry { allocation, hold });
+    }
+
+    /// A node's state.
+    pub fn node(&self, name: &NodeName) -> Option<&NodeState> {
+        self.nodes.get(name)
+    }
+
+    /// A node's state by name.
+    pub fn node_by_str(&self, name: &str) -> Option<&NodeState> {
+        self.nodes.get(&NodeName::new(name))
+    }
+
+    /// All nodes, in no particular order.
+    pub fn nodes(&self) -> impl Iterator<Item = &NodeState> {
+        self.nodes.values()
+    }
+
+    /// How many nodes the table knows.
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// A pod's entry.
+    pub fn pod(&self, pod: &PodKey) -> Option<&PodEntry> {
+        self.pods.get(pod)
+    }
+
+    /// All pods, in no particular order.
+    pub fn pods(&self) -> impl Iterator<Item = (&PodKey, &PodEntry)> {
+        self.pods.iter()
+    }
+
+    /// How many pods hold an allocation.
+    pub fn pod_count(&self) -> usize {
+        self.pods.len()
+    }
+
+    /// The pods whose allocation names `node`.
+    pub fn pods_on(&self, node: &NodeName) -> impl Iterator<Item = (&PodKey, &PodEntry)> {
+        self.pods_by_node
+            .get(node)
+            .into_iter()
+            .flatten()
+            .filter_map(|pod| self.pods.get(pod).map(|entry| (pod, entry)))
+    }
+
+    /// Every broken invariant, as readable lines: no GPU over-committed in memory or compute, none
+    /// both whole and shared or whole twice, at most the per-GPU pod limit, host CPU and memory
+    /// within capacity, and every node's usage equal to the sum of its pods (so released capacity
+    /// equals what was allocated).
+    pub fn check_invariants(&self) -> Result<(), Vec<String>> {
+        let mut violations = Vec::new();
+        for (name, node) in &self.nodes {
+            violations.extend(node_violations(node, self.max_shares_per_gpu));
+            let mut recomputed = NodeState::new(node.spec.clone());
+            for (_, entry) in self.pods_on(name) {
+                recomputed.add(&entry.allocation);
+            }
+            if recomputed.gpus != node.gpus
+                || recomputed.cpu_used != node.cpu_used
+                || recomputed.mem_used != node.mem_used
+                || recomputed.pods != node.pods
+            {
+                violations.push(format!(
+                    "node {name}: usage differs from the sum of its pods"
+                ));
+            }
+        }
+        for (pod, entry) in &self.pods {
+            let listed = self
+                .pods_by_node
+                .get(&entry.allocation.node)
+                .is_some_and(|s| s.contains(pod));
+            if !listed {
+                violations.push(format!("pod {pod}: missing from its node's pod index"));
+            }
+        }
+        if violations.is_empty() {
+            Ok(())
+        } else {
+            Err(violations)
+        }
+    }
+}
+
+impl PartialEq for Table {
+    fn eq(&self, other: &Self) -> bool {
+        let node_usage = |table: &Self| -> HashMap<NodeName, (Vec<GpuUsage>, u64, u64, u32)> {
+            table
+                .nodes
+                .iter()
+                .map(|(name, n)| {
+                    (
+                        name.clone(),
+                        (n.gpus.clone(), n.cpu_used.0, n.mem_used.0, n.pods),
+                    )
+                })
+                .collect()
+        };
+        let allocations = |table: &Self| -> HashMap<PodKey, PodAllocation> {
+            table
+                .pods
+                .iter()
+                .map(|(pod, entry)| (pod.clone(), entry.allocation.clone()))
+                .collect()
+        };
+        self.max_shares_per_gpu == other.max_shares_per_gpu
+            && node_usage(self) == node_usage(other)
+            && allocations(self) == allocations(other)
+    }
+}
+
+fn node_violations(node: &NodeState, max_shares_per_gpu: u16) -> Vec<String> {
+    let name = &node.spec.name;
+    let mut violations = Vec::new();
+    for (gpu, usage) in node.spec.gpus.iter().zip(&node.gpus) {
+        let index = gpu.index.0;
+        if usage.mem > gpu.memory {
+            violations.push(format!("node {name} GPU {index}: memory over-committed"));
+        }
+        if usage.compute > WHOLE_GPU_COMPUTE {
+            violations.push(format!("node {name} GPU {index}: compute over-committed"));
+        }
+        if usage.whole_pods > 1 {
+            violations.push(format!(
+                "node {name} GPU {index}: held whole by several pods"
+            ));
+        }
+        if usage.is_whole() && usage.shares > 0 {
+            violations.push(format!("node {name} GPU {index}: both whole and shared"));
+        }
+        if usage.shares > max_shares_per_gpu {
+            violations.push(format!(
+                "node {name} GPU {index}: more than {max_shares_per_gpu} pods"
+            ));
+        }
+    }
+    if node.cpu_used > node.spec.cpu {
+        violations.push(format!("node {name}: CPU over-committed"));
+    }
+    if node.mem_used > node.spec.memory {
+        violations.push(format!("node {name}: memory over-committed"));
+    }
+    if node.dangling_holds > 0 {
+        violations.push(format!(
+            "node {name}: {} holds on GPUs it no longer has",
+            node.dangling_holds
+        ));
+    }
+    violations
+}

@@ -1,0 +1,268 @@
+//! The interconnect index of one node: every GPU group ranked by how well it is connected,
+//! computed once per link matrix so that choosing a group at request time is a scan, not a search.
+//!
+//! A group's connectivity is its weakest pair first (a ring all-reduce runs at the speed of its
+//! slowest hop), then the sum over all pairs. Choosing a group for `k` GPUs takes the best-connected
+//! groups inside the free set and, among equals, the one whose leftover free GPUs keep the
+//! best-connected large groups intact (compared from the largest power-of-two size down).
+
+use super::model::{LinkMatrix, MAX_GPUS_PER_NODE};
+
+/// Nodes with more GPUs than this are indexed greedily instead of exhaustively (2^12 subsets).
+const EXHAUSTIVE_LIMIT: usize = 12;
+
+/// How well a group is connected: weakest link rank in the high half, sum of ranks in the low half.
+pub type Connectivity = u64;
+
+fn connectivity(links: &LinkMatrix, mask: u64) -> Connectivity {
+    let members: Vec<usize> = positions(mask).collect();
+    if members.len() < 2 {
+        return u64::from(u32::MAX) << 32;
+    }
+    let mut weakest = u32::MAX;
+    let mut total: u32 = 0;
+    for (i, &a) in members.iter().enumerate() {
+        for &b in &members[i + 1..] {
+            let rank = links.get(a, b).rank();
+            weakest = weakest.min(rank);
+            total = total.saturating_add(rank);
+        }
+    }
+    (u64::from(weakest) << 32) | u64::from(total)
+}
+
+/// The positions set in a mask, ascending.
+pub fn positions(mask: u64) -> impl Iterator<Item = usize> {
+    (0..MAX_GPUS_PER_NODE).filter(move |bit| mask & (1u64 << bit) != 0)
+}
+
+/// The ranked GPU groups of one node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopologyIndex {
+    size: usize,
+    /// All pairs equally connected: every group of a size is as good as any other.
+    uniform: bool,
+    /// `ranked[k]`: the groups of `k` GPUs, best connected first (ties: lowest positions first).
+    ranked: Vec<Vec<(u64, Connectivity)>>,
+    links: LinkMatrix,
+}
+
+impl TopologyIndex {
+    /// Indexes a link matrix.
+    pub fn build(links: &LinkMatrix) -> Self {
+        let size = links.size().min(MAX_GPUS_PER_NODE);
+        let uniform = (0..size)
+            .flat_map(|a| ((a + 1)..size).map(move |b| (a, b)))
+            .all(|(a, b)| links.get(a, b) == links.get(0, 1.min(size.saturating_sub(1))));
+        let mut ranked = vec![Vec::new(); size + 1];
+        if !uniform && size <= EXHAUSTIVE_LIMIT {
+            for mask in 1u64..(1u64 << size) {
+                let k = mask.count_ones() as usize;
+                ranked[k].push((mask, connectivity(links, mask)));
+            }
+            for groups in &mut ranked {
+                groups.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| lowest_first(a.0, b.0)));
+            }
+        }
+        Self {
+            size,
+            uniform,
+            ranked,
+            links: links.clone(),
+        }
+    }
+
+    /// Whether every pair of GPUs is connected alike.
+    pub fn is_uniform(&self) -> bool {
+        self.uniform
+    }
+
+    /// The best group of `k` GPUs inside `free`, with its connectivity.
+    pub fn best_group(&self, free: u64, k: usize) -> Option<(u64, Connectivity)> {
+        if k == 0 || (free.count_ones() as usize) < k {
+            return None;
+        }
+        if self.uniform {
+            let group = lowest_bits(free, k);
+            return Some((group, connectivity(&self.links, group)));
+        }
+        match self.ranked.get(k) {
+            Some(groups) if !groups.is_empty() => {
+                groups.iter().find(|(mask, _)| mask & !free == 0).copied()
+            }
+            _ => {
+                let group = self.greedy_group(free, k)?;
+                Some((group, connectivity(&self.links, group)))
+            }
+        }
+    }
+
+    /// The connectivity of the best group of `k` on an empty node: the yardstick for scores.
+    pub fn best_possible(&self, k: usize) -> Option<Connectivity> {
+        let all = if self.size >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << self.size) - 1
+        };
+        self.best_group(all, k).map(|(_, conn)| conn)
+    }
+
+    /// The group of `k` GPUs to hand out from `free`: best connected, and among equals the one
+    /// that leaves the best large groups free.
+    pub fn choose_group(&self, free: u64, k: usize) -> Option<u64> {
+        let (first, best) = self.best_group(free, k)?;
+        if self.uniform || self.ranked.get(k).is_none_or(Vec::is_empty) {
+            return Some(first);
+        }
+        let mut chosen = first;
+        let mut chosen_value = self.leftover_value(free & !first);
+        for &(mask, conn) in &self.ranked[k] {
+            if conn != best {
+                break;
+            }
+            if mask & !free != 0 || mask == first {
+                continue;
+            }
+            let value = self.leftover_value(free & !mask);
+            if value > chosen_value {
+                chosen = mask;
+                chosen_value = value;
+            }
+        }
+        Some(chosen)
+    }
+
+    /// How valuable a set of free GPUs is for later multi-GPU pods: for each power-of-two group
+    /// size from the largest down, the connectivity of the best group of that size inside it.
+    pub fn leftover_value(&self, free: u64) -> Vec<Connectivity> {
+        let mut sizes = Vec::new();
+        let mut size = 2;
+        while size < self.size {
+            sizes.push(size);
+            size *= 2;
+        }
+        sizes
+            .iter()
+            .rev()
+            .map(|&k| self.best_group(free, k).map_or(0, |(_, conn)| conn))
+            .collect()
+    }
+
+    fn greedy_group(&self, free: u64, k: usize) -> Option<u64> {
+        // Start from each free GPU, grow by the GPU best linked to the group; keep the best.
+        let mut best: Option<(u64, Connectivity)> = None;
+        for start in positions(free) {
+            let mut group = 1u64 << start;
+            while (group.count_ones() as usize) < k {
+                let next = positions(free & !group).max_by_key(|&candidate| {
+                    positions(group)
+                        .map(|member| self.links.get(member, candidate).rank())
+                        .min()
+                })?;
+                group |= 1u64 << next;
+            }
+            let conn = connectivity(&self.links, group);
+            if best.is_none_or(|(_, c)| conn > c) {
+                best = Some((group, conn));
+            }
+        }
+        best.map(|(group, _)| group)
+    }
+}
+
+/// Orders masks so that the one holding the lowest positions comes first.
+fn lowest_first(a: u64, b: u64) -> std::cmp::Ordering {
+    a.reverse_bits().cmp(&b.reverse_bits()).reverse()
+}
+
+/// The `k` lowest set bits of `mask`.
+pub fn lowest_bits(mask: u64, k: usize) -> u64 {
+    let mut out = 0u64;
+    let mut rest = mask;
+    for _ in 0..k {
+        if rest == 0 {
+            break;
+        }
+        let bit = rest & rest.wrapping_neg();
+        out |= bit;
+        rest &= !bit;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::model::Link;
+
+    /// Two NVLink islands of four (0-3 and 4-7), PCIe across sockets between them.
+    pub(crate) fn two_islands() -> LinkMatrix {
+        LinkMatrix::from_fn(8, |a, b| {
+            if a / 4 == b / 4 {
+                Link::NvLink(2)
+            } else {
+                Link::CrossSocket
+            }
+        })
+    }
+
+    #[test]
+    fn four_gpus_get_one_whole_island() {
+        let index = TopologyIndex::build(&two_islands());
+        let group = index.choose_group(0xFF, 4).unwrap();
+        assert!(group == 0x0F || group == 0xF0, "got {group:#x}");
+    }
+
+    #[test]
+    fn two_gpus_do_not_break_the_only_intact_island() {
+        let index = TopologyIndex::build(&two_islands());
+        // GPU 1 is taken: island 0-3 is broken, island 4-7 is intact.
+        let free = 0xFF & !(1 << 1);
+        let group = index.choose_group(free, 2).unwrap();
+        assert_eq!(
+            group & 0xF0,
+            0,
+            "the pair must come from the broken island, got {group:#x}"
+        );
+    }
+
+    #[test]
+    fn one_gpu_goes_where_it_breaks_least() {
+        let index = TopologyIndex::build(&two_islands());
+        let free = 0xFF & !(1 << 5);
+        let group = index.choose_group(free, 1).unwrap();
+        assert_eq!(
+            group & 0x0F,
+            0,
+            "single GPU should come from the already broken island"
+        );
+    }
+
+    #[test]
+    fn uniform_nodes_take_the_lowest_free_positions() {
+        let index = TopologyIndex::build(&LinkMatrix::uniform(8));
+        assert!(index.is_uniform());
+        assert_eq!(index.choose_group(0b1011_0110, 3), Some(0b0001_0110));
+        assert_eq!(index.best_group(0b11, 3), None);
+    }
+
+    #[test]
+    fn large_nodes_fall_back_to_a_greedy_group() {
+        let links = LinkMatrix::from_fn(16, |a, b| {
+            if a / 8 == b / 8 {
+                Link::NvLink(1)
+            } else {
+                Link::HostBridge
+            }
+        });
+        let index = TopologyIndex::build(&links);
+        let group = index.choose_group(0xFFFF, 8).unwrap();
+        assert!(group == 0x00FF || group == 0xFF00, "got {group:#x}");
+    }
+
+    #[test]
+    fn lowest_bits_takes_from_the_bottom() {
+        assert_eq!(lowest_bits(0b1010_1010, 2), 0b0000_1010);
+        assert_eq!(lowest_bits(0b1, 3), 0b1);
+    }
+}

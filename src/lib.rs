@@ -1,0 +1,2 @@
+//! gpu-extender library.
+pub mod engine;

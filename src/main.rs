@@ -1,0 +1,2 @@
+//! gpu-extender binary.
+fn main() {}
