@@ -1,2 +1,6 @@
-//! gpu-extender library.
+//! gpu-extender library: a GPU-aware kube-scheduler extender.
+
 pub mod engine;
+pub mod http;
+pub mod inspect;
+pub mod telemetry;

@@ -1,0 +1,34 @@
+# The two commands a newcomer needs: `make demo` and `make test`. CI runs `.ci/run`, which runs
+# `make test`. Caches (cargo target dir, Kubernetes binaries) live outside the clone.
+SHELL := /bin/bash
+export GPU_EXTENDER_CACHE ?= $(HOME)/.cache/gpu-extender
+export CARGO_TARGET_DIR ?= $(GPU_EXTENDER_CACHE)/target
+CARGO ?= cargo
+
+.PHONY: demo test lint unit e2e k8s-bins build bench
+
+## demo: local control plane + extender + kube-scheduler + sample GPU pods; prints placements.
+demo: build k8s-bins
+	scripts/demo.sh
+
+## test: formatting, lints, unit/integration tests and the end-to-end scenarios.
+test: lint k8s-bins
+	GPU_EXTENDER_K8S_BIN="$$(scripts/k8s-bins.sh | tail -n1)" GPU_EXTENDER_E2E=require \
+		$(CARGO) test --locked --all-targets
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --locked --all-targets -- -D warnings
+
+## unit: the tests that need no control plane (end-to-end tests skip with a message).
+unit:
+	$(CARGO) test --locked --all-targets
+
+build:
+	$(CARGO) build --locked --release --bin gpu-extender
+
+k8s-bins:
+	scripts/k8s-bins.sh >/dev/null
+
+bench:
+	$(CARGO) bench --locked

@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# Build (once) the real Kubernetes control-plane binaries the end-to-end tests and
+# the demo run: kube-apiserver, kube-scheduler, kubectl and etcd.
+#
+# They are built from Go modules only (the module proxy), never downloaded
+# prebuilt. The pins live in tests/k8s-bins/go.mod (k8s.io/kubernetes) and
+# tests/k8s-bins/etcd/go.mod (go.etcd.io/etcd/server/v3).
+#
+# Output goes to a cache outside the source tree, keyed by Kubernetes version:
+#   ${GPU_EXTENDER_CACHE:-$HOME/.cache/gpu-extender}/k8s/<k8s-version>/bin/
+# A warm run (all binaries present and built from the same go.mod/go.sum) only
+# checks and returns. The last line on stdout is the bin dir; progress goes to
+# stderr, so `BIN=$(scripts/k8s-bins.sh | tail -n1)` works.
+#
+# Environment:
+#   GPU_EXTENDER_CACHE   cache root (default $HOME/.cache/gpu-extender)
+#   K8S_BINS_REBUILD=1   rebuild even if the binaries are present
+#   GO                   the go command to use (default: go on PATH, else /usr/local/go/bin/go)
+#   K8S_BINS_JOBS        go build -p (default 2)
+#
+# Exit status: 0 ok, 2 Go toolchain missing, other non-zero on build failure.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+K8S_MOD_DIR="$ROOT/tests/k8s-bins"
+ETCD_MOD_DIR="$ROOT/tests/k8s-bins/etcd"
+
+log() { printf 'k8s-bins: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# --- versions, from the pinned go.mod files (the single source of truth) ----
+mod_version() { # <go.mod> <module path>
+    awk -v m="$2" '($1 == "require" && $2 == m) { print $3; exit } ($1 == m && $2 ~ /^v/) { print $2; exit }' "$1"
+}
+K8S_VERSION=$(mod_version "$K8S_MOD_DIR/go.mod" k8s.io/kubernetes)
+ETCD_VERSION=$(mod_version "$ETCD_MOD_DIR/go.mod" go.etcd.io/etcd/server/v3)
+[[ -n "$K8S_VERSION" ]] || die "cannot read the k8s.io/kubernetes version from $K8S_MOD_DIR/go.mod"
+[[ -n "$ETCD_VERSION" ]] || die "cannot read the etcd version from $ETCD_MOD_DIR/go.mod"
+
+CACHE_ROOT=${GPU_EXTENDER_CACHE:-$HOME/.cache/gpu-extender}
+VERSION_DIR="$CACHE_ROOT/k8s/$K8S_VERSION"
+BIN_DIR="$VERSION_DIR/bin"
+STAMP="$BIN_DIR/.stamp"
+
+# The stamp ties the binaries to the exact pins they were built from.
+stamp_text() {
+    printf 'kubernetes %s\netcd %s\n' "$K8S_VERSION" "$ETCD_VERSION"
+    cat "$K8S_MOD_DIR/go.mod" "$K8S_MOD_DIR/go.sum" "$ETCD_MOD_DIR/go.mod" "$ETCD_MOD_DIR/go.sum" | sha256sum | cut -d' ' -f1
+}
+
+K8S_BINS=(kube-apiserver kube-scheduler kubectl)
+ALL_BINS=("${K8S_BINS[@]}" etcd)
+
+up_to_date() {
+    [[ "${K8S_BINS_REBUILD:-0}" != 1 ]] || return 1
+    [[ -f "$STAMP" ]] && [[ "$(cat "$STAMP")" == "$(stamp_text)" ]] || return 1
+    local b
+    for b in "${ALL_BINS[@]}"; do [[ -x "$BIN_DIR/$b" ]] || return 1; done
+}
+
+if up_to_date; then
+    log "kubernetes $K8S_VERSION, etcd $ETCD_VERSION: cached in $BIN_DIR"
+    printf '%s\n' "$BIN_DIR"
+    exit 0
+fi
+
+# --- find Go (only needed to build) ----------------------------------------
+GO_CMD=${GO:-}
+if [[ -z "$GO_CMD" ]]; then
+    if command -v go >/dev/null 2>&1; then
+        GO_CMD=$(command -v go)
+    elif [[ -x /usr/local/go/bin/go ]]; then
+        GO_CMD=/usr/local/go/bin/go
+    fi
+fi
+if [[ -z "$GO_CMD" ]] || ! "$GO_CMD" version >/dev/null 2>&1; then
+    if [[ -n "${GO:-}" ]]; then WHY="GO=$GO does not run"; else WHY="no go on PATH, none at /usr/local/go/bin/go"; fi
+    cat >&2 <<EOF
+k8s-bins: error: the Go toolchain is missing ($WHY).
+  kube-apiserver, kube-scheduler, kubectl and etcd are built from source, which needs Go >= 1.24
+  (Kubernetes v1.34's minimum). Install it from https://go.dev/dl/ , e.g.
+    curl -fsSL https://go.dev/dl/go<version>.linux-amd64.tar.gz | tar -C /usr/local -xz
+    export PATH=\$PATH:/usr/local/go/bin
+  or your distribution's golang package if it is >= 1.24, or set GO=/path/to/go.
+  Only the Go module proxy (GOPROXY) is needed to fetch the sources; no binaries are downloaded.
+EOF
+    exit 2
+fi
+
+mkdir -p "$VERSION_DIR"
+# One builder at a time per version (parallel test runs may all call this).
+exec 9>"$VERSION_DIR/.lock"
+flock 9
+if up_to_date; then # someone else built it while we waited
+    log "kubernetes $K8S_VERSION, etcd $ETCD_VERSION: cached in $BIN_DIR"
+    printf '%s\n' "$BIN_DIR"
+    exit 0
+fi
+
+STAGE=$(mktemp -d "$VERSION_DIR/.build.XXXXXX")
+trap 'rm -rf "$STAGE"' EXIT
+
+# -mod=mod: go.sum may be completed from the proxy instead of failing.
+# -buildvcs=false: this is the gpu-extender repository, not kubernetes'.
+# -p 2: two packages at a time (the box has 2 cores; more only costs memory).
+export GOFLAGS="-mod=mod -buildvcs=false"
+export GOWORK=off
+export CGO_ENABLED=0
+GO_BUILD=("$GO_CMD" build -p "${K8S_BINS_JOBS:-2}" -trimpath)
+
+# Version stamps, as kubernetes' hack/lib/version.sh sets them, so the binaries
+# report v1.34.x (kubectl version, /version, the emulation-version machinery)
+# instead of v0.0.0-master.
+k8s_minor=${K8S_VERSION#v1.}
+k8s_minor=${k8s_minor%%.*}
+ldx=""
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldx+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$k8s_minor -X $pkg.gitTreeState=clean"
+done
+
+log "go: $("$GO_CMD" version)"
+log "building kubernetes $K8S_VERSION (${K8S_BINS[*]}) and etcd $ETCD_VERSION into $BIN_DIR"
+log "(a cold build takes several minutes on 2 cores)"
+start=$SECONDS
+
+(
+    cd "$ETCD_MOD_DIR"
+    "${GO_BUILD[@]}" -ldflags "-s -w" -o "$STAGE/etcd" go.etcd.io/etcd/server/v3
+)
+log "etcd built ($((SECONDS - start))s)"
+
+(
+    cd "$K8S_MOD_DIR"
+    # One invocation for all three: shared packages are compiled once.
+    "${GO_BUILD[@]}" -ldflags "-s -w$ldx" -o "$STAGE/" \
+        k8s.io/kubernetes/cmd/kube-apiserver \
+        k8s.io/kubernetes/cmd/kube-scheduler \
+        k8s.io/kubernetes/cmd/kubectl
+)
+log "kubernetes binaries built ($((SECONDS - start))s)"
+
+for b in "${ALL_BINS[@]}"; do
+    [[ -x "$STAGE/$b" ]] || die "build produced no $b"
+done
+mkdir -p "$BIN_DIR"
+rm -f "$STAMP"
+for b in "${ALL_BINS[@]}"; do
+    mv -f "$STAGE/$b" "$BIN_DIR/$b"
+done
+stamp_text >"$STAMP"
+
+log "done in $((SECONDS - start))s: $BIN_DIR"
+printf '%s\n' "$BIN_DIR"

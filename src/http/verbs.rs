@@ -1,0 +1,274 @@
+//! What filter, prioritize and preempt decide, over engine values: candidate nodes in, verdicts
+//! out. No HTTP and no locking here; the handlers decode, call these on one snapshot, and encode.
+
+use crate::engine::{NodeState, PodAllocation, PodRequest, Policy, RejectReason};
+
+use super::wire::{FailedNodesMap, HostPriority, HostPriorityList};
+
+/// The reason given for a candidate the extender has not seen yet (its watch may lag the
+/// scheduler's); resolvable, because it will be known shortly.
+pub const UNKNOWN_NODE: &str = "node not yet known to the GPU extender";
+
+/// Filter's verdict on a list of candidates, in the scheduler's terms.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct FilterVerdict {
+    /// Positions (in the candidate list) of the nodes that fit.
+    pub passed: Vec<usize>,
+    /// Currently full: preemption or waiting may help.
+    pub failed: FailedNodesMap,
+    /// Can never fit as configured.
+    pub unresolvable: FailedNodesMap,
+    /// Each rejection's reason, for metrics.
+    pub reasons: Vec<RejectReason>,
+    /// Candidates the extender does not know.
+    pub unknown: usize,
+}
+
+/// Decides which candidates can hold `request` now. `candidates` pairs each name with the node's
+/// state, `None` when the extender does not know the node.
+pub fn filter<'a>(
+    candidates: impl IntoIterator<Item = (&'a str, Option<&'a NodeState>)>,
+    request: &PodRequest,
+    policy: &Policy,
+) -> FilterVerdict {
+    let mut verdict = FilterVerdict::default();
+    for (position, (name, node)) in candidates.into_iter().enumerate() {
+        let Some(node) = node else {
+            verdict
+                .failed
+                .insert(name.to_owned(), UNKNOWN_NODE.to_owned());
+            verdict.unknown += 1;
+            continue;
+        };
+        match crate::engine::fit(node, request, policy) {
+            Ok(_) => verdict.passed.push(position),
+            Err(reason) => {
+                let target = if reason.is_resolvable() {
+                    &mut verdict.failed
+                } else {
+                    &mut verdict.unresolvable
+                };
+                target.insert(name.to_owned(), reason.message().to_owned());
+                verdict.reasons.push(reason);
+            }
+        }
+    }
+    verdict
+}
+
+/// Every candidate rejected for one request-level reason (a malformed request): the message
+/// reaches the pod's FailedScheduling event, and the pod stays `Unschedulable`, not
+/// `SchedulerError`.
+pub fn reject_all<'a>(names: impl IntoIterator<Item = &'a str>, message: &str) -> FailedNodesMap {
+    names
+        .into_iter()
+        .map(|name| (name.to_owned(), message.to_owned()))
+        .collect()
+}
+
+/// Scores candidates on the extender's 0..=10 scale. Nodes that do not fit (or are unknown) get
+/// 0. The engine's 0..=100 scores are stretched over the candidates (best 10, worst 0) because
+/// ten buckets would otherwise merge placements the policy tells apart; when all are equal every
+/// node gets 10 so the extender expresses no preference.
+pub fn prioritize<'a>(
+    candidates: impl IntoIterator<Item = (&'a str, Option<&'a NodeState>)>,
+    request: &PodRequest,
+    policy: &Policy,
+) -> HostPriorityList {
+    let scored: Vec<(&str, Option<f64>)> = candidates
+        .into_iter()
+        .map(|(name, node)| {
+            (
+                name,
+                node.and_then(|n| policy.evaluate(n, request).ok())
+                    .map(|e| e.score),
+            )
+        })
+        .collect();
+    let raw: Vec<f64> = scored.iter().filter_map(|(_, score)| *score).collect();
+    let low = raw.iter().copied().fold(f64::INFINITY, f64::min);
+    let high = raw.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    scored
+        .into_iter()
+        .map(|(name, score)| HostPriority {
+            host: name.to_owned(),
+            score: to_extender_score(score, low, high),
+        })
+        .collect()
+}
+
+/// Scores for a pod the extender has no opinion on: 0 everywhere, so it changes no ranking.
+pub fn prioritize_none(names: &[String]) -> HostPriorityList {
+    names
+        .iter()
+        .map(|name| HostPriority {
+            host: name.clone(),
+            score: 0,
+        })
+        .collect()
+}
+
+fn to_extender_score(score: Option<f64>, low: f64, high: f64) -> i64 {
+    match score {
+        None => 0,
+        Some(_) if high - low < 1e-9 => 10,
+        Some(score) => (10.0 * (score - low) / (high - low))
+            .round()
+            .clamp(0.0, 10.0) as i64,
+    }
+}
+
+/// Whether evicting `victims` from `node` really makes room for `request`: the check that
+/// kube-scheduler's own preemption cannot do, because it does not see per-GPU state.
+/// Returns the smallest prefix-preserving subset of victims that still makes room (victims not
+/// needed are spared), or `None` if even all of them are not enough.
+pub fn victims_needed<'a>(
+    node: &NodeState,
+    victims: &'a [PodAllocation],
+    request: &PodRequest,
+    policy: &Policy,
+) -> Option<Vec<&'a PodAllocation>> {
+    let mut freed = node.clone();
+    for victim in victims {
+        freed.remove(victim);
+    }
+    crate::engine::fit(&freed, request, policy).ok()?;
+    // Spare each victim whose eviction turns out unnecessary, trying the latest first (the
+    // scheduler lists victims by ascending priority, so later ones matter more to keep).
+    let mut kept: Vec<bool> = vec![true; victims.len()];
+    for index in (0..victims.len()).rev() {
+        let mut trial = freed.clone();
+        trial.add(&victims[index]);
+        if crate::engine::fit(&trial, request, policy).is_ok() {
+            freed = trial;
+            kept[index] = false;
+        }
+    }
+    Some(
+        victims
+            .iter()
+            .zip(kept)
+            .filter(|(_, keep)| *keep)
+            .map(|(victim, _)| victim)
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{CpuMilli, GpuDemand, GpuMode, MemMiB, NodeSpec, PodKey, Table};
+
+    fn table() -> Table {
+        Table::rebuild(
+            20,
+            [
+                NodeSpec::uniform("share", GpuMode::ShareMemory, 2, "T4", MemMiB(16 * 1024)),
+                NodeSpec::uniform("whole", GpuMode::Exclusive, 1, "A100", MemMiB(80 * 1024)),
+            ],
+            [],
+        )
+    }
+
+    fn share(gib: u64) -> PodRequest {
+        PodRequest::single(
+            CpuMilli(100),
+            MemMiB(64),
+            GpuDemand::share(gib, 1, None).unwrap(),
+        )
+    }
+
+    #[test]
+    fn filter_splits_full_from_never_and_unknown() {
+        let table = table();
+        let names = ["share", "whole", "ghost"];
+        let verdict = filter(
+            names.map(|n| (n, table.node_by_str(n))),
+            &share(8),
+            &Policy::default(),
+        );
+        assert_eq!(verdict.passed, vec![0]);
+        assert_eq!(
+            verdict.unresolvable.get("whole").map(String::as_str),
+            Some(RejectReason::ModeMismatch.message())
+        );
+        assert_eq!(
+            verdict.failed.get("ghost").map(String::as_str),
+            Some(UNKNOWN_NODE)
+        );
+        assert_eq!(verdict.unknown, 1);
+
+        let verdict = filter(
+            names.map(|n| (n, table.node_by_str(n))),
+            &share(32),
+            &Policy::default(),
+        );
+        assert!(verdict.passed.is_empty());
+        assert_eq!(
+            verdict.unresolvable.get("share").map(String::as_str),
+            Some(RejectReason::GpuMemoryTooSmall.message())
+        );
+    }
+
+    #[test]
+    fn prioritize_stretches_scores_and_zeroes_misfits() {
+        let mut table = table();
+        let busy = crate::engine::fit(
+            table.node_by_str("share").unwrap(),
+            &share(8),
+            &Policy::default(),
+        )
+        .unwrap();
+        table.reserve(PodKey::new("ns", "busy"), busy, 1).unwrap();
+        table.apply(crate::engine::Change::UpsertNode(NodeSpec::uniform(
+            "idle",
+            GpuMode::ShareMemory,
+            2,
+            "T4",
+            MemMiB(16 * 1024),
+        )));
+        let names = ["share", "idle", "whole"];
+        let scores = prioritize(
+            names.map(|n| (n, table.node_by_str(n))),
+            &share(4),
+            &Policy::default(),
+        );
+        assert_eq!(
+            scores,
+            vec![
+                HostPriority {
+                    host: "share".into(),
+                    score: 10
+                },
+                HostPriority {
+                    host: "idle".into(),
+                    score: 0
+                },
+                HostPriority {
+                    host: "whole".into(),
+                    score: 0
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn preemption_spares_victims_that_free_nothing_useful() {
+        let policy = Policy::default();
+        let mut node = NodeState::new(NodeSpec::uniform(
+            "n",
+            GpuMode::ShareMemory,
+            2,
+            "T4",
+            MemMiB(16 * 1024),
+        ));
+        let first = crate::engine::fit(&node, &share(12), &policy).unwrap();
+        node.add(&first);
+        let second = crate::engine::fit(&node, &share(12), &policy).unwrap();
+        node.add(&second);
+        let victims = vec![first.clone(), second.clone()];
+        let needed = victims_needed(&node, &victims, &share(8), &policy).unwrap();
+        assert_eq!(needed.len(), 1, "one freed GPU is enough for 8 GiB");
+        assert!(victims_needed(&node, &victims, &share(20), &policy).is_none());
+    }
+}
