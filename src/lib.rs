@@ -1,2 +1,3 @@
 //! gpu-extender library.
+pub mod config;
 pub mod engine;
