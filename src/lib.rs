@@ -3,7 +3,3 @@ pub mod engine;
 pub mod http;
 pub mod inspect;
 pub mod telemetry;
-pub mod engine;
-pub mod http;
-pub mod inspect;
-pub mod telemetry;
