@@ -35,7 +35,7 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
             Err(error) => {
-                eprintln!("invalid configuration: {error}");
+                eprintln!("{error}");
                 ExitCode::from(2)
             }
         },
