@@ -1,5 +1,4 @@
-//! gpu-extender library: a GPU-aware kube-scheduler extender.
-
+pub mod config;
 pub mod engine;
 pub mod http;
 pub mod inspect;

@@ -1,0 +1,1242 @@
+//! Configuration: the only reader of configuration files, `GPU_EXTENDER_*` environment variables
+//! and command-line overrides. Everything has a default; the result is validated once, here, with
+//! messages that name the offending key, and the rest of the program receives a plain [`Config`]
+//! value (no globals). Every key is documented in `docs/configuration.md`.
+//!
+//! Precedence, lowest first: built-in defaults, the YAML file, environment variables, flags.
+//! Environment variables and flags are both "overrides": a dotted key such as
+//! `policy.maxPodsPerSharedGpu` and a value written in YAML (so lists can be given in flow style,
+//! `[a, b]`).
+//!
+//! ```
+//! use gpu_extender::config::Config;
+//! let yaml = "policy:\n  scoring: spread\n";
+//! let env = [("GPU_EXTENDER_BIND_RESERVATION_TTL_SECONDS".to_owned(), "60".to_owned())];
+//! let flags = [("server.listen".to_owned(), "0.0.0.0:8888".to_owned())];
+//! let cfg = Config::from_sources(Some(("config.yaml", yaml)), &env, &flags).unwrap();
+//! assert_eq!(cfg.policy.scoring.as_str(), "spread");
+//! assert_eq!(cfg.bind.reservation_ttl_seconds, 60);
+//! assert_eq!(cfg.server.listen.port(), 8888);
+//! ```
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_yaml_ng::{Mapping, Value};
+use thiserror::Error;
+
+use crate::engine::{ModelPattern, Policy, ScoringPolicy, TypicalPod, TypicalPods};
+
+/// The prefix of every environment variable this module reads.
+pub const ENV_PREFIX: &str = "GPU_EXTENDER_";
+
+/// Environment variables under [`ENV_PREFIX`] that are not configuration keys: the binary reads
+/// them itself (the config file path and the log filter), so they are not typos.
+pub const RESERVED_ENV: &[&str] = &["GPU_EXTENDER_CONFIG", "GPU_EXTENDER_LOG"];
+
+/// Every configuration key, as a dotted path. Each one can be overridden by a flag
+/// (`--set KEY=VALUE`) and by the environment variable [`env_var_name`] gives for it.
+pub const KEYS: &[&str] = &[
+    "resources.wholeGpu",
+    "resources.gpuMem",
+    "resources.gpuCore",
+    "resources.topologyGpu",
+    "resources.gpuCount",
+    "nodeLabels.mode",
+    "nodeLabels.placement",
+    "nodeLabels.model",
+    "nodeLabels.memory",
+    "nodeLabels.count",
+    "nodeLabels.gfdProduct",
+    "nodeLabels.gfdMemory",
+    "nodeLabels.gfdCount",
+    "annotations.allocation",
+    "annotations.nodeGpus",
+    "annotations.modelInclude",
+    "annotations.modelExclude",
+    "annotations.minGpuMemory",
+    "annotations.placement",
+    "annotations.topology",
+    "gpushare.enabled",
+    "policy.scoring",
+    "policy.maxPodsPerSharedGpu",
+    "policy.typicalPods.learn",
+    "policy.typicalPods.pods",
+    "server.listen",
+    "server.urlPrefix",
+    "server.adminListen",
+    "server.bodyLimitBytes",
+    "server.tls.certFile",
+    "server.tls.keyFile",
+    "server.requestTimeoutMs",
+    "bind.reservationTtlSeconds",
+    "limits.maxConcurrentRequests",
+];
+
+/// Why the configuration could not be loaded. Messages name the file, variable or key at fault.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The YAML is malformed, a field is unknown (a typo) or a value has the wrong type. The
+    /// message carries the field path and line, e.g. `policy: unknown field "scorng" ...`.
+    #[error("config file {source_name}: {message}")]
+    Parse {
+        source_name: String,
+        message: String,
+    },
+    #[error("unknown configuration key {key:?} (from {origin}); see docs/configuration.md")]
+    UnknownKey { key: String, origin: String },
+    #[error("unknown environment variable {0}: not a configuration key; see docs/configuration.md")]
+    UnknownEnv(String),
+    #[error("{key} (from {origin}): {message}")]
+    Override {
+        key: String,
+        origin: String,
+        message: String,
+    },
+    #[error("override {0:?} must have the form KEY=VALUE")]
+    MalformedOverride(String),
+    /// Values that parse but make no sense, every one listed as `key: problem`.
+    #[error("invalid configuration: {}", .0.join("; "))]
+    Invalid(Vec<String>),
+}
+
+/// The whole configuration. `Default` is the configuration with no file, env or flags.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct Config {
+    pub resources: Resources,
+    pub node_labels: NodeLabels,
+    pub annotations: Annotations,
+    pub gpushare: Gpushare,
+    pub policy: PolicyConfig,
+    pub server: ServerConfig,
+    pub bind: BindConfig,
+    pub limits: Limits,
+}
+
+/// Extended resource names pods request and nodes advertise, and the pod label for multi-GPU
+/// sharing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct Resources {
+    /// Whole GPUs on exclusive nodes.
+    pub whole_gpu: String,
+    /// GPU memory in GiB on sharing nodes.
+    pub gpu_mem: String,
+    /// GPU compute percentage (5..100) on `core_mem` nodes.
+    pub gpu_core: String,
+    /// Whole GPUs chosen by interconnect on `topology` nodes.
+    pub topology_gpu: String,
+    /// Pod label: split the GPU memory request over this many GPUs. Also read as a node
+    /// capacity (the gpushare device plugin advertises the GPU count under this name).
+    pub gpu_count: String,
+}
+
+impl Default for Resources {
+    fn default() -> Self {
+        Self {
+            whole_gpu: "nvidia.com/gpu".into(),
+            gpu_mem: "aliyun.com/gpu-mem".into(),
+            gpu_core: "aliyun.com/gpu-core.percentage".into(),
+            topology_gpu: "aliyun.com/gpu".into(),
+            gpu_count: "aliyun.com/gpu-count".into(),
+        }
+    }
+}
+
+/// Node label keys: ACK's, then NVIDIA GPU Feature Discovery's as fallbacks.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct NodeLabels {
+    /// GPU sharing mode: absent/`default`, `cgpu`/`share`/`mps`, `core_mem`, `topology`.
+    pub mode: String,
+    /// Share placement on multi-GPU nodes: `binpack` (default) or `spread`.
+    pub placement: String,
+    /// Card model.
+    pub model: String,
+    /// Memory per card (`16160MiB`, `16GiB`, or a bare number of MiB).
+    pub memory: String,
+    /// Number of cards.
+    pub count: String,
+    /// GFD card model, used when `model` is absent.
+    pub gfd_product: String,
+    /// GFD memory per card in MiB, used when `memory` is absent.
+    pub gfd_memory: String,
+    /// GFD number of cards, used when `count` is absent.
+    pub gfd_count: String,
+}
+
+impl Default for NodeLabels {
+    fn default() -> Self {
+        Self {
+            mode: "ack.node.gpu.schedule".into(),
+            placement: "ack.node.gpu.placement".into(),
+            model: "aliyun.accelerator/nvidia_name".into(),
+            memory: "aliyun.accelerator/nvidia_mem".into(),
+            count: "aliyun.accelerator/nvidia_count".into(),
+            gfd_product: "nvidia.com/gpu.product".into(),
+            gfd_memory: "nvidia.com/gpu.memory".into(),
+            gfd_count: "nvidia.com/gpu.count".into(),
+        }
+    }
+}
+
+/// Annotation keys this project reads and writes; formats in `docs/annotations.md`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct Annotations {
+    /// Pod (written through the Binding): the allocation record.
+    pub allocation: String,
+    /// Node: per-GPU detail and the link matrix.
+    pub node_gpus: String,
+    /// Pod: comma-separated model patterns the pod accepts.
+    pub model_include: String,
+    /// Pod: comma-separated model patterns the pod refuses.
+    pub model_exclude: String,
+    /// Pod: minimum memory per GPU, a quantity with a unit (`40Gi`).
+    pub min_gpu_memory: String,
+    /// Pod: `binpack` or `spread`, overriding the node's share placement.
+    pub placement: String,
+    /// Pod: `required` or `preferred` interconnect quality for multi-GPU requests.
+    pub topology: String,
+}
+
+impl Default for Annotations {
+    fn default() -> Self {
+        Self {
+            allocation: "gpu-extender.io/allocation".into(),
+            node_gpus: "gpu-extender.io/gpus".into(),
+            model_include: "gpu-extender.io/model-include".into(),
+            model_exclude: "gpu-extender.io/model-exclude".into(),
+            min_gpu_memory: "gpu-extender.io/min-gpu-memory".into(),
+            placement: "gpu-extender.io/placement".into(),
+            topology: "gpu-extender.io/topology".into(),
+        }
+    }
+}
+
+/// Compatibility with the Alibaba gpushare device plugin.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct Gpushare {
+    /// Also write the `ALIYUN_COM_GPU_MEM_*` annotations the device plugin reads.
+    pub enabled: bool,
+}
+
+/// How nodes are scored and GPUs chosen.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct PolicyConfig {
+    #[serde(with = "scoring_name")]
+    pub scoring: ScoringPolicy,
+    /// At most this many pods on one shared GPU (cGPU's limit is 20).
+    pub max_pods_per_shared_gpu: u16,
+    pub typical_pods: TypicalPodsConfig,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        Self {
+            scoring: ScoringPolicy::Binpack,
+            max_pods_per_shared_gpu: 20,
+            typical_pods: TypicalPodsConfig::default(),
+        }
+    }
+}
+
+/// The workload FGD measures fragmentation against.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct TypicalPodsConfig {
+    /// Learn the distribution from the pods the cluster runs (the listed pods, if any, seed it).
+    pub learn: bool,
+    pub pods: Vec<TypicalPodConfig>,
+}
+
+/// One typical pod class.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TypicalPodConfig {
+    #[serde(default)]
+    pub cpu_milli: u64,
+    /// GPUs per pod; 0 for a CPU-only pod.
+    #[serde(default)]
+    pub gpus: u16,
+    /// Milli-GPU on each GPU: 1000 for whole GPUs.
+    #[serde(default)]
+    pub gpu_milli: u32,
+    /// Model patterns the class accepts; empty means any.
+    #[serde(default)]
+    pub models: Vec<String>,
+    /// Relative frequency; weights are normalised.
+    pub weight: f64,
+}
+
+/// The two HTTP listeners.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct ServerConfig {
+    /// Where kube-scheduler calls the extender verbs. Loopback by default: the extender
+    /// usually runs beside kube-scheduler.
+    pub listen: SocketAddr,
+    /// Path prefix of the verbs (`{urlPrefix}/filter`); the same as the scheduler's `urlPrefix`
+    /// path.
+    pub url_prefix: String,
+    /// healthz, readyz, metrics and inspect.
+    pub admin_listen: SocketAddr,
+    /// The largest request body accepted. The default holds 500 full Node objects (what
+    /// `nodeCacheCapable: false` sends) with room to spare.
+    pub body_limit_bytes: u64,
+    /// Serve the extender over TLS with this certificate and key.
+    pub tls: Option<TlsConfig>,
+    /// Give up on one request after this long; below kube-scheduler's `httpTimeout`.
+    pub request_timeout_ms: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 8888)),
+            url_prefix: "/scheduler".into(),
+            admin_listen: SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 9090)),
+            body_limit_bytes: 64 * 1024 * 1024,
+            tls: None,
+            request_timeout_ms: 2000,
+        }
+    }
+}
+
+/// PEM files for the extender listener. Both are required; they default to empty only so that
+/// each can be overridden on its own (validation then insists on both).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct TlsConfig {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+}
+
+/// Binding.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct BindConfig {
+    /// How long capacity reserved at bind is held if the watch never shows the bound pod.
+    pub reservation_ttl_seconds: u64,
+}
+
+impl Default for BindConfig {
+    fn default() -> Self {
+        Self {
+            reservation_ttl_seconds: 120,
+        }
+    }
+}
+
+/// Load shedding.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct Limits {
+    /// Extender requests served at once; more wait. Filter and prioritize come one at a time
+    /// from kube-scheduler's loop, binds in parallel, so this mostly bounds binds.
+    pub max_concurrent_requests: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_concurrent_requests: 256,
+        }
+    }
+}
+
+/// `policy.scoring` as its name, with an error that lists the valid names. The check runs inside
+/// the string visitor so that the YAML error carries the scalar's own path (`policy.scoring`).
+mod scoring_name {
+    use std::fmt;
+
+    use serde::{Deserializer, Serializer, de};
+
+    use crate::engine::ScoringPolicy;
+
+    pub fn serialize<S: Serializer>(value: &ScoringPolicy, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(value.as_str())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<ScoringPolicy, D::Error> {
+        d.deserialize_str(Name)
+    }
+
+    struct Name;
+
+    impl de::Visitor<'_> for Name {
+        type Value = ScoringPolicy;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("one of binpack, spread, fgd")
+        }
+
+        fn visit_str<E: de::Error>(self, name: &str) -> Result<ScoringPolicy, E> {
+            match name {
+                "binpack" => Ok(ScoringPolicy::Binpack),
+                "spread" => Ok(ScoringPolicy::Spread),
+                "fgd" => Ok(ScoringPolicy::Fgd),
+                other => Err(E::custom(format!(
+                    "unknown policy {other:?}; expected one of binpack, spread, fgd"
+                ))),
+            }
+        }
+    }
+}
+
+impl Config {
+    /// Loads the configuration the way the binary does: defaults, then the file at `path` (if
+    /// any), then the process's `GPU_EXTENDER_*` environment, then `flags` (dotted key, YAML
+    /// value), and validates the result.
+    pub fn load(path: Option<&Path>, flags: &[(String, String)]) -> Result<Self, ConfigError> {
+        let text = match path {
+            Some(path) => {
+                Some(
+                    std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                        path: path.to_owned(),
+                        source,
+                    })?,
+                )
+            }
+            None => None,
+        };
+        let name = path.map(|p| p.display().to_string()).unwrap_or_default();
+        let env: Vec<(String, String)> = std::env::vars()
+            .filter(|(name, _)| name.starts_with(ENV_PREFIX))
+            .collect();
+        Self::from_sources(
+            text.as_deref().map(|text| (name.as_str(), text)),
+            &env,
+            flags,
+        )
+    }
+
+    /// The pure core of [`Config::load`]: `file` is `(name for messages, YAML text)`, `env` the
+    /// environment variables to consider (others are ignored), `flags` dotted-key overrides.
+    pub fn from_sources(
+        file: Option<(&str, &str)>,
+        env: &[(String, String)],
+        flags: &[(String, String)],
+    ) -> Result<Self, ConfigError> {
+        let mut config = match file {
+            // An empty file (or one holding only comments) means "all defaults".
+            Some((_, text)) if text.trim().is_empty() => Self::default(),
+            Some((name, text)) => {
+                let is_null = serde_yaml_ng::from_str::<Value>(text)
+                    .map(|value| value.is_null())
+                    .unwrap_or(false);
+                if is_null {
+                    Self::default()
+                } else {
+                    serde_yaml_ng::from_str(text).map_err(|e| ConfigError::Parse {
+                        source_name: name.to_owned(),
+                        message: e.to_string(),
+                    })?
+                }
+            }
+            None => Self::default(),
+        };
+        for (key, value, origin) in env_overrides(env)? {
+            config = config.with_override(&key, &value, &origin)?;
+        }
+        for (key, value) in flags {
+            config = config.with_override(key, value, &format!("flag --set {key}"))?;
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// This configuration with one key set. `value` is read as YAML; if that does not fit the
+    /// key's type, as a plain string (so `urlPrefix=123` means the string "123").
+    pub fn with_override(self, key: &str, value: &str, origin: &str) -> Result<Self, ConfigError> {
+        if !KEYS.contains(&key) {
+            return Err(ConfigError::UnknownKey {
+                key: key.to_owned(),
+                origin: origin.to_owned(),
+            });
+        }
+        let error = |message: String| ConfigError::Override {
+            key: key.to_owned(),
+            origin: origin.to_owned(),
+            message,
+        };
+        let tree = serde_yaml_ng::to_value(&self).map_err(|e| error(e.to_string()))?;
+        let parsed = serde_yaml_ng::from_str::<Value>(value).unwrap_or(Value::Null);
+        let first = set_path(tree.clone(), key, parsed.clone()).and_then(from_tree);
+        match first {
+            Ok(config) => Ok(config),
+            Err(first_error) => {
+                let as_string = Value::String(value.to_owned());
+                if parsed == as_string {
+                    return Err(error(first_error));
+                }
+                set_path(tree, key, as_string)
+                    .and_then(from_tree)
+                    .map_err(|_| error(first_error))
+            }
+        }
+    }
+
+    /// Checks what types cannot: ranges, names, and consistency between keys. Every problem is
+    /// reported, each prefixed with its key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut problems = Vec::new();
+        let mut check = |ok: bool, key: &str, message: String| {
+            if !ok {
+                problems.push(format!("{key}: {message}"));
+            }
+        };
+
+        let r = &self.resources;
+        for (key, name) in [
+            ("resources.wholeGpu", &r.whole_gpu),
+            ("resources.gpuMem", &r.gpu_mem),
+            ("resources.gpuCore", &r.gpu_core),
+            ("resources.topologyGpu", &r.topology_gpu),
+        ] {
+            check(
+                is_extended_resource_name(name),
+                key,
+                format!("{name:?} is not an extended resource name (like example.com/gpu)"),
+            );
+        }
+        check(
+            distinct(&[&r.whole_gpu, &r.gpu_mem, &r.gpu_core, &r.topology_gpu]),
+            "resources",
+            "wholeGpu, gpuMem, gpuCore and topologyGpu must be different resources".into(),
+        );
+        let l = &self.node_labels;
+        for (key, name) in [
+            ("resources.gpuCount", &r.gpu_count),
+            ("nodeLabels.mode", &l.mode),
+            ("nodeLabels.placement", &l.placement),
+            ("nodeLabels.model", &l.model),
+            ("nodeLabels.memory", &l.memory),
+            ("nodeLabels.count", &l.count),
+            ("nodeLabels.gfdProduct", &l.gfd_product),
+            ("nodeLabels.gfdMemory", &l.gfd_memory),
+            ("nodeLabels.gfdCount", &l.gfd_count),
+        ] {
+            check(
+                is_qualified_name(name),
+                key,
+                format!("{name:?} is not a valid label key"),
+            );
+        }
+        let a = &self.annotations;
+        let annotation_keys = [
+            ("annotations.allocation", &a.allocation),
+            ("annotations.nodeGpus", &a.node_gpus),
+            ("annotations.modelInclude", &a.model_include),
+            ("annotations.modelExclude", &a.model_exclude),
+            ("annotations.minGpuMemory", &a.min_gpu_memory),
+            ("annotations.placement", &a.placement),
+            ("annotations.topology", &a.topology),
+        ];
+        for (key, name) in annotation_keys {
+            check(
+                is_qualified_name(name),
+                key,
+                format!("{name:?} is not a valid annotation key"),
+            );
+        }
+        check(
+            distinct(&annotation_keys.map(|(_, name)| name.as_str())),
+            "annotations",
+            "every annotation key must be different".into(),
+        );
+
+        let p = &self.policy;
+        check(
+            (1..=1000).contains(&p.max_pods_per_shared_gpu),
+            "policy.maxPodsPerSharedGpu",
+            format!("{} is out of range 1..=1000", p.max_pods_per_shared_gpu),
+        );
+        check(
+            p.scoring != ScoringPolicy::Fgd
+                || p.typical_pods.learn
+                || !p.typical_pods.pods.is_empty(),
+            "policy.typicalPods",
+            "scoring fgd needs typical pods: list them under pods, or set learn: true".into(),
+        );
+        for (i, pod) in p.typical_pods.pods.iter().enumerate() {
+            let key = format!("policy.typicalPods.pods[{i}]");
+            check(
+                pod.weight.is_finite() && pod.weight > 0.0,
+                &key,
+                format!("weight {} must be a positive number", pod.weight),
+            );
+            check(
+                pod.gpu_milli <= 1000,
+                &key,
+                format!("gpuMilli {} is more than a whole GPU (1000)", pod.gpu_milli),
+            );
+            check(
+                (pod.gpus == 0) == (pod.gpu_milli == 0),
+                &key,
+                "gpus and gpuMilli must both be 0 (a CPU-only pod) or both positive".into(),
+            );
+            check(
+                pod.gpus <= 64,
+                &key,
+                format!("gpus {} is more than a node can have (64)", pod.gpus),
+            );
+            for model in &pod.models {
+                if let Err(e) = ModelPattern::parse(model) {
+                    check(false, &key, e.to_string());
+                }
+            }
+        }
+
+        let s = &self.server;
+        check(
+            s.url_prefix.starts_with('/') && !s.url_prefix.contains(['?', '#', ' ']),
+            "server.urlPrefix",
+            format!("{:?} must be a path starting with '/'", s.url_prefix),
+        );
+        check(
+            s.listen != s.admin_listen,
+            "server.adminListen",
+            "must differ from server.listen".into(),
+        );
+        check(
+            s.body_limit_bytes >= 64 * 1024,
+            "server.bodyLimitBytes",
+            format!("{} is too small (at least 65536)", s.body_limit_bytes),
+        );
+        check(
+            (1..=600_000).contains(&s.request_timeout_ms),
+            "server.requestTimeoutMs",
+            format!("{} is out of range 1..=600000", s.request_timeout_ms),
+        );
+        if let Some(tls) = &s.tls {
+            check(
+                !tls.cert_file.as_os_str().is_empty(),
+                "server.tls.certFile",
+                "must not be empty".into(),
+            );
+            check(
+                !tls.key_file.as_os_str().is_empty(),
+                "server.tls.keyFile",
+                "must not be empty".into(),
+            );
+        }
+        check(
+            (1..=86_400).contains(&self.bind.reservation_ttl_seconds),
+            "bind.reservationTtlSeconds",
+            format!(
+                "{} is out of range 1..=86400",
+                self.bind.reservation_ttl_seconds
+            ),
+        );
+        check(
+            self.limits.max_concurrent_requests >= 1,
+            "limits.maxConcurrentRequests",
+            "must be at least 1".into(),
+        );
+
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid(problems))
+        }
+    }
+
+    /// The engine policy this configuration describes.
+    pub fn engine_policy(&self) -> Policy {
+        let typical = self
+            .policy
+            .typical_pods
+            .pods
+            .iter()
+            .map(|pod| TypicalPod {
+                cpu: crate::engine::CpuMilli(pod.cpu_milli),
+                gpus: pod.gpus,
+                milli: pod.gpu_milli,
+                // Validated in `validate`; a pattern that does not parse is simply dropped.
+                models: pod
+                    .models
+                    .iter()
+                    .filter_map(|m| ModelPattern::parse(m).ok())
+                    .collect(),
+                weight: pod.weight,
+            })
+            .collect();
+        Policy {
+            scoring: self.policy.scoring,
+            max_shares_per_gpu: self.policy.max_pods_per_shared_gpu,
+            typical: TypicalPods::new(typical),
+            fgd_truncate: false,
+        }
+    }
+
+    /// How long a bind's reservation lasts, in milliseconds.
+    pub fn reservation_ttl_ms(&self) -> u64 {
+        self.bind.reservation_ttl_seconds.saturating_mul(1000)
+    }
+
+    /// The configuration as YAML, every key present: what `--print-config` shows.
+    pub fn to_yaml(&self) -> String {
+        serde_yaml_ng::to_string(self).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
+    }
+}
+
+/// The environment variable that overrides `key`: `policy.maxPodsPerSharedGpu` →
+/// `GPU_EXTENDER_POLICY_MAX_PODS_PER_SHARED_GPU`.
+pub fn env_var_name(key: &str) -> String {
+    let mut name = String::from(ENV_PREFIX);
+    for (i, segment) in key.split('.').enumerate() {
+        if i > 0 {
+            name.push('_');
+        }
+        for (j, c) in segment.chars().enumerate() {
+            if c.is_ascii_uppercase() && j > 0 {
+                name.push('_');
+            }
+            name.push(c.to_ascii_uppercase());
+        }
+    }
+    name
+}
+
+/// Every overridable key with its environment variable, in [`KEYS`] order.
+pub fn env_vars() -> Vec<(String, &'static str)> {
+    KEYS.iter().map(|key| (env_var_name(key), *key)).collect()
+}
+
+/// Picks the configuration overrides out of environment variables: `(key, value, origin)` for
+/// each `GPU_EXTENDER_*` variable, in [`KEYS`] order (so the result does not depend on the
+/// environment's order). Variables without the prefix are ignored; an unknown one with the
+/// prefix is an error (a typo would otherwise be silently ignored), except [`RESERVED_ENV`].
+pub fn env_overrides(
+    env: &[(String, String)],
+) -> Result<Vec<(String, String, String)>, ConfigError> {
+    let known = env_vars();
+    for (name, _) in env {
+        let ours = name.starts_with(ENV_PREFIX);
+        let reserved = RESERVED_ENV.contains(&name.as_str());
+        if ours && !reserved && !known.iter().any(|(var, _)| var == name) {
+            return Err(ConfigError::UnknownEnv(name.clone()));
+        }
+    }
+    Ok(known
+        .into_iter()
+        .filter_map(|(var, key)| {
+            env.iter()
+                .rev() // the last definition wins, as in a shell
+                .find(|(name, _)| *name == var)
+                .map(|(_, value)| (key.to_owned(), value.clone(), format!("env {var}")))
+        })
+        .collect())
+}
+
+/// Splits a `KEY=VALUE` flag argument.
+pub fn parse_override(arg: &str) -> Result<(String, String), ConfigError> {
+    match arg.split_once('=') {
+        Some((key, value)) if !key.trim().is_empty() => {
+            Ok((key.trim().to_owned(), value.to_owned()))
+        }
+        _ => Err(ConfigError::MalformedOverride(arg.to_owned())),
+    }
+}
+
+/// Command-line flags for the configuration, for the binary to flatten into its parser. The
+/// common keys have their own flag; every key can be set with `--set key=value`.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct ConfigFlags {
+    /// YAML configuration file (see docs/configuration.md).
+    #[arg(long = "config", env = "GPU_EXTENDER_CONFIG", value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    /// Extender listen address (server.listen).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// Admin listen address for healthz/readyz/metrics/inspect (server.adminListen).
+    #[arg(long, value_name = "ADDR")]
+    pub admin_listen: Option<String>,
+    /// Path prefix of the extender verbs (server.urlPrefix).
+    #[arg(long, value_name = "PATH")]
+    pub url_prefix: Option<String>,
+    /// Node scoring policy: binpack, spread or fgd (policy.scoring).
+    #[arg(long, value_name = "POLICY")]
+    pub scoring: Option<String>,
+    /// Write the gpushare device plugin's annotations: true or false (gpushare.enabled).
+    #[arg(long, value_name = "BOOL")]
+    pub gpushare: Option<String>,
+    /// Set any configuration key, e.g. --set policy.maxPodsPerSharedGpu=10 (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+}
+
+impl ConfigFlags {
+    /// The flags as dotted-key overrides, `--set` last so it wins.
+    pub fn overrides(&self) -> Result<Vec<(String, String)>, ConfigError> {
+        let mut overrides: Vec<(String, String)> = [
+            ("server.listen", &self.listen),
+            ("server.adminListen", &self.admin_listen),
+            ("server.urlPrefix", &self.url_prefix),
+            ("policy.scoring", &self.scoring),
+            ("gpushare.enabled", &self.gpushare),
+        ]
+        .into_iter()
+        .filter_map(|(key, value)| value.as_ref().map(|v| (key.to_owned(), v.clone())))
+        .collect();
+        for arg in &self.set {
+            overrides.push(parse_override(arg)?);
+        }
+        Ok(overrides)
+    }
+
+    /// Loads the configuration from the file, the environment and these flags.
+    pub fn load(&self) -> Result<Config, ConfigError> {
+        Config::load(self.config.as_deref(), &self.overrides()?)
+    }
+}
+
+impl fmt::Display for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_yaml())
+    }
+}
+
+fn from_tree(tree: Value) -> Result<Config, String> {
+    serde_yaml_ng::from_value(tree).map_err(|e| e.to_string())
+}
+
+fn set_path(mut tree: Value, key: &str, value: Value) -> Result<Value, String> {
+    let segments: Vec<&str> = key.split('.').collect();
+    let mut node = &mut tree;
+    for (i, segment) in segments.iter().enumerate() {
+        if node.is_null() {
+            *node = Value::Mapping(Mapping::new());
+        }
+        let Value::Mapping(map) = node else {
+            return Err(format!("{} is not a section", segments[..i].join(".")));
+        };
+        let slot = Value::String((*segment).to_owned());
+        if i + 1 == segments.len() {
+            map.insert(slot, value);
+            return Ok(tree);
+        }
+        node = map.entry(slot).or_insert(Value::Null);
+    }
+    Ok(tree)
+}
+
+fn distinct(names: &[&str]) -> bool {
+    names.iter().collect::<BTreeSet<_>>().len() == names.len()
+}
+
+/// A Kubernetes qualified name: an optional DNS-subdomain prefix and `/`, then a name of at
+/// most 63 alphanumerics, `-`, `_`, `.`, starting and ending alphanumeric.
+pub fn is_qualified_name(key: &str) -> bool {
+    let (prefix, name) = match key.rsplit_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, key),
+    };
+    let name_ok = !name.is_empty()
+        && name.len() <= 63
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    name_ok && prefix.is_none_or(is_dns_subdomain)
+}
+
+fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+                && label.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+                && label
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        })
+}
+
+/// An extended resource name: domain-prefixed, outside `kubernetes.io/`.
+pub fn is_extended_resource_name(name: &str) -> bool {
+    is_qualified_name(name)
+        && name.contains('/')
+        && !name.starts_with("kubernetes.io/")
+        && !name.starts_with("requests.")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    fn from_yaml(yaml: &str) -> Result<Config, ConfigError> {
+        Config::from_sources(Some(("test.yaml", yaml)), &[], &[])
+    }
+
+    #[test]
+    fn defaults_are_the_documented_names_and_valid() {
+        let cfg = Config::from_sources(None, &[], &[]).unwrap();
+        assert_eq!(cfg, Config::default());
+        assert_eq!(cfg.resources.whole_gpu, "nvidia.com/gpu");
+        assert_eq!(cfg.resources.gpu_mem, "aliyun.com/gpu-mem");
+        assert_eq!(cfg.resources.gpu_core, "aliyun.com/gpu-core.percentage");
+        assert_eq!(cfg.resources.topology_gpu, "aliyun.com/gpu");
+        assert_eq!(cfg.resources.gpu_count, "aliyun.com/gpu-count");
+        assert_eq!(cfg.node_labels.mode, "ack.node.gpu.schedule");
+        assert_eq!(cfg.node_labels.gfd_memory, "nvidia.com/gpu.memory");
+        assert!(cfg.annotations.allocation.starts_with("gpu-extender.io/"));
+        assert!(!cfg.gpushare.enabled);
+        assert_eq!(cfg.policy.scoring, ScoringPolicy::Binpack);
+        assert_eq!(cfg.policy.max_pods_per_shared_gpu, 20);
+        assert_eq!(cfg.server.listen.to_string(), "127.0.0.1:8888");
+        assert_eq!(cfg.server.admin_listen.to_string(), "0.0.0.0:9090");
+        assert_eq!(cfg.server.url_prefix, "/scheduler");
+        assert_eq!(cfg.server.body_limit_bytes, 64 << 20);
+        assert_eq!(cfg.server.request_timeout_ms, 2000);
+        assert_eq!(cfg.bind.reservation_ttl_seconds, 120);
+        assert_eq!(cfg.reservation_ttl_ms(), 120_000);
+        assert_eq!(cfg.engine_policy().max_shares_per_gpu, 20);
+        // An empty file and a comment-only file are the defaults too.
+        assert_eq!(from_yaml("").unwrap(), Config::default());
+        assert_eq!(from_yaml("# nothing\n").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn a_full_file_sets_every_section() {
+        let yaml = r#"
+resources:
+  wholeGpu: example.com/gpu
+  gpuMem: nvidia.com/gpumem
+  gpuCore: nvidia.com/gpucores
+  topologyGpu: example.com/topo-gpu
+  gpuCount: example.com/gpu-count
+nodeLabels:
+  mode: example.com/gpu-mode
+  placement: example.com/gpu-placement
+  model: example.com/gpu-model
+  memory: example.com/gpu-memory
+  count: example.com/gpu-count
+  gfdProduct: nvidia.com/gpu.product
+  gfdMemory: nvidia.com/gpu.memory
+  gfdCount: nvidia.com/gpu.count
+annotations:
+  allocation: example.com/alloc
+  nodeGpus: example.com/gpus
+  modelInclude: example.com/include
+  modelExclude: example.com/exclude
+  minGpuMemory: example.com/min-mem
+  placement: example.com/placement
+  topology: example.com/topology
+gpushare:
+  enabled: true
+policy:
+  scoring: fgd
+  maxPodsPerSharedGpu: 8
+  typicalPods:
+    learn: false
+    pods:
+      - {cpuMilli: 4000, gpus: 1, gpuMilli: 500, weight: 3}
+      - {cpuMilli: 8000, gpus: 8, gpuMilli: 1000, models: ["A100*"], weight: 1}
+server:
+  listen: 0.0.0.0:8443
+  urlPrefix: /gpu
+  adminListen: 127.0.0.1:9091
+  bodyLimitBytes: 1048576
+  tls: {certFile: /tls/tls.crt, keyFile: /tls/tls.key}
+  requestTimeoutMs: 1500
+bind:
+  reservationTtlSeconds: 30
+limits:
+  maxConcurrentRequests: 16
+"#;
+        let cfg = from_yaml(yaml).unwrap();
+        assert_eq!(cfg.resources.gpu_mem, "nvidia.com/gpumem");
+        assert_eq!(cfg.node_labels.count, "example.com/gpu-count");
+        assert_eq!(cfg.annotations.topology, "example.com/topology");
+        assert!(cfg.gpushare.enabled);
+        assert_eq!(cfg.policy.scoring, ScoringPolicy::Fgd);
+        assert_eq!(cfg.policy.typical_pods.pods.len(), 2);
+        assert_eq!(cfg.server.listen.port(), 8443);
+        assert_eq!(
+            cfg.server.tls.as_ref().map(|t| t.key_file.clone()),
+            Some(PathBuf::from("/tls/tls.key"))
+        );
+        assert_eq!(cfg.bind.reservation_ttl_seconds, 30);
+        assert_eq!(cfg.limits.max_concurrent_requests, 16);
+        let policy = cfg.engine_policy();
+        assert_eq!(policy.max_shares_per_gpu, 8);
+        assert_eq!(policy.typical.pods().len(), 2);
+        assert!((policy.typical.pods()[0].weight - 0.75).abs() < 1e-9);
+        // What --print-config shows reads back as the same configuration.
+        assert_eq!(from_yaml(&cfg.to_yaml()).unwrap(), cfg);
+    }
+
+    #[test]
+    fn the_example_file_in_deploy_is_valid() {
+        let text = include_str!("../deploy/config.example.yaml");
+        from_yaml(text).unwrap();
+    }
+
+    #[test]
+    fn a_typo_names_the_field_and_where_it_is() {
+        let err = from_yaml("policy:\n  scorng: spread\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown field `scorng`"), "{err}");
+        assert!(err.contains("policy"), "{err}");
+        assert!(err.contains("line 2"), "{err}");
+        let err = from_yaml("sever:\n  listen: 1.2.3.4:5\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown field `sever`"), "{err}");
+    }
+
+    #[test]
+    fn an_invalid_value_names_the_key_and_the_choices() {
+        let err = from_yaml("policy:\n  scoring: binpak\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(
+                r#"policy.scoring: unknown policy "binpak"; expected one of binpack, spread, fgd"#
+            ),
+            "{err}"
+        );
+        let err = from_yaml("server:\n  listen: localhost\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("server.listen"), "{err}");
+        let err =
+            from_yaml("policy:\n  maxPodsPerSharedGpu: 0\nbind:\n  reservationTtlSeconds: 0\n")
+                .unwrap_err()
+                .to_string();
+        assert!(
+            err.contains("policy.maxPodsPerSharedGpu: 0 is out of range"),
+            "{err}"
+        );
+        assert!(
+            err.contains("bind.reservationTtlSeconds"),
+            "both problems are listed: {err}"
+        );
+        let err = from_yaml("resources:\n  gpuMem: gpu-mem\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("resources.gpuMem"), "{err}");
+        let err = from_yaml("policy:\n  scoring: fgd\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("policy.typicalPods"), "{err}");
+        let err = from_yaml("policy:\n  typicalPods:\n    pods: [{gpus: 1, gpuMilli: 500, weight: 1, models: [\"A|B\"]}]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("policy.typicalPods.pods[0]"), "{err}");
+        let err = from_yaml("server:\n  tls: {certFile: /a}\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("keyFile"), "{err}");
+    }
+
+    #[test]
+    fn env_overrides_the_file_and_flags_override_env() {
+        let yaml = "policy:\n  scoring: spread\n  maxPodsPerSharedGpu: 10\n";
+        let vars = env(&[
+            ("GPU_EXTENDER_POLICY_MAX_PODS_PER_SHARED_GPU", "12"),
+            ("GPU_EXTENDER_GPUSHARE_ENABLED", "true"),
+            ("GPU_EXTENDER_SERVER_URL_PREFIX", "/x"),
+            ("GPU_EXTENDER_SERVER_TLS_CERT_FILE", "/c.pem"),
+            ("GPU_EXTENDER_SERVER_TLS_KEY_FILE", "/k.pem"),
+            ("GPU_EXTENDER_CONFIG", "/ignored/here.yaml"),
+            ("HOME", "/root"),
+        ]);
+        let flags = vec![("policy.maxPodsPerSharedGpu".to_owned(), "14".to_owned())];
+        let cfg = Config::from_sources(Some(("f", yaml)), &vars, &flags).unwrap();
+        assert_eq!(cfg.policy.scoring, ScoringPolicy::Spread);
+        assert_eq!(cfg.policy.max_pods_per_shared_gpu, 14);
+        assert!(cfg.gpushare.enabled);
+        assert_eq!(cfg.server.url_prefix, "/x");
+        assert_eq!(
+            cfg.server.tls,
+            Some(TlsConfig {
+                cert_file: "/c.pem".into(),
+                key_file: "/k.pem".into()
+            })
+        );
+        let cfg = Config::from_sources(
+            None,
+            &env(&[("GPU_EXTENDER_POLICY_MAX_PODS_PER_SHARED_GPU", "12")]),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(cfg.policy.max_pods_per_shared_gpu, 12);
+    }
+
+    #[test]
+    fn overrides_take_yaml_values_and_plain_strings() {
+        let flags = vec![
+            (
+                "policy.typicalPods.pods".to_owned(),
+                "[{gpus: 1, gpuMilli: 250, weight: 1}]".to_owned(),
+            ),
+            ("policy.scoring".to_owned(), "fgd".to_owned()),
+            ("server.urlPrefix".to_owned(), "/123".to_owned()),
+            ("annotations.allocation".to_owned(), "a.b/true".to_owned()),
+        ];
+        let cfg = Config::from_sources(None, &[], &flags).unwrap();
+        assert_eq!(cfg.policy.typical_pods.pods[0].gpu_milli, 250);
+        assert_eq!(cfg.annotations.allocation, "a.b/true");
+    }
+
+    #[test]
+    fn bad_overrides_name_their_source() {
+        let err = Config::from_sources(None, &env(&[("GPU_EXTENDER_POLICY_SCORNG", "x")]), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("GPU_EXTENDER_POLICY_SCORNG"), "{err}");
+        let err = Config::from_sources(
+            None,
+            &env(&[("GPU_EXTENDER_POLICY_SCORING", "binpak")]),
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("policy.scoring (from env GPU_EXTENDER_POLICY_SCORING)"),
+            "{err}"
+        );
+        assert!(err.contains("unknown policy \"binpak\""), "{err}");
+        let flags = vec![("policy.nope".to_owned(), "1".to_owned())];
+        let err = Config::from_sources(None, &[], &flags)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("unknown configuration key \"policy.nope\""),
+            "{err}"
+        );
+        let flags = vec![("bind.reservationTtlSeconds".to_owned(), "soon".to_owned())];
+        let err = Config::from_sources(None, &[], &flags)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("bind.reservationTtlSeconds (from flag"),
+            "{err}"
+        );
+        assert!(parse_override("novalue").is_err());
+        assert_eq!(
+            parse_override("a.b=c=d").unwrap(),
+            ("a.b".to_owned(), "c=d".to_owned())
+        );
+    }
+
+    #[test]
+    fn every_key_has_an_env_var_and_exists_in_the_schema() {
+        assert_eq!(
+            env_var_name("policy.maxPodsPerSharedGpu"),
+            "GPU_EXTENDER_POLICY_MAX_PODS_PER_SHARED_GPU"
+        );
+        assert_eq!(
+            env_var_name("nodeLabels.gfdCount"),
+            "GPU_EXTENDER_NODE_LABELS_GFD_COUNT"
+        );
+        let names: BTreeSet<String> = env_vars().into_iter().map(|(v, _)| v).collect();
+        assert_eq!(names.len(), KEYS.len(), "env var names are unique");
+        // Every key round-trips through an override of its current (default) value, and the
+        // documentation mentions every key and variable.
+        let docs = include_str!("../docs/configuration.md");
+        let mut cfg = Config::default();
+        cfg.server.tls = Some(TlsConfig {
+            cert_file: "/c".into(),
+            key_file: "/k".into(),
+        });
+        let tree = serde_yaml_ng::to_value(&cfg).unwrap();
+        for key in KEYS {
+            let mut node = &tree;
+            for segment in key.split('.') {
+                node = node
+                    .get(segment)
+                    .unwrap_or_else(|| panic!("{key} is not in the schema"));
+            }
+            let last = key.rsplit('.').next().unwrap();
+            assert!(docs.contains(last), "docs/configuration.md misses {key}");
+            assert!(
+                docs.contains(&env_var_name(key)),
+                "docs miss {}",
+                env_var_name(key)
+            );
+        }
+        let mut leaves = Vec::new();
+        collect_leaves(&tree, String::new(), &mut leaves);
+        for leaf in leaves {
+            assert!(KEYS.contains(&leaf.as_str()), "KEYS misses {leaf}");
+        }
+    }
+
+    fn collect_leaves(value: &Value, path: String, out: &mut Vec<String>) {
+        match value {
+            Value::Mapping(map) if !path.ends_with("pods") => {
+                for (k, v) in map {
+                    let k = k.as_str().unwrap_or_default();
+                    let next = if path.is_empty() {
+                        k.to_owned()
+                    } else {
+                        format!("{path}.{k}")
+                    };
+                    collect_leaves(v, next, out);
+                }
+            }
+            _ => out.push(path),
+        }
+    }
+
+    #[test]
+    fn flags_become_overrides() {
+        let flags = ConfigFlags {
+            scoring: Some("spread".into()),
+            listen: Some("0.0.0.0:1".into()),
+            set: vec![
+                "policy.scoring=fgd".into(),
+                "policy.typicalPods.learn=true".into(),
+            ],
+            ..ConfigFlags::default()
+        };
+        let overrides = flags.overrides().unwrap();
+        let cfg = Config::from_sources(None, &[], &overrides).unwrap();
+        assert_eq!(
+            cfg.policy.scoring,
+            ScoringPolicy::Fgd,
+            "--set comes last and wins"
+        );
+        assert_eq!(cfg.server.listen.port(), 1);
+    }
+
+    #[test]
+    fn name_checks() {
+        assert!(is_qualified_name("aliyun.com/gpu-mem"));
+        assert!(is_qualified_name("ack.node.gpu.schedule"));
+        assert!(is_qualified_name("aliyun.accelerator/nvidia_name"));
+        assert!(!is_qualified_name("Bad_Domain/x"));
+        assert!(!is_qualified_name("a/"));
+        assert!(!is_qualified_name("-x"));
+        assert!(is_extended_resource_name("nvidia.com/gpu"));
+        assert!(!is_extended_resource_name("gpu"));
+        assert!(!is_extended_resource_name("kubernetes.io/gpu"));
+    }
+}
