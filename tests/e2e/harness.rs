@@ -137,7 +137,11 @@ fn k8s_bins() -> &'static Bins {
         if missing.is_empty() {
             Bins::Ready(dir)
         } else {
-            Bins::Missing(format!("{} missing in {}", missing.join(", "), dir.display()))
+            Bins::Missing(format!(
+                "{} missing in {}",
+                missing.join(", "),
+                dir.display()
+            ))
         }
     })
 }
@@ -200,10 +204,8 @@ impl std::fmt::Debug for Cluster {
 impl Cluster {
     /// Starts etcd and kube-apiserver in a fresh directory and connects an admin client.
     async fn start(name: &str, bins: &Path) -> Result<Self> {
-        let dir = std::env::temp_dir().join(format!(
-            "gpu-extender-e2e-{}-{name}",
-            std::process::id()
-        ));
+        let dir =
+            std::env::temp_dir().join(format!("gpu-extender-e2e-{}-{name}", std::process::id()));
         if dir.exists() {
             std::fs::remove_dir_all(&dir)
                 .with_context(|| format!("removing stale {}", dir.display()))?;
@@ -362,7 +364,9 @@ impl Cluster {
     pub fn kill_extender(&mut self) -> Result<()> {
         if let Some(mut proc) = self.extender.take() {
             proc.child.kill().ok();
-            proc.child.wait().context("waiting for the killed extender")?;
+            proc.child
+                .wait()
+                .context("waiting for the killed extender")?;
         }
         Ok(())
     }
@@ -382,7 +386,10 @@ impl Cluster {
                 match proc.child.try_wait() {
                     Ok(Some(_)) | Err(_) => return,
                     Ok(None) if Instant::now() > deadline => {
-                        eprintln!("e2e {}: extender ignored SIGTERM for 10s, killing", self.name);
+                        eprintln!(
+                            "e2e {}: extender ignored SIGTERM for 10s, killing",
+                            self.name
+                        );
                         proc.child.kill().ok();
                         proc.child.wait().ok();
                         return;
@@ -507,7 +514,10 @@ impl Drop for Cluster {
                 self.name,
                 String::from_utf8_lossy(&output.stderr)
             ),
-            Err(error) => eprintln!("e2e {}: cannot run control-plane.sh stop: {error}", self.name),
+            Err(error) => eprintln!(
+                "e2e {}: cannot run control-plane.sh stop: {error}",
+                self.name
+            ),
         }
         if std::env::var(KEEP_ENV).as_deref() == Ok("1") {
             eprintln!("e2e {}: kept {}", self.name, self.dir.display());

@@ -8,5 +8,30 @@
 
 mod harness;
 mod objects;
+mod record;
 
-mod plane;
+mod burst;
+mod configs;
+mod lifecycle;
+mod models;
+mod modes;
+mod rejections;
+mod restart;
+
+use std::time::Duration;
+
+use anyhow::Result;
+
+use harness::{Cluster, PROFILE_CONFIG};
+use objects::{GpuNode, create_nodes};
+
+/// How long a pod that fits may take to be bound.
+pub const BIND: Duration = Duration::from_secs(20);
+
+/// The usual start: create `nodes`, start the extender (`config`: its YAML configuration, empty
+/// for the defaults) and kube-scheduler with the `gpu-scheduler` profile.
+pub async fn up(c: &mut Cluster, nodes: &[GpuNode], config: &str) -> Result<()> {
+    create_nodes(&c.client, nodes).await?;
+    c.start_extender(config).await?;
+    c.start_scheduler(PROFILE_CONFIG).await
+}

@@ -435,11 +435,7 @@ pub async fn wait_bound(client: &kube::Client, name: &str, limit: Duration) -> R
 }
 
 /// Waits until kube-scheduler marks the pod Unschedulable; returns the pod.
-pub async fn wait_unschedulable(
-    client: &kube::Client,
-    name: &str,
-    limit: Duration,
-) -> Result<Pod> {
+pub async fn wait_unschedulable(client: &kube::Client, name: &str, limit: Duration) -> Result<Pod> {
     wait_pod(client, name, "unschedulable", limit, is_unschedulable).await
 }
 
