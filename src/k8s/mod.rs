@@ -4,4 +4,5 @@
 //! (bind). The engine never sees a Kubernetes type.
 
 mod quantity;
+pub mod record;
 pub mod translate;
