@@ -18,6 +18,7 @@
 //! - [`engine`]: the placement core (model, requests, fit, policies, topology, table). No I/O.
 //! - [`http`]: the extender wire protocol, verbs and routers.
 //! - [`k8s`]: translation of Nodes and Pods, the allocation record, watchers and the binder.
+//! - [`service`]: composition of the running service (adapter between http and k8s).
 //! - [`inspect`]: the per-node, per-GPU allocation report.
 //! - [`telemetry`]: Prometheus metric families and tracing setup.
 
@@ -26,4 +27,5 @@ pub mod engine;
 pub mod http;
 pub mod inspect;
 pub mod k8s;
+pub mod service;
 pub mod telemetry;
