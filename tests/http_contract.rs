@@ -2,6 +2,11 @@
 //! cache modes with bodies recorded from a real kube-scheduler v1.34, nulls, malformed and
 //! oversized bodies, unknown nodes, pods without GPUs, bad GPU requests and the not-ready state.
 
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a panic is a test failure with its location"
+)]
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
