@@ -102,6 +102,24 @@ fn each_shipped_scheduler_config_schedules_a_gpu_pod_through_the_extender() {
                 ) >= 1.0,
                 "{config}: the filter latency histogram did not move"
             );
+            // A pod without GPUs is scheduled without the extender.
+            let plain = format!("plain-{i}");
+            let before = c.metrics().await?;
+            create_bound(
+                &c.client,
+                &PodSpec::empty(&plain)
+                    .container("main", &[])
+                    .scheduler("default-scheduler"),
+                BIND,
+            )
+            .await
+            .with_context(|| format!("{config}: a pod without GPUs"))?;
+            let after_plain = c.metrics().await?;
+            let calls = |text: &str| counter(text, "gpu_extender_requests_total", &[]);
+            ensure!(
+                calls(&after_plain) == calls(&before),
+                "{config}: a pod without GPUs reached the extender"
+            );
             eprintln!(
                 "  {config}: pod {name} ({profile}) bound to {} GPU {:?} in {:.1}s",
                 record.node,
