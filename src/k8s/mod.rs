@@ -6,3 +6,4 @@
 mod quantity;
 pub mod record;
 pub mod translate;
+pub mod watch;
