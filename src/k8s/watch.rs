@@ -95,6 +95,12 @@ impl ClusterState {
         self.table.read().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// An empty state enforcing the configuration's per-GPU pod limit (the same limit the
+    /// engine policy from [`Config::engine_policy`] decides with).
+    pub fn for_config(cfg: &Config) -> Self {
+        Self::new(cfg.policy.max_pods_per_shared_gpu)
+    }
+
     /// The table for writing: the feed and the binder's reservation only, briefly.
     pub fn write(&self) -> RwLockWriteGuard<'_, Table> {
         self.table.write().unwrap_or_else(PoisonError::into_inner)
