@@ -418,7 +418,9 @@ impl Feed {
         };
         let (source, allocation) = match decoded {
             Ok(Some(allocation)) => (Source::Record, Some(allocation)),
-            Ok(None) if !is_gpu => {
+            // A pod that names a GPU resource with amount 0 asks for no GPU: no record is
+            // written for it, and none is missing.
+            Ok(None) if !is_gpu || matches!(pod_request(pod, &self.cfg), Ok(None)) => {
                 let (cpu, memory) = pod_host_request(pod).unwrap_or_else(|problem| {
                     warn!(pod = %key, %problem, "unreadable pod resources; counting none");
                     (CpuMilli(0), MemMiB(0))

@@ -459,3 +459,22 @@ fn slim_pods_keep_what_translation_reads() {
         node_spec(&node, &cfg).unwrap().gpus
     );
 }
+
+#[test]
+fn a_pod_naming_zero_gpus_is_not_missing_a_record() {
+    let mut feed = feed();
+    list_nodes(&mut feed, &[share_node("gpu-a")]);
+    let zero = pod(
+        "zero",
+        "u1",
+        Some("gpu-a"),
+        json!({"nvidia.com/gpu": "0", "cpu": "3"}),
+    );
+    list_pods(&mut feed, &[zero]);
+    let stats = feed.state().stats();
+    assert_eq!((stats.pods_bound, stats.records_missing), (1, 0));
+    assert_eq!(
+        feed.state().read().node_by_str("gpu-a").map(|n| n.cpu_used),
+        Some(CpuMilli(3000))
+    );
+}
