@@ -211,6 +211,7 @@ pub struct PodSpec {
     pub annotations: BTreeMap<String, String>,
     pub node_selector: BTreeMap<String, String>,
     pub affinity: Option<Value>,
+    pub priority_class: Option<String>,
 }
 
 impl PodSpec {
@@ -230,6 +231,7 @@ impl PodSpec {
             annotations: BTreeMap::new(),
             node_selector: BTreeMap::new(),
             affinity: None,
+            priority_class: None,
         }
     }
 
@@ -274,6 +276,12 @@ impl PodSpec {
         self
     }
 
+    /// Sets `priorityClassName`.
+    pub fn priority(mut self, class: &str) -> Self {
+        self.priority_class = Some(class.to_owned());
+        self
+    }
+
     pub fn scheduler(mut self, name: &str) -> Self {
         self.scheduler = name.to_owned();
         self
@@ -306,6 +314,9 @@ impl PodSpec {
         }
         if let Some(affinity) = &self.affinity {
             spec["affinity"] = affinity.clone();
+        }
+        if let Some(class) = &self.priority_class {
+            spec["priorityClassName"] = json!(class);
         }
         let pod = json!({
             "apiVersion": "v1",
