@@ -259,12 +259,36 @@ for pod in "${PODS[@]}"; do
         printf '%-12s %-14s %s\n' "$pod" "$node" "$(gpus_of "$record")"
     else
         why=$("$K" get pod "$pod" -o jsonpath='{.status.conditions[?(@.type=="PodScheduled")].message}')
-        printf '%-12s %-14s %s\n' "$pod" "(pending)" "${why:0:150}"
+        why=${why%%. no new claims*} why=${why%%. preemption:*}
+        printf '%-12s %-14s %s\n' "$pod" "(pending)" "$why"
     fi
 done
-printf '\nGPU use per node (the extender'"'"'s /inspect, summarised):\n'
-curl -s --max-time 5 "http://127.0.0.1:$ADMIN_PORT/inspect" |
-    grep -o '"totals":{[^}]*}' | sed 's/^"totals"://; s/,/, /g' || true
+# Per node and GPU, what the extender's table holds (its /inspect report, like
+# `kubectl inspect cgpu`): memory allocated/total, compute, and the pods on each GPU.
+printf '\n%-14s %-18s %s\n' NODE MODE "GPU: allocated/total memory (compute) pods   (the extender's /inspect)"
+gpu_re='"index":([0-9]+),"uuid":[^,]*,"model":"[^"]*","healthy":([a-z]+),"memoryMib":([0-9]+),"memoryAllocatedMib":([0-9]+),"computeAllocatedMilli":([0-9]+),"whole":([a-z]+),"pods":\[([^]]*)\]'
+curl -s --max-time 5 "http://127.0.0.1:$ADMIN_PORT/inspect" | sed 's/{"name":"/\n&/g' |
+    while IFS= read -r line || [[ -n "$line" ]]; do
+        [[ "$line" =~ ^\{\"name\":\"([^\"]+)\",\"mode\":\"([^\"]+)\",\"placement\":\"([^\"]+)\" ]] || continue
+        node=${BASH_REMATCH[1]} mode="${BASH_REMATCH[2]}/${BASH_REMATCH[3]}"
+        first=1
+        while [[ "$line" =~ $gpu_re ]]; do
+            idx=${BASH_REMATCH[1]} healthy=${BASH_REMATCH[2]} total=${BASH_REMATCH[3]}
+            used=${BASH_REMATCH[4]} milli=${BASH_REMATCH[5]} whole=${BASH_REMATCH[6]}
+            holders=${BASH_REMATCH[7]//\"/} holders=${holders//default\//}
+            if [[ $whole == true ]]; then
+                use="whole"
+            else
+                use="$((used / 1024))/$((total / 1024))GiB"
+                ((milli == 0)) || use+=" ($((milli / 10))%)"
+            fi
+            [[ $healthy == true ]] || use+=" UNHEALTHY"
+            printf '%-14s %-18s gpu%-2s %-16s %s\n' "${first:+$node}" "${first:+$mode}" \
+                "$idx" "$use" "${holders//,/ }"
+            first=
+            line=${line#*"${BASH_REMATCH[0]}"}
+        done
+    done
 echo
 
 if [[ "${DEMO_HOLD:-0}" == 1 ]]; then
