@@ -1,5 +1,31 @@
+//! gpu-extender: a GPU-aware placement service that kube-scheduler calls as a scheduler extender.
+//!
+//! ```text
+//!                     watch Nodes, Pods                      POST pods/binding (+ record)
+//!   kube-apiserver ───────────────────▶ k8s (translate) ──▶ Table ◀── reserve ── k8s::bind
+//!                                                          │  ▲                     ▲
+//!                                                   read   │  │ apply(change)       │ bind
+//!                                                          ▼  │                     │
+//!   kube-scheduler ──── filter / prioritize / preempt ──▶ http ──▶ engine (pure) ───┘
+//! ```
+//!
+//! Data flows one way: watchers keep the [`engine::Table`] in step with the cluster; kube-scheduler's
+//! calls arrive in [`http`], which decodes, asks the pure [`engine`] on one consistent snapshot and
+//! encodes. Filter and prioritize never write; only bind reserves capacity and writes to the API.
+//!
+//! Modules:
+//! - [`config`]: the only reader of configuration files, environment and flags.
+//! - [`engine`]: the placement core (model, requests, fit, policies, topology, table). No I/O.
+//! - [`http`]: the extender wire protocol, verbs and routers.
+//! - [`k8s`]: translation of Nodes and Pods, the allocation record, watchers and the binder.
+//! - [`service`]: composition of the running service (adapter between http and k8s).
+//! - [`inspect`]: the per-node, per-GPU allocation report.
+//! - [`telemetry`]: Prometheus metric families and tracing setup.
+
 pub mod config;
 pub mod engine;
 pub mod http;
 pub mod inspect;
+pub mod k8s;
+pub mod service;
 pub mod telemetry;

@@ -12,7 +12,13 @@ use gpu_extender::telemetry::tracing_setup::{self, LogFormat};
 #[command(name = "gpu-extender", version, about)]
 struct Cli {
     /// Log format on stderr.
-    #[arg(long, value_enum, default_value = "text", global = true, env = "GPU_EXTENDER_LOG_FORMAT")]
+    #[arg(
+        long,
+        value_enum,
+        default_value = "text",
+        global = true,
+        env = "GPU_EXTENDER_LOG_FORMAT"
+    )]
     log_format: LogFormat,
     #[command(subcommand)]
     command: Command,

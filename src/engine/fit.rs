@@ -9,7 +9,7 @@ use super::model::{ComputeMilli, Gpu, MemMiB};
 use super::policy::{Policy, ShareAsk, ShareChoice};
 use super::request::{GpuConstraints, GpuDemand, PodRequest, TopologyPreference};
 use super::state::{GpuUsage, NodeState, gpu_compute_free, gpu_mem_free};
-use super::topology::positions;
+use super::topology::{bit, positions};
 
 /// Why a pod does not fit a node. The message is what kube-scheduler aggregates across nodes, so
 /// it never names the node.
@@ -125,7 +125,6 @@ pub fn fit(
     policy: &Policy,
 ) -> Result<PodAllocation, RejectReason> {
     let eligible = check_capability(node, request)?;
-    check_host(node, request)?;
     let placer = Placer {
         node,
         eligible,
@@ -134,34 +133,13 @@ pub fn fit(
         require_connected: request.constraints.topology == TopologyPreference::Required,
         cpu_after: CpuMilli(node.cpu_free().0.saturating_sub(request.cpu.0)),
     };
-    let mut usage = node.gpus.clone();
-    let mut pod_shares = 0u64;
-    let mut containers = Vec::with_capacity(request.containers.len());
-    for container in &request.containers {
-        let gpus = placer.place(&mut usage, &mut pod_shares, container.gpu, 0)?;
-        containers.push(ContainerAllocation {
-            name: container.name.clone(),
-            gpus,
-        });
+    if let Err(reason) = check_host(node, request) {
+        return Err(placer.confirm_resolvable(request, reason));
     }
-    let held_by_apps = containers
-        .iter()
-        .flat_map(|c| c.gpus.iter())
-        .filter_map(|grant| node.spec.position_of(grant.gpu))
-        .fold(0u64, |mask, position| mask | (1u64 << position));
-    let mut init_containers = Vec::with_capacity(request.init_containers.len());
-    for container in &request.init_containers {
-        // An init container runs alone, before the app containers: it competes only with the
-        // other pods on the node, and prefers the GPUs the app containers will use, so the pod's
-        // footprint (the per-GPU larger of the two) grows as little as possible.
-        let mut alone = node.gpus.clone();
-        let mut alone_shares = 0u64;
-        let gpus = placer.place(&mut alone, &mut alone_shares, container.gpu, held_by_apps)?;
-        init_containers.push(ContainerAllocation {
-            name: container.name.clone(),
-            gpus,
-        });
-    }
+    let (containers, init_containers) = match placer.place_pod(request, &node.gpus) {
+        Ok(placed) => placed,
+        Err(reason) => return Err(placer.confirm_resolvable(request, reason)),
+    };
     Ok(PodAllocation {
         node: node.spec.name.clone(),
         cpu: request.cpu,
@@ -180,7 +158,7 @@ pub fn allowed_mask(node: &NodeState, constraints: &GpuConstraints) -> u64 {
         .filter(|(_, (model, gpu))| {
             constraints.accepts_model(model) && constraints.accepts_memory(gpu.memory)
         })
-        .fold(0u64, |mask, (position, _)| mask | (1u64 << position))
+        .fold(0u64, |mask, (position, _)| mask | bit(position))
 }
 
 /// The checks that no amount of waiting fixes. Returns the healthy GPU positions the pod may use.
@@ -247,7 +225,7 @@ fn mask_where(node: &NodeState, keep: impl Fn(&Gpu) -> bool) -> u64 {
         .iter()
         .enumerate()
         .filter(|(_, gpu)| keep(gpu))
-        .fold(0u64, |mask, (position, _)| mask | (1u64 << position))
+        .fold(0u64, |mask, (position, _)| mask | bit(position))
 }
 
 fn healthy_mask(node: &NodeState) -> u64 {
@@ -260,7 +238,7 @@ pub fn idle_positions(usage: &[GpuUsage]) -> u64 {
         .iter()
         .enumerate()
         .filter(|(_, u)| u.is_idle())
-        .fold(0u64, |mask, (position, _)| mask | (1u64 << position))
+        .fold(0u64, |mask, (position, _)| mask | bit(position))
 }
 
 /// Places containers of one pod on one node, on scratch usage.
@@ -275,6 +253,58 @@ struct Placer<'a> {
 }
 
 impl Placer<'_> {
+    /// Places every container of the pod on top of `base` usage: app containers together, each
+    /// init container alone.
+    fn place_pod(
+        &self,
+        request: &PodRequest,
+        base: &[GpuUsage],
+    ) -> Result<(Vec<ContainerAllocation>, Vec<ContainerAllocation>), RejectReason> {
+        let node = self.node;
+        let mut usage = base.to_vec();
+        let mut pod_shares = 0u64;
+        let mut containers = Vec::with_capacity(request.containers.len());
+        for container in &request.containers {
+            let gpus = self.place(&mut usage, &mut pod_shares, container.gpu, 0)?;
+            containers.push(ContainerAllocation {
+                name: container.name.clone(),
+                gpus,
+            });
+        }
+        let held_by_apps = containers
+            .iter()
+            .flat_map(|c| c.gpus.iter())
+            .filter_map(|grant| node.spec.position_of(grant.gpu))
+            .fold(0u64, |mask, position| mask | bit(position));
+        let mut init_containers = Vec::with_capacity(request.init_containers.len());
+        for container in &request.init_containers {
+            // An init container runs alone, before the app containers: it competes only with the
+            // other pods on the node, and prefers the GPUs the app containers will use, so the
+            // pod's footprint (the per-GPU larger of the two) grows as little as possible.
+            let mut alone = base.to_vec();
+            let mut alone_shares = 0u64;
+            let gpus = self.place(&mut alone, &mut alone_shares, container.gpu, held_by_apps)?;
+            init_containers.push(ContainerAllocation {
+                name: container.name.clone(),
+                gpus,
+            });
+        }
+        Ok((containers, init_containers))
+    }
+
+    /// `reason` says the node is only full right now. That is true when the pod's GPUs would fit
+    /// the same node with no other pod on it; when even the empty node cannot take them (the
+    /// pod's own containers together need more GPUs, memory or compute than the node has),
+    /// waiting or preempting never helps, so the permanent reason replaces it.
+    fn confirm_resolvable(&self, request: &PodRequest, reason: RejectReason) -> RejectReason {
+        let idle = vec![GpuUsage::default(); self.node.gpus.len()];
+        match self.place_pod(request, &idle) {
+            Ok(_) => reason,
+            Err(RejectReason::InsufficientGpuMemory) => RejectReason::GpuMemoryTooSmall,
+            Err(_) => RejectReason::TooFewGpus,
+        }
+    }
+
     /// Places one container, recording on `usage` what it takes. `pod_shares` marks the GPUs the
     /// pod already shares (a pod counts once towards a GPU's pod limit); `prefer` marks GPUs to
     /// use first when they suffice.
@@ -388,5 +418,147 @@ fn preferred_pool(prefer: u64, candidates: u64, count: usize) -> u64 {
         prefer & candidates
     } else {
         candidates
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::allocation::GpuGrant;
+    use crate::engine::model::{GpuIndex, GpuMode, NodeSpec};
+    use crate::engine::request::ContainerRequest;
+
+    fn node(mode: GpuMode, count: u16, gib: u64) -> NodeState {
+        NodeState::new(NodeSpec::uniform(
+            "n",
+            mode,
+            count,
+            "A10",
+            MemMiB(gib * 1024),
+        ))
+    }
+
+    fn pod(demands: &[GpuDemand]) -> PodRequest {
+        let mut request = PodRequest::single(CpuMilli(0), MemMiB(0), GpuDemand::None);
+        request.containers = demands
+            .iter()
+            .enumerate()
+            .map(|(i, &gpu)| ContainerRequest {
+                name: format!("c{i}"),
+                gpu,
+            })
+            .collect();
+        request
+    }
+
+    fn share(gib: u64, percent: Option<u32>) -> GpuDemand {
+        GpuDemand::share(gib, 1, percent).unwrap_or_default()
+    }
+
+    /// Regression: each container passed the "can it ever fit" checks on its own, so a pod whose
+    /// containers together need more than the whole node was reported as only "full right now"
+    /// (resolvable), inviting preemption on a node where it can never run.
+    #[test]
+    fn regression_containers_that_together_overflow_the_empty_node_are_not_resolvable() {
+        let policy = Policy::default();
+        let cases = [
+            (
+                node(GpuMode::Exclusive, 4, 24),
+                pod(&[GpuDemand::Whole { count: 3 }, GpuDemand::Whole { count: 3 }]),
+                RejectReason::TooFewGpus,
+            ),
+            (
+                node(GpuMode::ShareMemory, 1, 24),
+                pod(&[share(14, None), share(11, None)]),
+                RejectReason::GpuMemoryTooSmall,
+            ),
+            (
+                node(GpuMode::CoreMem, 1, 24),
+                pod(&[share(2, Some(60)), share(2, Some(60))]),
+                RejectReason::TooFewGpus,
+            ),
+        ];
+        for (node, request, expected) in cases {
+            let got = fit(&node, &request, &policy);
+            assert_eq!(got, Err(expected), "{request:?}");
+            assert!(!expected.is_resolvable());
+        }
+    }
+
+    /// Regression: GPU masks were built with `1 << position` over every GPU of the node, which
+    /// panicked (debug) or aliased GPU 64 onto GPU 0 (release) on a node reporting more than 64
+    /// GPUs, for example from a mistyped `nvidia_count` label.
+    #[test]
+    fn regression_nodes_with_more_than_64_gpus_do_not_overflow_the_gpu_masks() {
+        let fgd = Policy::scoring(crate::engine::ScoringPolicy::Fgd).with_typical(
+            crate::engine::TypicalPods::new(vec![crate::engine::TypicalPod {
+                cpu: CpuMilli(0),
+                gpus: 1,
+                milli: 500,
+                models: Vec::new(),
+                weight: 1.0,
+            }]),
+        );
+        let cases = [
+            (
+                GpuMode::Exclusive,
+                GpuDemand::Whole { count: 1 },
+                RejectReason::NoFreeWholeGpus,
+            ),
+            (
+                GpuMode::ShareMemory,
+                share(4, None),
+                RejectReason::InsufficientGpuMemory,
+            ),
+        ];
+        for (mode, demand, when_full) in cases {
+            let request = pod(&[demand]);
+            let mut node = node(mode, 70, 24);
+            // Every GPU but GPU 3 of those the masks can address is taken whole.
+            for position in (0..64).filter(|&p| p != 3) {
+                node.gpus[position].whole_pods = 1;
+            }
+            for policy in [&Policy::default(), &fgd] {
+                let placed = policy.evaluate(&node, &request).unwrap();
+                let gpus: Vec<u16> = placed.allocation.containers[0]
+                    .gpus
+                    .iter()
+                    .map(|g| g.gpu.0)
+                    .collect();
+                assert_eq!(gpus, vec![3], "{mode:?}");
+                assert!((0.0..=100.0).contains(&placed.score));
+            }
+            // GPU 3 taken too: GPUs 64.. must not alias onto the busy GPUs 0...
+            node.gpus[3].whole_pods = 1;
+            for policy in [&Policy::default(), &fgd] {
+                assert_eq!(policy.evaluate(&node, &request), Err(when_full), "{mode:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_pod_that_fits_the_empty_node_stays_resolvable_when_the_node_is_busy() {
+        let mut busy = node(GpuMode::ShareMemory, 1, 24);
+        busy.add(&PodAllocation {
+            node: busy.spec.name.clone(),
+            cpu: CpuMilli(0),
+            memory: MemMiB(0),
+            containers: vec![ContainerAllocation {
+                name: "other".into(),
+                gpus: vec![GpuGrant {
+                    gpu: GpuIndex(0),
+                    grant: Grant::Share {
+                        mem: MemMiB(20 * 1024),
+                        compute: ComputeMilli(0),
+                    },
+                }],
+            }],
+            init_containers: Vec::new(),
+        });
+        let request = pod(&[share(10, None), share(10, None)]);
+        assert_eq!(
+            fit(&busy, &request, &Policy::default()),
+            Err(RejectReason::InsufficientGpuMemory)
+        );
     }
 }

@@ -89,12 +89,14 @@ impl GpuDemand {
         }
         let compute_per_gpu = match core_percent {
             None => ComputeMilli(0),
-            Some(percent) if percent % 5 == 0 && (5..=100).contains(&percent) => {
+            Some(percent) if percent.is_multiple_of(5) && (5..=100).contains(&percent) => {
                 ComputeMilli(percent * 10)
             }
             Some(percent) => return Err(RequestError::BadCorePercent(percent)),
         };
-        let mem_per_gpu = MemMiB(total_gib / u64::from(gpus) * 1024);
+        // Saturating: an absurd quantity must not wrap into a small one (or panic); it becomes a
+        // demand no GPU has room for, which `fit` rejects as too large for the node.
+        let mem_per_gpu = MemMiB((total_gib / u64::from(gpus)).saturating_mul(1024));
         Ok(Self::Share {
             gpus,
             mem_per_gpu,
@@ -413,6 +415,20 @@ mod tests {
             Err(RequestError::BadModelPattern(_))
         ));
         assert!(ModelPattern::parse("*").is_err());
+    }
+
+    /// Regression: converting GiB to MiB multiplied without a bound, so a huge `gpu-mem`
+    /// quantity panicked in debug builds and wrapped to a small demand in release builds.
+    #[test]
+    fn regression_huge_gpu_memory_request_does_not_overflow() {
+        assert_eq!(
+            GpuDemand::share(u64::MAX / 2, 1, None),
+            Ok(GpuDemand::Share {
+                gpus: 1,
+                mem_per_gpu: MemMiB(u64::MAX),
+                compute_per_gpu: ComputeMilli(0)
+            })
+        );
     }
 
     #[test]

@@ -4,6 +4,7 @@
 use super::allocation::{GpuHold, PodAllocation};
 use super::model::{ComputeMilli, CpuMilli, Gpu, MemMiB, NodeSpec, WHOLE_GPU_COMPUTE};
 use super::request::normalize_model;
+use super::topology::bit;
 
 /// What is taken from one GPU.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -95,7 +96,7 @@ impl NodeState {
             .zip(&self.spec.gpus)
             .enumerate()
             .filter(|(_, (usage, gpu))| gpu.healthy && usage.is_idle())
-            .fold(0u64, |mask, (position, _)| mask | (1u64 << position))
+            .fold(0u64, |mask, (position, _)| mask | bit(position))
     }
 
     /// Adds a pod. The caller has checked that it fits (or accepts over-commit as a fact).

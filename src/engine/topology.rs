@@ -36,6 +36,16 @@ pub fn positions(mask: u64) -> impl Iterator<Item = usize> {
     (0..MAX_GPUS_PER_NODE).filter(move |bit| mask & (1u64 << bit) != 0)
 }
 
+/// The mask bit of a GPU position. Node GPU sets are 64-bit masks, so a position past the 64th
+/// has no bit and its GPU is never chosen; a plain shift would panic in debug builds and, in
+/// release builds, alias the GPU onto position `p % 64` and hand out a busy GPU.
+pub fn bit(position: usize) -> u64 {
+    u32::try_from(position)
+        .ok()
+        .and_then(|shift| 1u64.checked_shl(shift))
+        .unwrap_or(0)
+}
+
 /// The ranked GPU groups of one node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TopologyIndex {

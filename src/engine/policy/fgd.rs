@@ -9,6 +9,7 @@
 use crate::engine::model::CpuMilli;
 use crate::engine::request::ModelPattern;
 use crate::engine::state::NodeState;
+use crate::engine::topology::bit;
 
 /// One class of pod the cluster typically sees, with its share of arrivals.
 #[derive(Clone, Debug, PartialEq)]
@@ -87,7 +88,7 @@ impl TypicalPods {
                         pod.models.is_empty()
                             || pod.models.iter().any(|p| p.matches_normalized(model))
                     })
-                    .fold(0u64, |mask, (position, _)| mask | (1u64 << position))
+                    .fold(0u64, |mask, (position, _)| mask | bit(position))
             })
             .collect()
     }
@@ -104,7 +105,7 @@ impl TypicalPods {
                 let mut fitting = 0u16;
                 let mut stranded = 0u64;
                 for (position, &free) in free_milli.iter().enumerate() {
-                    if mask & (1u64 << position) != 0 && free >= pod.milli {
+                    if mask & bit(position) != 0 && free >= pod.milli {
                         fitting += 1;
                     } else {
                         stranded += u64::from(free);

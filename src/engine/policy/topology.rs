@@ -3,6 +3,7 @@
 
 use crate::engine::allocation::{Grant, PodAllocation};
 use crate::engine::state::NodeState;
+use crate::engine::topology::bit;
 
 /// 1.0 when every container's whole-GPU group is as well connected as the best group of its size
 /// on the node; less in proportion to the weakest link otherwise. Placements of fewer than two
@@ -16,7 +17,7 @@ pub fn quality(node: &NodeState, allocation: &PodAllocation) -> f64 {
             .iter()
             .filter(|grant| grant.grant == Grant::Whole)
             .filter_map(|grant| node.spec.position_of(grant.gpu))
-            .fold(0u64, |mask, position| mask | (1u64 << position));
+            .fold(0u64, |mask, position| mask | bit(position));
         let size = group.count_ones() as usize;
         if size < 2 {
             continue;

@@ -1,0 +1,8 @@
+//! The Kubernetes side: translating Nodes and Pods into engine values (the sole owner of label,
+//! annotation and quantity parsing), the allocation record written at bind, the watch feed that
+//! keeps the engine's table equal to the cluster, and the one module that writes to the API
+//! (bind). The engine never sees a Kubernetes type.
+
+mod quantity;
+pub mod record;
+pub mod translate;

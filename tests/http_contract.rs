@@ -1,0 +1,390 @@
+//! HTTP contract of the extender, through the routers without a socket: every verb in both
+//! cache modes with bodies recorded from a real kube-scheduler v1.34, nulls, malformed and
+//! oversized bodies, unknown nodes, pods without GPUs, bad GPU requests and the not-ready state.
+
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a panic is a test failure with its location"
+)]
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+use gpu_extender::config::Config;
+use gpu_extender::engine::{Change, NodeSpec, Table};
+use gpu_extender::http::server::{AppState, admin_router, router};
+use gpu_extender::k8s::translate;
+use gpu_extender::service::KubeAdapter;
+use gpu_extender::telemetry::Metrics;
+
+const FIXTURES: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/kube-scheduler-v1.34"
+);
+
+fn fixture(name: &str) -> Value {
+    let text = std::fs::read_to_string(format!("{FIXTURES}/{name}")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// The two T4 nodes of the recordings, translated from their recorded Node objects.
+fn recorded_nodes(config: &Config) -> Vec<NodeSpec> {
+    let body = fixture("filter-nocache.json");
+    body["Nodes"]["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| {
+            let node: k8s_openapi::api::core::v1::Node =
+                serde_json::from_value(item.clone()).unwrap();
+            translate::node_spec(&node, config).unwrap()
+        })
+        .collect()
+}
+
+struct Harness {
+    state: AppState,
+}
+
+impl Harness {
+    fn new(ready: bool) -> Self {
+        let config = Arc::new(Config::default());
+        let table = Table::rebuild(20, recorded_nodes(&config), []);
+        let state = AppState {
+            table: Arc::new(RwLock::new(table)),
+            ready: Arc::new(AtomicBool::new(ready)),
+            policy: Arc::new(config.engine_policy()),
+            adapter: Arc::new(KubeAdapter::new(config, None)),
+            metrics: Metrics::new().unwrap(),
+            body_limit: 1024 * 1024,
+        };
+        Self { state }
+    }
+
+    fn extender(&self) -> Router {
+        router(self.state.clone(), "/scheduler")
+    }
+
+    async fn post(&self, verb: &str, body: impl Into<Body>) -> (StatusCode, Vec<u8>) {
+        let request = Request::post(format!("/scheduler/{verb}"))
+            .header("content-type", "application/json")
+            .body(body.into())
+            .unwrap();
+        let response = self.extender().oneshot(request).await.unwrap();
+        let status = response.status();
+        (
+            status,
+            response
+                .into_body()
+                .collect()
+                .await
+                .unwrap()
+                .to_bytes()
+                .to_vec(),
+        )
+    }
+
+    async fn post_json(&self, verb: &str, body: &Value) -> Value {
+        let (status, bytes) = self.post(verb, body.to_string()).await;
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "{}",
+            String::from_utf8_lossy(&bytes)
+        );
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    async fn admin(&self, path: &str) -> (StatusCode, String) {
+        let response = admin_router(self.state.clone())
+            .oneshot(Request::get(path).body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let status = response.status();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8_lossy(&bytes).into_owned())
+    }
+}
+
+fn with_gpu_limit(mut body: Value, resource: &str, value: &str) -> Value {
+    body["Pod"]["spec"]["containers"][0]["resources"] = json!({"limits": {resource: value}});
+    body["Pod"]["spec"]["initContainers"] = Value::Null;
+    body
+}
+
+#[tokio::test]
+async fn filter_cache_mode_answers_every_key_for_recorded_body() {
+    let harness = Harness::new(true);
+    let answer = harness
+        .post_json("filter", &fixture("filter-cache.json"))
+        .await;
+    assert_eq!(answer["NodeNames"], json!(["gpu-a", "gpu-b"]));
+    assert_eq!(answer["Nodes"], Value::Null);
+    assert_eq!(answer["FailedNodes"], json!({}));
+    assert_eq!(answer["FailedAndUnresolvableNodes"], json!({}));
+    assert_eq!(answer["Error"], "");
+}
+
+#[tokio::test]
+async fn filter_cache_mode_rejects_full_and_unknown_nodes_with_node_independent_reasons() {
+    let harness = Harness::new(true);
+    let mut body = with_gpu_limit(fixture("filter-cache.json"), "nvidia.com/gpu", "3");
+    body["NodeNames"] = json!(["gpu-a", "gpu-b", "not-a-node"]);
+    let answer = harness.post_json("filter", &body).await;
+    assert_eq!(answer["NodeNames"], json!([]));
+    assert_eq!(
+        answer["FailedAndUnresolvableNodes"]["gpu-a"],
+        "node has fewer GPUs than requested"
+    );
+    assert_eq!(
+        answer["FailedAndUnresolvableNodes"]["gpu-b"],
+        "node has fewer GPUs than requested"
+    );
+    assert_eq!(
+        answer["FailedNodes"]["not-a-node"],
+        "node not yet known to the GPU extender"
+    );
+
+    // Fill gpu-a, then a 2-GPU pod is "full right now" there: resolvable.
+    let two = with_gpu_limit(fixture("filter-cache.json"), "nvidia.com/gpu", "2");
+    {
+        let mut table = harness.state.table.write().unwrap();
+        let pod = translate::pod_request(
+            &serde_json::from_value(two["Pod"].clone()).unwrap(),
+            &Config::default(),
+        )
+        .unwrap()
+        .unwrap();
+        let node = table.node_by_str("gpu-a").unwrap().clone();
+        let placed = gpu_extender::engine::fit(&node, &pod, &harness.state.policy).unwrap();
+        table.apply(Change::PodBound {
+            pod: gpu_extender::engine::PodKey::new("ml", "busy"),
+            allocation: placed,
+        });
+    }
+    let answer = harness.post_json("filter", &two).await;
+    assert_eq!(answer["NodeNames"], json!(["gpu-b"]));
+    assert_eq!(answer["FailedNodes"]["gpu-a"], "not enough free whole GPUs");
+}
+
+#[tokio::test]
+async fn filter_non_cache_mode_returns_the_objects_it_was_given() {
+    let harness = Harness::new(false); // stateless: works before the table is synced
+    let body = fixture("filter-nocache.json");
+    let answer = harness.post_json("filter", &body).await;
+    assert_eq!(answer["NodeNames"], Value::Null);
+    assert_eq!(
+        answer["Nodes"]["items"], body["Nodes"]["items"],
+        "objects come back unchanged"
+    );
+
+    let too_big = with_gpu_limit(body, "nvidia.com/gpu", "4");
+    let answer = harness.post_json("filter", &too_big).await;
+    assert_eq!(answer["Nodes"]["items"], json!([]));
+    assert_eq!(
+        answer["FailedAndUnresolvableNodes"]
+            .as_object()
+            .unwrap()
+            .len(),
+        2
+    );
+}
+
+#[tokio::test]
+async fn filter_rejects_a_malformed_gpu_request_on_every_node_with_its_reason() {
+    let harness = Harness::new(true);
+    let body = with_gpu_limit(fixture("filter-cache.json"), "nvidia.com/gpu", "500m");
+    let answer = harness.post_json("filter", &body).await;
+    assert_eq!(
+        answer["Error"], "",
+        "a bad request is unschedulable, not a scheduler error"
+    );
+    let reasons = answer["FailedAndUnresolvableNodes"].as_object().unwrap();
+    assert_eq!(reasons.len(), 2);
+    let reason = reasons["gpu-a"].as_str().unwrap();
+    assert!(
+        reason.contains("nvidia.com/gpu"),
+        "reason names the resource: {reason}"
+    );
+    assert!(
+        harness
+            .state
+            .metrics
+            .render()
+            .unwrap()
+            .contains("gpu_extender_invalid_requests_total 1")
+    );
+}
+
+#[tokio::test]
+async fn pods_without_gpus_pass_every_node_and_get_no_preference() {
+    let harness = Harness::new(true);
+    let mut body = fixture("filter-cache.json");
+    body["Pod"]["spec"]["containers"][0]["resources"] = json!({"requests": {"cpu": "1"}});
+    body["Pod"]["spec"]["initContainers"] = Value::Null;
+    let answer = harness.post_json("filter", &body).await;
+    assert_eq!(answer["NodeNames"], json!(["gpu-a", "gpu-b"]));
+    let scores = harness.post_json("prioritize", &body).await;
+    assert_eq!(
+        scores,
+        json!([{"Host": "gpu-a", "Score": 0}, {"Host": "gpu-b", "Score": 0}])
+    );
+}
+
+#[tokio::test]
+async fn filter_is_an_error_until_the_table_is_synced() {
+    let harness = Harness::new(false);
+    let answer = harness
+        .post_json("filter", &fixture("filter-cache.json"))
+        .await;
+    assert!(answer["Error"].as_str().unwrap().contains("not ready"));
+    harness.state.ready.store(true, Ordering::Release);
+    let answer = harness
+        .post_json("filter", &fixture("filter-cache.json"))
+        .await;
+    assert_eq!(answer["Error"], "");
+}
+
+#[tokio::test]
+async fn prioritize_answers_a_bare_array_in_both_modes() {
+    let harness = Harness::new(true);
+    for name in ["prioritize-cache.json", "prioritize-nocache.json"] {
+        let answer = harness.post_json("prioritize", &fixture(name)).await;
+        let list = answer.as_array().unwrap();
+        assert_eq!(list.len(), 2, "{name}");
+        for entry in list {
+            let score = entry["Score"].as_i64().unwrap();
+            assert!((0..=10).contains(&score));
+            assert!(entry["Host"].as_str().unwrap().starts_with("gpu-"));
+        }
+    }
+}
+
+#[tokio::test]
+async fn bind_without_a_binder_answers_an_error_field() {
+    let harness = Harness::new(true);
+    let answer = harness.post_json("bind", &fixture("bind.json")).await;
+    assert!(answer["Error"].as_str().unwrap().contains("no binder"));
+}
+
+#[tokio::test]
+async fn preempt_always_answers_meta_victims() {
+    let harness = Harness::new(true);
+    for name in ["preempt-cache.json", "preempt-nocache.json"] {
+        let answer = harness.post_json("preempt", &fixture(name)).await;
+        let map = answer["NodeNameToMetaVictims"].as_object().unwrap();
+        assert!(!map.is_empty(), "{name}");
+        for victims in map.values() {
+            assert!(
+                victims["Pods"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .all(|p| p["UID"].is_string())
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn nulls_are_accepted_in_every_optional_field() {
+    let harness = Harness::new(true);
+    let answer = harness
+        .post_json(
+            "filter",
+            &json!({"Pod": null, "Nodes": null, "NodeNames": null}),
+        )
+        .await;
+    assert_eq!(answer["Error"], "filter request has no Pod");
+    let scores = harness
+        .post_json(
+            "prioritize",
+            &json!({"Pod": null, "Nodes": null, "NodeNames": null}),
+        )
+        .await;
+    assert_eq!(scores, json!([]));
+    let answer = harness
+        .post_json(
+            "preempt",
+            &json!({"Pod": null, "NodeNameToVictims": null, "NodeNameToMetaVictims": null}),
+        )
+        .await;
+    assert_eq!(answer, json!({"NodeNameToMetaVictims": {}}));
+    let answer = harness
+        .post_json(
+            "bind",
+            &json!({"PodName": null, "PodNamespace": null, "PodUID": null, "Node": null}),
+        )
+        .await;
+    assert!(answer["Error"].is_string());
+}
+
+#[tokio::test]
+async fn malformed_and_oversized_bodies_get_clear_http_errors() {
+    let harness = Harness::new(true);
+    for verb in ["filter", "prioritize", "bind", "preempt"] {
+        let (status, body) = harness.post(verb, "{not json").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{verb}");
+        let message = String::from_utf8_lossy(&body);
+        assert!(
+            message.contains(&format!("cannot decode {verb} request body")),
+            "{message}"
+        );
+    }
+    let (status, _) = harness.post("filter", r#"{"Pod": 7}"#).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let huge = format!(
+        r#"{{"Pod":null,"NodeNames":["{}"]}}"#,
+        "x".repeat(2 * 1024 * 1024)
+    );
+    let (status, _) = harness.post("filter", huge).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    // Nothing above changed the table.
+    assert!(
+        harness
+            .state
+            .table
+            .read()
+            .unwrap()
+            .check_invariants()
+            .is_ok()
+    );
+    assert_eq!(harness.state.table.read().unwrap().pod_count(), 0);
+}
+
+#[tokio::test]
+async fn admin_surface_reports_health_readiness_metrics_and_inspection() {
+    let harness = Harness::new(false);
+    assert_eq!(harness.admin("/healthz").await.0, StatusCode::OK);
+    assert_eq!(
+        harness.admin("/readyz").await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    harness.state.ready.store(true, Ordering::Release);
+    assert_eq!(harness.admin("/readyz").await.0, StatusCode::OK);
+
+    harness
+        .post_json("filter", &fixture("filter-cache.json"))
+        .await;
+    let (status, text) = harness.admin("/metrics").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        text.contains(r#"gpu_extender_requests_total{outcome="ok",verb="filter"} 1"#),
+        "{text}"
+    );
+    assert!(text.contains(r#"gpu_extender_filter_nodes_total{verdict="passed"} 2"#));
+    assert!(text.contains("gpu_extender_table_nodes 2"));
+
+    let (status, text) = harness.admin("/inspect").await;
+    assert_eq!(status, StatusCode::OK);
+    let report: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(report["totals"]["gpus"], 4);
+    assert_eq!(report["nodes"][0]["name"], "gpu-a");
+}
