@@ -596,6 +596,60 @@ fn the_pod_is_locked_down() {
     }
 }
 
+/// docs/install.md tells gpushare users to replace their scheduler configuration rather than
+/// carry it over: the kube-scheduler deploy/ runs refuses it.
+#[test]
+fn gpushare_v1beta2_configuration_is_refused_by_this_kube_scheduler() {
+    let Some(bins) = k8s_bins("gpushare_v1beta2_configuration_is_refused_by_this_kube_scheduler")
+    else {
+        return;
+    };
+    // gpushare-scheduler-extender's config/scheduler-policy-config.yaml, in substance.
+    let gpushare = "\
+apiVersion: kubescheduler.config.k8s.io/v1beta2
+kind: KubeSchedulerConfiguration
+clientConnection: {kubeconfig: /etc/kubernetes/scheduler.conf}
+extenders:
+- urlPrefix: http://127.0.0.1:32766/gpushare-scheduler
+  filterVerb: filter
+  bindVerb: bind
+  nodeCacheCapable: true
+  managedResources: [{name: aliyun.com/gpu-mem, ignoredByScheduler: false}]
+  ignorable: false
+";
+    let scratch = scratch_dir("gpushare");
+    let file = scratch.join("gpushare.yaml");
+    std::fs::write(&file, gpushare).unwrap();
+    let mut command = Command::new(bins.join("kube-scheduler"));
+    command
+        .arg(format!("--config={}", file.display()))
+        .arg("--bind-address=127.0.0.1")
+        .arg("--secure-port=0");
+    let mut child = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("kube-scheduler kept running with a v1beta2 configuration");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().unwrap();
+    let _ = std::fs::remove_dir_all(scratch);
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(
+            r#"no kind \"KubeSchedulerConfiguration\" is registered for version \"kubescheduler.config.k8s.io/v1beta2\""#
+        ),
+        "unexpected refusal:\n{stderr}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Against a real API server and kube-scheduler
 
