@@ -3,6 +3,8 @@
 //! keeps the engine's table equal to the cluster, and the one module that writes to the API
 //! (bind). The engine never sees a Kubernetes type.
 
+pub mod bind;
 mod quantity;
 pub mod record;
 pub mod translate;
+pub mod watch;

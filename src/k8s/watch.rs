@@ -1,0 +1,818 @@
+//! Cluster state from the watch: a synchronous [`Feed`] that turns Node and Pod watch events into
+//! engine [`Change`]s on the shared [`ClusterState`], and the thin async runner that drives it
+//! from kube-runtime watchers. The feed is a state machine with no I/O (like kube-runtime's
+//! reflector store): tests drive it with scripted events.
+//!
+//! What the table holds, per pod: bound pods with a valid allocation record hold exactly what
+//! the record says; bound pods that ask for no GPU hold their CPU and memory; bound GPU pods
+//! without a usable record (bound by someone else, or a corrupt or copied record) are counted and
+//! logged, and hold what their requests need, placed on their node as a fresh bind would place
+//! them, so their capacity is never handed out twice. Pending pods hold nothing here (a bind in
+//! flight holds a reservation, which the feed never touches); finished and deleted pods free
+//! everything.
+//!
+//! Lists are buffered from `Init` to `InitDone` and applied under one write lock, so readers see
+//! either the old or the new list, never half of it; objects missing from a relist are treated
+//! as deleted. The state reports ready once both initial lists are applied.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::{WatchStreamExt, watcher as watch_stream};
+use kube::{Api, ResourceExt};
+use tracing::{debug, info, warn};
+
+use super::record;
+use super::translate::{
+    names_gpu_resource, pod_host_request, pod_key, pod_request, translate_node,
+};
+use crate::config::Config;
+use crate::engine::{
+    Change, CpuMilli, MemMiB, NodeName, NodeSpec, NodeState, PodAllocation, PodKey, PodRequest,
+    Policy, Table, fit,
+};
+
+/// The cluster as the extender knows it, shared by the feed (the writer), the HTTP handlers
+/// (readers) and the binder (short writes to reserve).
+#[derive(Debug)]
+pub struct ClusterState {
+    table: RwLock<Table>,
+    /// GPU pods, slimmed to what translation needs: the binder reads pods from here.
+    pods: RwLock<HashMap<PodKey, Arc<Pod>>>,
+    ready: AtomicBool,
+    stats: Mutex<FeedStats>,
+}
+
+/// Health of the feed, for metrics and logs. Gauges describe the current state; counters only
+/// grow.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FeedStats {
+    /// Nodes in the table.
+    pub nodes: usize,
+    /// Nodes whose labels, capacity or detail annotation had problems (see the logs).
+    pub nodes_with_problems: usize,
+    /// Bound pods in the table (reservations not included).
+    pub pods_bound: usize,
+    /// Bound GPU pods without an allocation record, counted as using what they request.
+    pub records_missing: usize,
+    /// Bound GPU pods whose record is corrupt or copied, counted as using what they request.
+    pub records_corrupt: usize,
+    /// Of those, pods whose requests do not fit their node even when empty: they hold CPU and
+    /// memory only.
+    pub unplaceable: usize,
+    /// Pods without a usable record bound to a node not (yet) seen; placed when it appears.
+    pub waiting_for_node: usize,
+    /// Completed relists (the first list included).
+    pub node_lists: u64,
+    pub pod_lists: u64,
+    /// Watch errors reported by the runner (each is retried with backoff).
+    pub watch_errors: u64,
+}
+
+impl ClusterState {
+    /// An empty state whose table enforces `max_shares_per_gpu`.
+    pub fn new(max_shares_per_gpu: u16) -> Self {
+        Self {
+            table: RwLock::new(Table::new(max_shares_per_gpu)),
+            pods: RwLock::new(HashMap::new()),
+            ready: AtomicBool::new(false),
+            stats: Mutex::new(FeedStats::default()),
+        }
+    }
+
+    /// One consistent snapshot for filter, prioritize and inspect. Hold it only to decide.
+    pub fn read(&self) -> RwLockReadGuard<'_, Table> {
+        // A panic while writing leaves the table as it was at that instant; serving on beats
+        // refusing every request, and check_invariants would show any damage.
+        self.table.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// An empty state enforcing the configuration's per-GPU pod limit (the same limit the
+    /// engine policy from [`Config::engine_policy`] decides with).
+    pub fn for_config(cfg: &Config) -> Self {
+        Self::new(cfg.policy.max_pods_per_shared_gpu)
+    }
+
+    /// The table for writing: the feed and the binder's reservation only, briefly.
+    pub fn write(&self) -> RwLockWriteGuard<'_, Table> {
+        self.table.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether both initial lists have been applied: before that the table may miss
+    /// allocations, and the extender must not decide.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    /// A GPU pod as last seen by the watch.
+    pub fn pod(&self, key: &PodKey) -> Option<Arc<Pod>> {
+        self.pods
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .cloned()
+    }
+
+    /// The feed's health.
+    pub fn stats(&self) -> FeedStats {
+        *self.stats.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Releases reservations older than their TTL; returns the pods released.
+    pub fn expire_reservations(&self, now_ms: u64) -> Vec<PodKey> {
+        self.write().expire_reservations(now_ms)
+    }
+
+    fn set_ready(&self) {
+        self.ready.store(true, Ordering::Release);
+    }
+
+    fn cache_pod(&self, key: PodKey, pod: Arc<Pod>) {
+        self.pods
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key, pod);
+    }
+
+    fn forget_pod(&self, key: &PodKey) {
+        self.pods
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(key);
+    }
+
+    fn update_stats(&self, update: impl FnOnce(&mut FeedStats)) {
+        update(&mut self.stats.lock().unwrap_or_else(PoisonError::into_inner));
+    }
+}
+
+/// Where a bound pod's allocation came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Source {
+    Record,
+    /// A pod that asks for no GPU: CPU and memory only.
+    HostOnly,
+    /// A GPU pod without a record: placed by fitting its requests.
+    Missing,
+    /// A GPU pod with a corrupt or copied record: placed by fitting its requests.
+    Corrupt,
+}
+
+/// What the feed last did for a pod, so repeated events (status updates) cost no write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Applied {
+    Pending,
+    Bound {
+        node: NodeName,
+        source: Source,
+        /// Hash of the allocation applied (records and host-only pods).
+        fingerprint: u64,
+        unplaceable: bool,
+    },
+    WaitingForNode {
+        node: NodeName,
+        source: Source,
+    },
+}
+
+#[derive(Clone, Debug)]
+struct PodMemo {
+    uid: String,
+    applied: Applied,
+}
+
+/// An inferred pod waiting for its node.
+#[derive(Clone, Debug)]
+struct Inference {
+    request: Option<PodRequest>,
+    cpu: CpuMilli,
+    memory: MemMiB,
+    source: Source,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct NodeMemo {
+    fingerprint: u64,
+    has_problems: bool,
+}
+
+/// The watch-event state machine. One task owns it and feeds it every Node and Pod event.
+#[derive(Debug)]
+pub struct Feed {
+    state: Arc<ClusterState>,
+    cfg: Arc<Config>,
+    policy: Arc<Policy>,
+    nodes: HashMap<NodeName, NodeMemo>,
+    pods: HashMap<PodKey, PodMemo>,
+    node_buffer: Option<Vec<Node>>,
+    pod_buffer: Option<Vec<Pod>>,
+    nodes_listed: bool,
+    pods_listed: bool,
+    waiting: HashMap<NodeName, HashMap<PodKey, Inference>>,
+    /// The pod counts of [`FeedStats`], kept current by `set_memo` and `take_memo`.
+    tally: FeedStats,
+}
+
+impl Feed {
+    /// A feed writing into `state`, reading objects with `cfg` and placing pods without a record
+    /// with `policy`.
+    pub fn new(state: Arc<ClusterState>, cfg: Arc<Config>, policy: Arc<Policy>) -> Self {
+        Self {
+            state,
+            cfg,
+            policy,
+            nodes: HashMap::new(),
+            pods: HashMap::new(),
+            node_buffer: None,
+            pod_buffer: None,
+            nodes_listed: false,
+            pods_listed: false,
+            waiting: HashMap::new(),
+            tally: FeedStats::default(),
+        }
+    }
+
+    /// The shared state this feed writes.
+    pub fn state(&self) -> &Arc<ClusterState> {
+        &self.state
+    }
+
+    /// Applies one Node watch event.
+    pub fn apply_node_event(&mut self, event: &Event<Node>) {
+        let state = Arc::clone(&self.state);
+        match event {
+            Event::Init => self.node_buffer = Some(Vec::new()),
+            Event::InitApply(node) => match self.node_buffer.as_mut() {
+                Some(buffer) => buffer.push(slim_node(node)),
+                // An InitApply outside Init..InitDone: apply it at once rather than lose it.
+                None => self.upsert_node(&mut state.write(), node),
+            },
+            Event::InitDone => {
+                let listed = self.node_buffer.take().unwrap_or_default();
+                let mut table = state.write();
+                let names: HashSet<NodeName> = listed.iter().map(node_name).collect();
+                for node in &listed {
+                    self.upsert_node(&mut table, node);
+                }
+                let gone: Vec<NodeName> = self
+                    .nodes
+                    .keys()
+                    .filter(|name| !names.contains(*name))
+                    .cloned()
+                    .collect();
+                for name in gone {
+                    self.remove_node(&mut table, &name);
+                }
+                drop(table);
+                self.nodes_listed = true;
+                self.state.update_stats(|s| s.node_lists += 1);
+                info!(nodes = names.len(), "node list applied");
+                self.maybe_ready();
+            }
+            Event::Apply(node) => self.upsert_node(&mut state.write(), node),
+            Event::Delete(node) => self.remove_node(&mut state.write(), &node_name(node)),
+        }
+        self.publish_stats();
+    }
+
+    /// Applies one Pod watch event.
+    pub fn apply_pod_event(&mut self, event: &Event<Pod>) {
+        let state = Arc::clone(&self.state);
+        match event {
+            Event::Init => self.pod_buffer = Some(Vec::new()),
+            Event::InitApply(pod) => match self.pod_buffer.as_mut() {
+                Some(buffer) => buffer.push(slim_pod(pod, &self.cfg)),
+                None => self.apply_pod(&mut state.write(), pod),
+            },
+            Event::InitDone => {
+                let listed = self.pod_buffer.take().unwrap_or_default();
+                let mut table = state.write();
+                let keys: HashSet<PodKey> = listed.iter().map(pod_key).collect();
+                for pod in &listed {
+                    self.apply_pod(&mut table, pod);
+                }
+                let gone: Vec<PodKey> = self
+                    .pods
+                    .keys()
+                    .filter(|key| !keys.contains(*key))
+                    .cloned()
+                    .collect();
+                for key in gone {
+                    self.pod_gone(&mut table, &key);
+                }
+                drop(table);
+                self.pods_listed = true;
+                self.state.update_stats(|s| s.pod_lists += 1);
+                info!(pods = keys.len(), "pod list applied");
+                self.maybe_ready();
+            }
+            Event::Apply(pod) => self.apply_pod(&mut state.write(), pod),
+            Event::Delete(pod) => {
+                let key = pod_key(pod);
+                let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+                // A late delete of an older pod of the same name must not free the new one.
+                let newer = self
+                    .pods
+                    .get(&key)
+                    .is_some_and(|memo| !uid.is_empty() && !memo.uid.is_empty() && memo.uid != uid);
+                if !newer {
+                    self.pod_gone(&mut state.write(), &key);
+                }
+            }
+        }
+        self.publish_stats();
+    }
+
+    /// Counts a watch error (the runner retries with backoff; state is kept meanwhile).
+    pub fn watch_error(&mut self) {
+        self.state.update_stats(|s| s.watch_errors += 1);
+    }
+
+    fn maybe_ready(&self) {
+        if self.nodes_listed && self.pods_listed && !self.state.is_ready() {
+            info!("initial node and pod lists applied: ready");
+            self.state.set_ready();
+        }
+    }
+
+    fn upsert_node(&mut self, table: &mut Table, node: &Node) {
+        let translation = translate_node(node, &self.cfg);
+        let spec = translation.spec;
+        let memo = NodeMemo {
+            fingerprint: spec_fingerprint(&spec),
+            has_problems: !translation.problems.is_empty(),
+        };
+        if self.nodes.get(&spec.name) == Some(&memo) && table.node(&spec.name).is_some() {
+            return;
+        }
+        for problem in &translation.problems {
+            warn!(node = %spec.name, %problem, "node translated with problems");
+        }
+        let name = spec.name.clone();
+        debug!(node = %name, gpus = spec.gpus.len(), mode = spec.mode.as_str(), "node upserted");
+        table.apply(Change::UpsertNode(spec));
+        self.nodes.insert(name.clone(), memo);
+        if let Some(waiting) = self.waiting.remove(&name) {
+            for (key, inference) in waiting {
+                self.place_inferred(table, key, &name, inference);
+            }
+        }
+    }
+
+    fn remove_node(&mut self, table: &mut Table, name: &NodeName) {
+        if self.nodes.remove(name).is_some() || table.node(name).is_some() {
+            debug!(node = %name, "node removed");
+            table.apply(Change::RemoveNode(name.clone()));
+        }
+    }
+
+    fn apply_pod(&mut self, table: &mut Table, pod: &Pod) {
+        let key = pod_key(pod);
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        if let Some(memo) = self.pods.get(&key)
+            && !memo.uid.is_empty()
+            && !uid.is_empty()
+            && memo.uid != uid
+        {
+            // Deleted and recreated between events: the old pod is gone.
+            self.pod_gone(table, &key);
+        }
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        if matches!(phase, Some("Succeeded" | "Failed")) {
+            if self.pods.contains_key(&key) || table.pod(&key).is_some() {
+                self.pod_gone(table, &key);
+            }
+            return;
+        }
+        let is_gpu = names_gpu_resource(pod, &self.cfg);
+        if is_gpu {
+            self.state
+                .cache_pod(key.clone(), Arc::new(slim_pod(pod, &self.cfg)));
+        }
+        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) else {
+            // Pending: holds nothing here. A bind in flight holds a reservation, left alone.
+            self.set_memo(
+                key,
+                PodMemo {
+                    uid,
+                    applied: Applied::Pending,
+                },
+            );
+            return;
+        };
+        let node = NodeName::new(node);
+        let known = self.pods.get(&key).map(|memo| &memo.applied);
+
+        let decoded = if is_gpu {
+            record::decode(pod, &self.cfg)
+        } else {
+            Ok(None)
+        };
+        let (source, allocation) = match decoded {
+            Ok(Some(allocation)) => (Source::Record, Some(allocation)),
+            // A pod that names a GPU resource with amount 0 asks for no GPU: no record is
+            // written for it, and none is missing.
+            Ok(None) if !is_gpu || matches!(pod_request(pod, &self.cfg), Ok(None)) => {
+                let (cpu, memory) = pod_host_request(pod).unwrap_or_else(|problem| {
+                    warn!(pod = %key, %problem, "unreadable pod resources; counting none");
+                    (CpuMilli(0), MemMiB(0))
+                });
+                (
+                    Source::HostOnly,
+                    Some(PodAllocation::host_only(node.clone(), cpu, memory)),
+                )
+            }
+            Ok(None) => (Source::Missing, None),
+            Err(problem) => {
+                if !matches!(
+                    known,
+                    Some(
+                        Applied::Bound {
+                            source: Source::Corrupt,
+                            ..
+                        } | Applied::WaitingForNode {
+                            source: Source::Corrupt,
+                            ..
+                        }
+                    )
+                ) {
+                    warn!(pod = %key, %problem, "allocation record unusable; counting the pod's requests");
+                }
+                (Source::Corrupt, None)
+            }
+        };
+
+        match allocation {
+            Some(allocation) => {
+                let fingerprint = fingerprint(&allocation);
+                let unchanged = matches!(known, Some(Applied::Bound { node: n, source: s, fingerprint: f, .. })
+                    if *n == node && *s == source && *f == fingerprint)
+                    && table.pod(&key).is_some();
+                if !unchanged {
+                    table.apply(Change::PodBound {
+                        pod: key.clone(),
+                        allocation,
+                    });
+                }
+                self.set_memo(
+                    key,
+                    PodMemo {
+                        uid,
+                        applied: Applied::Bound {
+                            node,
+                            source,
+                            fingerprint,
+                            unplaceable: false,
+                        },
+                    },
+                );
+            }
+            None => {
+                let unchanged = match known {
+                    Some(Applied::Bound {
+                        node: n, source: s, ..
+                    }) => *n == node && *s == source && table.pod(&key).is_some(),
+                    Some(Applied::WaitingForNode { node: n, source: s }) => {
+                        *n == node && *s == source
+                    }
+                    _ => false,
+                };
+                if unchanged {
+                    return;
+                }
+                if source == Source::Missing {
+                    warn!(pod = %key, node = %node, "bound GPU pod has no allocation record; counting its requests");
+                }
+                let request = pod_request(pod, &self.cfg).unwrap_or_else(|problem| {
+                    warn!(pod = %key, %problem, "unreadable GPU request on a bound pod; counting CPU and memory only");
+                    None
+                });
+                let (cpu, memory) = pod_host_request(pod).unwrap_or_default();
+                self.set_memo(
+                    key.clone(),
+                    PodMemo {
+                        uid,
+                        applied: Applied::Pending,
+                    },
+                );
+                let inference = Inference {
+                    request,
+                    cpu,
+                    memory,
+                    source,
+                };
+                self.place_inferred(table, key, &node, inference);
+            }
+        }
+    }
+
+    /// Places a bound pod that has no usable record: on its node's current usage if it fits,
+    /// else on the empty node (an over-commit the cluster already made, kept visible to the
+    /// invariant check), else as CPU and memory only.
+    fn place_inferred(
+        &mut self,
+        table: &mut Table,
+        key: PodKey,
+        node: &NodeName,
+        inference: Inference,
+    ) {
+        let Some(uid) = self.pods.get(&key).map(|memo| memo.uid.clone()) else {
+            return;
+        };
+        // Whatever the pod held before (an old placement, a lapsed reservation) is replaced.
+        table.release(&key);
+        let Some(state) = table.node(node) else {
+            let applied = Applied::WaitingForNode {
+                node: node.clone(),
+                source: inference.source,
+            };
+            self.set_memo(key.clone(), PodMemo { uid, applied });
+            self.waiting
+                .entry(node.clone())
+                .or_default()
+                .insert(key, inference);
+            return;
+        };
+        let host_only = || PodAllocation::host_only(node.clone(), inference.cpu, inference.memory);
+        let (allocation, unplaceable) = match &inference.request {
+            None => (host_only(), false),
+            Some(request) => match fit(state, request, &self.policy) {
+                Ok(allocation) => (allocation, false),
+                Err(_) => match fit(&NodeState::new(state.spec.clone()), request, &self.policy) {
+                    Ok(allocation) => {
+                        warn!(pod = %key, node = %node, "pod without a usable record over-commits its node");
+                        (allocation, false)
+                    }
+                    Err(reason) => {
+                        warn!(pod = %key, node = %node, %reason, "pod without a usable record cannot fit its node; counting CPU and memory only");
+                        (host_only(), true)
+                    }
+                },
+            },
+        };
+        let applied = Applied::Bound {
+            node: node.clone(),
+            source: inference.source,
+            fingerprint: fingerprint(&allocation),
+            unplaceable,
+        };
+        self.set_memo(key.clone(), PodMemo { uid, applied });
+        table.apply(Change::PodBound {
+            pod: key,
+            allocation,
+        });
+    }
+
+    fn pod_gone(&mut self, table: &mut Table, key: &PodKey) {
+        if let Some(memo) = self.take_memo(key)
+            && let Applied::WaitingForNode { node, .. } = &memo.applied
+            && let Some(waiting) = self.waiting.get_mut(node)
+        {
+            waiting.remove(key);
+            if waiting.is_empty() {
+                self.waiting.remove(node);
+            }
+        }
+        table.apply(Change::PodGone(key.clone()));
+        self.state.forget_pod(key);
+    }
+
+    fn publish_stats(&self) {
+        let nodes = self.nodes.len();
+        let nodes_with_problems = self.nodes.values().filter(|m| m.has_problems).count();
+        let pods = self.tally;
+        self.state.update_stats(|s| {
+            s.nodes = nodes;
+            s.nodes_with_problems = nodes_with_problems;
+            s.pods_bound = pods.pods_bound;
+            s.records_missing = pods.records_missing;
+            s.records_corrupt = pods.records_corrupt;
+            s.unplaceable = pods.unplaceable;
+            s.waiting_for_node = pods.waiting_for_node;
+        });
+    }
+
+    /// Records what was applied for a pod, keeping the pod counts current without a full pass
+    /// (a pass over 150,000 pods on every event would cost more than the events).
+    fn set_memo(&mut self, key: PodKey, memo: PodMemo) {
+        tally(&mut self.tally, &memo.applied, 1);
+        if let Some(old) = self.pods.insert(key, memo) {
+            tally(&mut self.tally, &old.applied, -1);
+        }
+    }
+
+    fn take_memo(&mut self, key: &PodKey) -> Option<PodMemo> {
+        let old = self.pods.remove(key)?;
+        tally(&mut self.tally, &old.applied, -1);
+        Some(old)
+    }
+}
+
+/// Adds (`sign` 1) or removes (`sign` -1) one pod's contribution to the pod counts.
+fn tally(stats: &mut FeedStats, applied: &Applied, sign: isize) {
+    let bump = |value: &mut usize| *value = value.saturating_add_signed(sign);
+    let source = match applied {
+        Applied::Pending => return,
+        Applied::Bound {
+            source,
+            unplaceable,
+            ..
+        } => {
+            bump(&mut stats.pods_bound);
+            if *unplaceable {
+                bump(&mut stats.unplaceable);
+            }
+            source
+        }
+        Applied::WaitingForNode { source, .. } => {
+            bump(&mut stats.waiting_for_node);
+            source
+        }
+    };
+    match source {
+        Source::Missing => bump(&mut stats.records_missing),
+        Source::Corrupt => bump(&mut stats.records_corrupt),
+        Source::Record | Source::HostOnly => {}
+    }
+}
+
+fn node_name(node: &Node) -> NodeName {
+    NodeName::new(node.metadata.name.as_deref().unwrap_or_default())
+}
+
+fn fingerprint(allocation: &PodAllocation) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    allocation.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// Everything of a spec the engine uses, hashed: an unchanged node costs no write.
+fn spec_fingerprint(spec: &NodeSpec) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    spec.name.hash(&mut hasher);
+    spec.cpu.hash(&mut hasher);
+    spec.memory.hash(&mut hasher);
+    spec.max_pods.hash(&mut hasher);
+    spec.mode.hash(&mut hasher);
+    spec.placement.hash(&mut hasher);
+    for gpu in &spec.gpus {
+        gpu.index.hash(&mut hasher);
+        gpu.uuid.hash(&mut hasher);
+        gpu.model.hash(&mut hasher);
+        gpu.memory.hash(&mut hasher);
+        gpu.numa.hash(&mut hasher);
+        gpu.healthy.hash(&mut hasher);
+    }
+    spec.links.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// A Node with only what translation reads (metadata labels and annotations, capacity and
+/// allocatable): buffered lists stay small.
+pub fn slim_node(node: &Node) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: node.metadata.name.clone(),
+            uid: node.metadata.uid.clone(),
+            labels: node.metadata.labels.clone(),
+            annotations: node.metadata.annotations.clone(),
+            ..ObjectMeta::default()
+        },
+        spec: None,
+        status: node
+            .status
+            .as_ref()
+            .map(|status| k8s_openapi::api::core::v1::NodeStatus {
+                capacity: status.capacity.clone(),
+                allocatable: status.allocatable.clone(),
+                ..Default::default()
+            }),
+    }
+}
+
+/// A Pod with only what translation and the record read: names, uid, the `gpuCount` label, our
+/// own annotations, container resources, node name and phase. Keeps 150,000 cached pods small
+/// (`kubectl.kubernetes.io/last-applied-configuration` alone can be kilobytes).
+pub fn slim_pod(pod: &Pod, cfg: &Config) -> Pod {
+    let keep_label = |key: &String| *key == cfg.resources.gpu_count;
+    let a = &cfg.annotations;
+    let ours = [
+        &a.allocation,
+        &a.model_include,
+        &a.model_exclude,
+        &a.min_gpu_memory,
+        &a.placement,
+        &a.topology,
+    ];
+    let keep_annotation = |key: &String| ours.contains(&key);
+    let filter = |map: &Option<BTreeMap<String, String>>, keep: &dyn Fn(&String) -> bool| {
+        map.as_ref().map(|m| {
+            m.iter()
+                .filter(|(k, _)| keep(k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect::<BTreeMap<_, _>>()
+        })
+    };
+    let slim_container = |c: &Container| Container {
+        name: c.name.clone(),
+        resources: c.resources.clone(),
+        restart_policy: c.restart_policy.clone(),
+        ..Container::default()
+    };
+    Pod {
+        metadata: ObjectMeta {
+            name: pod.metadata.name.clone(),
+            namespace: pod.metadata.namespace.clone(),
+            uid: pod.metadata.uid.clone(),
+            labels: filter(&pod.metadata.labels, &keep_label),
+            annotations: filter(&pod.metadata.annotations, &keep_annotation),
+            ..ObjectMeta::default()
+        },
+        spec: pod.spec.as_ref().map(|spec| PodSpec {
+            node_name: spec.node_name.clone(),
+            containers: spec.containers.iter().map(slim_container).collect(),
+            init_containers: spec
+                .init_containers
+                .as_ref()
+                .map(|list| list.iter().map(slim_container).collect()),
+            overhead: spec.overhead.clone(),
+            resources: spec.resources.clone(),
+            ..PodSpec::default()
+        }),
+        status: pod.status.as_ref().map(|status| PodStatus {
+            phase: status.phase.clone(),
+            ..PodStatus::default()
+        }),
+    }
+}
+
+/// Milliseconds since `epoch` on the monotonic clock: the time base of reservations. Binds and
+/// the expiry tick must use the same `epoch`.
+pub fn monotonic_ms(epoch: Instant) -> u64 {
+    u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Runs the Node and Pod watchers into `feed` until both streams end (they do not, normally:
+/// errors are retried with kube-runtime's default backoff), and expires reservations every
+/// second on the `epoch` time base.
+pub async fn run(client: kube::Client, mut feed: Feed, epoch: Instant) {
+    // Boxed: a Pod event is kilobytes, and both kinds share one stream.
+    enum Item {
+        Node(Box<Result<Event<Node>, watcher::Error>>),
+        Pod(Box<Result<Event<Pod>, watcher::Error>>),
+    }
+    let nodes = watch_stream(Api::<Node>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .modify(|node| node.managed_fields_mut().clear())
+        .map(|item| Item::Node(Box::new(item)));
+    // Finished pods hold nothing: leaving them out of the list keeps it small, and a pod that
+    // finishes leaves the selection, which the watch reports as a delete.
+    let pods = watch_stream(
+        Api::<Pod>::all(client),
+        watcher::Config::default().fields("status.phase!=Succeeded,status.phase!=Failed"),
+    )
+    .default_backoff()
+    .modify(|pod| pod.managed_fields_mut().clear())
+    .map(|item| Item::Pod(Box::new(item)));
+    let mut events = std::pin::pin!(futures::stream::select(nodes, pods));
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            item = events.next() => match item {
+                Some(Item::Node(item)) => match *item {
+                    Ok(event) => feed.apply_node_event(&event),
+                    Err(error) => {
+                        feed.watch_error();
+                        warn!(%error, "node watch failed; retrying with backoff");
+                    }
+                },
+                Some(Item::Pod(item)) => match *item {
+                    Ok(event) => feed.apply_pod_event(&event),
+                    Err(error) => {
+                        feed.watch_error();
+                        warn!(%error, "pod watch failed; retrying with backoff");
+                    }
+                },
+                None => break,
+            },
+            _ = tick.tick() => {
+                let expired = feed.state().expire_reservations(monotonic_ms(epoch));
+                if !expired.is_empty() {
+                    warn!(count = expired.len(), "bind reservations expired without the watch seeing the pods bound");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

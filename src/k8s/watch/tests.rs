@@ -1,0 +1,480 @@
+//! Watch-feed tests: scripted Node and Pod events, the table checked after each step.
+
+use std::collections::BTreeMap;
+
+use serde_json::json;
+
+use super::*;
+use crate::engine::Hold;
+use crate::k8s::translate::node_spec;
+
+fn cfg() -> Arc<Config> {
+    Arc::new(Config::default())
+}
+
+fn feed() -> Feed {
+    Feed::new(
+        Arc::new(ClusterState::new(20)),
+        cfg(),
+        Arc::new(Policy::default()),
+    )
+}
+
+/// A 4-GPU memory-sharing node of 16 GiB T4s.
+fn share_node(name: &str) -> Node {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {
+            "ack.node.gpu.schedule": "share",
+            "aliyun.accelerator/nvidia_name": "T4",
+            "aliyun.accelerator/nvidia_mem": "16GiB",
+            "aliyun.accelerator/nvidia_count": "4"}},
+        "status": {"allocatable": {"cpu": "32", "memory": "128Gi", "pods": "110"}}
+    }))
+    .unwrap()
+}
+
+/// A 2-GPU exclusive node.
+fn whole_node(name: &str) -> Node {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"aliyun.accelerator/nvidia_count": "2"}},
+        "status": {"allocatable": {"cpu": "8", "memory": "32Gi"}}
+    }))
+    .unwrap()
+}
+
+fn pod(name: &str, uid: &str, node: Option<&str>, requests: serde_json::Value) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "ns", "uid": uid},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"requests": requests}}]},
+        "status": {"phase": if node.is_some() { "Running" } else { "Pending" }}
+    }))
+    .unwrap()
+}
+
+fn share_pod(name: &str, uid: &str, node: Option<&str>, gib: u64) -> Pod {
+    pod(
+        name,
+        uid,
+        node,
+        json!({"cpu": "1", "memory": "1Gi", "aliyun.com/gpu-mem": gib.to_string()}),
+    )
+}
+
+/// `pod`, bound to `node` with the record a bind would have written.
+fn recorded(mut pod: Pod, node: &Node) -> (Pod, PodAllocation) {
+    let cfg = Config::default();
+    let spec = node_spec(node, &cfg).unwrap();
+    let request = pod_request(&pod, &cfg).unwrap().unwrap();
+    let allocation = fit(&NodeState::new(spec.clone()), &request, &Policy::default()).unwrap();
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    pod.metadata.annotations = Some(super::record::encode(&allocation, &spec, &uid, 0, &cfg));
+    if let Some(s) = pod.spec.as_mut() {
+        s.node_name = Some(spec.name.to_string());
+    }
+    (pod, allocation)
+}
+
+fn key(name: &str) -> PodKey {
+    PodKey::new("ns", name)
+}
+
+fn init<K: Clone>(objects: &[K]) -> Vec<Event<K>> {
+    let mut events = vec![Event::Init];
+    events.extend(objects.iter().cloned().map(Event::InitApply));
+    events.push(Event::InitDone);
+    events
+}
+
+fn list_nodes(feed: &mut Feed, nodes: &[Node]) {
+    for event in init(nodes) {
+        feed.apply_node_event(&event);
+    }
+}
+
+fn list_pods(feed: &mut Feed, pods: &[Pod]) {
+    for event in init(pods) {
+        feed.apply_pod_event(&event);
+    }
+}
+
+fn gpu_mem_used(feed: &Feed, node: &str) -> u64 {
+    let table = feed.state().read();
+    table
+        .node_by_str(node)
+        .map(|n| n.gpus.iter().map(|g| g.mem.0).sum())
+        .unwrap_or(0)
+}
+
+fn assert_invariants(feed: &Feed) {
+    if let Err(violations) = feed.state().read().check_invariants() {
+        panic!("invariants broken: {violations:#?}");
+    }
+}
+
+#[test]
+fn ready_only_after_both_initial_lists() {
+    let mut feed = feed();
+    let node = share_node("gpu-a");
+    let (bound, allocation) = recorded(share_pod("p", "u1", None, 4), &node);
+
+    feed.apply_node_event(&Event::Init);
+    feed.apply_node_event(&Event::InitApply(node.clone()));
+    assert_eq!(
+        feed.state().read().node_count(),
+        0,
+        "a list is applied only when complete"
+    );
+    feed.apply_node_event(&Event::InitDone);
+    assert_eq!(feed.state().read().node_count(), 1);
+    assert!(!feed.state().is_ready(), "pods not listed yet");
+
+    list_pods(&mut feed, &[bound]);
+    assert!(feed.state().is_ready());
+    let table = feed.state().read();
+    let entry = table.pod(&key("p")).unwrap();
+    assert_eq!(entry.allocation, allocation);
+    assert_eq!(entry.hold, Hold::Bound);
+    drop(table);
+    assert_eq!(gpu_mem_used(&feed, "gpu-a"), 4096);
+    let stats = feed.state().stats();
+    assert_eq!(
+        (
+            stats.nodes,
+            stats.pods_bound,
+            stats.node_lists,
+            stats.pod_lists
+        ),
+        (1, 1, 1, 1)
+    );
+    assert_invariants(&feed);
+}
+
+#[test]
+fn pods_come_and_go() {
+    let mut feed = feed();
+    let node = share_node("gpu-a");
+    list_nodes(&mut feed, std::slice::from_ref(&node));
+    list_pods(&mut feed, &[]);
+
+    // Pending: cached for the binder, nothing held.
+    let pending = share_pod("p", "u1", None, 4);
+    feed.apply_pod_event(&Event::Apply(pending));
+    assert!(feed.state().pod(&key("p")).is_some());
+    assert_eq!(feed.state().read().pod_count(), 0);
+
+    // Bound with a record: holds exactly the record.
+    let (bound, _) = recorded(share_pod("p", "u1", None, 4), &node);
+    feed.apply_pod_event(&Event::Apply(bound.clone()));
+    assert_eq!(gpu_mem_used(&feed, "gpu-a"), 4096);
+    // A repeated event (a status update) changes nothing.
+    feed.apply_pod_event(&Event::Apply(bound.clone()));
+    assert_eq!(gpu_mem_used(&feed, "gpu-a"), 4096);
+    assert_invariants(&feed);
+
+    // Finished: freed at once.
+    let mut done = bound.clone();
+    if let Some(status) = done.status.as_mut() {
+        status.phase = Some("Succeeded".into());
+    }
+    feed.apply_pod_event(&Event::Apply(done));
+    assert_eq!(gpu_mem_used(&feed, "gpu-a"), 0);
+    assert!(feed.state().pod(&key("p")).is_none());
+    assert_eq!(feed.state().stats().pods_bound, 0);
+
+    // Deleted: freed too.
+    let (other, _) = recorded(share_pod("q", "u2", None, 8), &node);
+    feed.apply_pod_event(&Event::Apply(other.clone()));
+    assert_eq!(gpu_mem_used(&feed, "gpu-a"), 8192);
+    feed.apply_pod_event(&Event::Delete(other));
+    assert_eq!(gpu_mem_used(&feed, "gpu-a"), 0);
+    assert_eq!(feed.state().read().pod_count(), 0);
+    assert_invariants(&feed);
+}
+
+#[test]
+fn a_relist_drops_what_it_no_longer_lists_and_swaps_atomically() {
+    let mut feed = feed();
+    let (a, b) = (share_node("gpu-a"), share_node("gpu-b"));
+    list_nodes(&mut feed, &[a.clone(), b.clone()]);
+    let (p, _) = recorded(share_pod("p", "u1", None, 4), &a);
+    let (q, _) = recorded(share_pod("q", "u2", None, 2), &b);
+    list_pods(&mut feed, &[p.clone(), q]);
+    assert_eq!(feed.state().read().pod_count(), 2);
+
+    // The watch broke and relists: q was deleted meanwhile, r appeared.
+    let (r, _) = recorded(share_pod("r", "u3", None, 1), &a);
+    feed.apply_pod_event(&Event::Init);
+    feed.apply_pod_event(&Event::InitApply(p));
+    feed.apply_pod_event(&Event::InitApply(r));
+    assert_eq!(
+        feed.state().read().pod_count(),
+        2,
+        "readers see the old state until the list is complete"
+    );
+    feed.apply_pod_event(&Event::InitDone);
+    let table = feed.state().read();
+    assert!(table.pod(&key("p")).is_some());
+    assert!(table.pod(&key("q")).is_none());
+    assert!(table.pod(&key("r")).is_some());
+    drop(table);
+    assert_eq!(gpu_mem_used(&feed, "gpu-a"), 5 * 1024);
+    assert_eq!(gpu_mem_used(&feed, "gpu-b"), 0);
+
+    // Node relist without gpu-b removes it.
+    list_nodes(&mut feed, std::slice::from_ref(&a));
+    assert!(feed.state().read().node_by_str("gpu-b").is_none());
+    assert_eq!(feed.state().stats().node_lists, 2);
+    assert_invariants(&feed);
+}
+
+#[test]
+fn bound_gpu_pods_without_a_usable_record_count_what_they_request() {
+    let mut feed = feed();
+    let node = share_node("gpu-a");
+    list_nodes(&mut feed, std::slice::from_ref(&node));
+    let missing = share_pod("missing", "u1", Some("gpu-a"), 6);
+    let (mut corrupt, _) = recorded(share_pod("corrupt", "u2", None, 3), &node);
+    corrupt.metadata.annotations = Some(
+        [(
+            "gpu-extender.io/allocation".to_owned(),
+            "{garbage".to_owned(),
+        )]
+        .into(),
+    );
+    let (mut copied, _) = recorded(share_pod("copied", "u3", None, 2), &node);
+    copied.metadata.uid = Some("u-other".into());
+    list_pods(&mut feed, &[missing.clone(), corrupt, copied]);
+
+    let stats = feed.state().stats();
+    assert_eq!(stats.records_missing, 1);
+    assert_eq!(
+        stats.records_corrupt, 2,
+        "a copied record counts as corrupt"
+    );
+    assert_eq!(stats.pods_bound, 3);
+    assert_eq!(gpu_mem_used(&feed, "gpu-a"), 11 * 1024);
+    assert_invariants(&feed);
+
+    // Repeated events do not re-place them (no churn, no repeated warnings).
+    let before = feed.state().read().pod(&key("missing")).cloned();
+    feed.apply_pod_event(&Event::Apply(missing));
+    assert_eq!(feed.state().read().pod(&key("missing")).cloned(), before);
+    assert_eq!(gpu_mem_used(&feed, "gpu-a"), 11 * 1024);
+}
+
+#[test]
+fn an_inferred_pod_that_does_not_fit_is_kept_visible() {
+    let mut feed = feed();
+    let node = whole_node("gpu-w");
+    list_nodes(&mut feed, std::slice::from_ref(&node));
+    // Two recorded pods hold both GPUs; a third, bound by someone else, also claims one.
+    let (a, _) = recorded(pod("a", "ua", None, json!({"nvidia.com/gpu": "2"})), &node);
+    let over = pod("over", "uo", Some("gpu-w"), json!({"nvidia.com/gpu": "1"}));
+    let huge = pod(
+        "huge",
+        "uh",
+        Some("gpu-w"),
+        json!({"nvidia.com/gpu": "3", "cpu": "1"}),
+    );
+    list_pods(&mut feed, &[a, over, huge]);
+    let stats = feed.state().stats();
+    assert_eq!(stats.records_missing, 2);
+    assert_eq!(stats.unplaceable, 1, "3 GPUs never fit a 2-GPU node");
+    let table = feed.state().read();
+    assert!(
+        table.pod(&key("over")).unwrap().allocation.has_gpus(),
+        "placed on the empty node: the cluster's over-commit is a fact"
+    );
+    assert!(!table.pod(&key("huge")).unwrap().allocation.has_gpus());
+    let violations = table.check_invariants().unwrap_err();
+    assert!(
+        violations
+            .iter()
+            .any(|v| v.contains("held whole by several pods")),
+        "{violations:?}"
+    );
+}
+
+#[test]
+fn pods_listed_before_their_node_wait_for_it() {
+    let mut feed = feed();
+    let node = share_node("gpu-late");
+    let (recorded_pod, _) = recorded(share_pod("r", "u1", None, 4), &node);
+    let unrecorded = share_pod("n", "u2", Some("gpu-late"), 2);
+    let cpu_only = pod("cpu", "u3", Some("gpu-late"), json!({"cpu": "2"}));
+    list_pods(&mut feed, &[recorded_pod, unrecorded, cpu_only]);
+    list_nodes(&mut feed, &[]);
+    assert!(feed.state().is_ready());
+    assert_eq!(feed.state().stats().waiting_for_node, 1);
+    assert_eq!(
+        feed.state().read().pod_count(),
+        2,
+        "recorded and CPU-only pods are kept"
+    );
+
+    feed.apply_node_event(&Event::Apply(node));
+    let stats = feed.state().stats();
+    assert_eq!(stats.waiting_for_node, 0);
+    assert_eq!(stats.records_missing, 1);
+    assert_eq!(gpu_mem_used(&feed, "gpu-late"), 6 * 1024);
+    let table = feed.state().read();
+    let state = table.node_by_str("gpu-late").unwrap();
+    assert_eq!(state.cpu_used, CpuMilli(4000), "1 + 1 + 2 CPUs");
+    assert_eq!(state.pods, 3);
+    drop(table);
+    assert_invariants(&feed);
+}
+
+#[test]
+fn a_bind_reservation_survives_pending_events_and_is_confirmed_by_the_watch() {
+    let mut feed = feed();
+    let node = share_node("gpu-a");
+    list_nodes(&mut feed, std::slice::from_ref(&node));
+    list_pods(&mut feed, &[]);
+    let (bound, allocation) = recorded(share_pod("p", "u1", None, 4), &node);
+    feed.state()
+        .write()
+        .reserve(key("p"), allocation.clone(), 10_000)
+        .unwrap();
+
+    feed.apply_pod_event(&Event::Apply(share_pod("p", "u1", None, 4)));
+    assert_eq!(
+        feed.state().read().pod(&key("p")).map(|e| e.hold),
+        Some(Hold::Reserved {
+            expires_at_ms: 10_000
+        })
+    );
+    feed.apply_pod_event(&Event::Apply(bound));
+    assert_eq!(
+        feed.state().read().pod(&key("p")).map(|e| e.hold),
+        Some(Hold::Bound)
+    );
+    assert!(
+        feed.state().expire_reservations(20_000).is_empty(),
+        "confirmed holds never expire"
+    );
+    assert_eq!(gpu_mem_used(&feed, "gpu-a"), 4096);
+}
+
+#[test]
+fn a_recreated_pod_frees_its_predecessor() {
+    let mut feed = feed();
+    let node = share_node("gpu-a");
+    list_nodes(&mut feed, std::slice::from_ref(&node));
+    let (old, _) = recorded(share_pod("p", "old", None, 8), &node);
+    list_pods(&mut feed, std::slice::from_ref(&old));
+    assert_eq!(gpu_mem_used(&feed, "gpu-a"), 8192);
+
+    feed.apply_pod_event(&Event::Apply(share_pod("p", "new", None, 2)));
+    assert_eq!(gpu_mem_used(&feed, "gpu-a"), 0, "the old pod was deleted");
+    // A late delete of the old pod must not touch the new one's reservation.
+    feed.state()
+        .write()
+        .reserve(
+            key("p"),
+            recorded(share_pod("p", "new", None, 2), &node).1,
+            1000,
+        )
+        .unwrap();
+    feed.apply_pod_event(&Event::Delete(old));
+    assert!(feed.state().read().pod(&key("p")).is_some());
+}
+
+#[test]
+fn nodes_change_and_vanish_without_losing_pods() {
+    let mut feed = feed();
+    let node = share_node("gpu-a");
+    list_nodes(&mut feed, std::slice::from_ref(&node));
+    let (p, _) = recorded(share_pod("p", "u1", None, 4), &node);
+    list_pods(&mut feed, &[p]);
+
+    // Relabelled to spread: the pod is kept on the new spec.
+    let mut relabelled = node.clone();
+    if let Some(labels) = relabelled.metadata.labels.as_mut() {
+        labels.insert("ack.node.gpu.placement".into(), "spread".into());
+    }
+    feed.apply_node_event(&Event::Apply(relabelled.clone()));
+    assert_eq!(gpu_mem_used(&feed, "gpu-a"), 4096);
+
+    feed.apply_node_event(&Event::Delete(relabelled.clone()));
+    assert!(feed.state().read().node_by_str("gpu-a").is_none());
+    assert_eq!(
+        feed.state().read().pod_count(),
+        1,
+        "the pod's record is kept"
+    );
+    feed.apply_node_event(&Event::Apply(relabelled));
+    assert_eq!(
+        gpu_mem_used(&feed, "gpu-a"),
+        4096,
+        "and counted again when the node returns"
+    );
+    assert_invariants(&feed);
+}
+
+#[test]
+fn node_problems_are_counted_and_the_node_still_serves() {
+    let mut feed = feed();
+    let mut node = share_node("gpu-a");
+    node.metadata.annotations =
+        Some([("gpu-extender.io/gpus".to_owned(), "not json".to_owned())].into());
+    list_nodes(&mut feed, &[node]);
+    assert_eq!(feed.state().stats().nodes_with_problems, 1);
+    assert_eq!(
+        feed.state()
+            .read()
+            .node_by_str("gpu-a")
+            .map(|n| n.spec.gpus.len()),
+        Some(4)
+    );
+    feed.watch_error();
+    assert_eq!(feed.state().stats().watch_errors, 1);
+}
+
+#[test]
+fn slim_pods_keep_what_translation_reads() {
+    let cfg = Config::default();
+    let mut p = share_pod("p", "u", Some("gpu-a"), 4);
+    p.metadata.labels = Some(BTreeMap::from([
+        ("aliyun.com/gpu-count".to_owned(), "2".to_owned()),
+        ("app".to_owned(), "x".to_owned()),
+    ]));
+    p.metadata.annotations = Some(BTreeMap::from([
+        ("gpu-extender.io/placement".to_owned(), "spread".to_owned()),
+        (
+            "kubectl.kubernetes.io/last-applied-configuration".to_owned(),
+            "x".repeat(10_000),
+        ),
+    ]));
+    let slim = slim_pod(&p, &cfg);
+    assert_eq!(pod_request(&slim, &cfg), pod_request(&p, &cfg));
+    assert_eq!(slim.metadata.labels.as_ref().map(BTreeMap::len), Some(1));
+    assert_eq!(
+        slim.metadata.annotations.as_ref().map(BTreeMap::len),
+        Some(1)
+    );
+    let node = share_node("n");
+    assert_eq!(
+        node_spec(&slim_node(&node), &cfg).unwrap().gpus,
+        node_spec(&node, &cfg).unwrap().gpus
+    );
+}
+
+#[test]
+fn a_pod_naming_zero_gpus_is_not_missing_a_record() {
+    let mut feed = feed();
+    list_nodes(&mut feed, &[share_node("gpu-a")]);
+    let zero = pod(
+        "zero",
+        "u1",
+        Some("gpu-a"),
+        json!({"nvidia.com/gpu": "0", "cpu": "3"}),
+    );
+    list_pods(&mut feed, &[zero]);
+    let stats = feed.state().stats();
+    assert_eq!((stats.pods_bound, stats.records_missing), (1, 0));
+    assert_eq!(
+        feed.state().read().node_by_str("gpu-a").map(|n| n.cpu_used),
+        Some(CpuMilli(3000))
+    );
+}
