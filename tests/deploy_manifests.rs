@@ -15,6 +15,12 @@
 //! (`monitoring.coreos.com_servicemonitors.yaml` from prometheus-operator) to have it installed and
 //! the ServiceMonitor dry-run against it; otherwise kubectl only parses it.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a panic is a test failure with its location"
+)]
+
 mod support;
 
 use std::io::Write;
@@ -710,6 +716,13 @@ impl Plane {
     fn scheduler_log(&self) -> String {
         std::fs::read_to_string(self.dir.join("kube-scheduler.log")).unwrap_or_default()
     }
+
+    /// The end of kube-scheduler's log, for failure messages.
+    fn scheduler_log_tail(&self) -> String {
+        let log = self.scheduler_log();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
 }
 
 impl Drop for Plane {
@@ -897,20 +910,33 @@ fn deploy_applies_to_a_real_api_server_and_its_scheduler_config_runs() {
         out.status.success(),
         "kube-scheduler did not come up healthy with deploy/'s configuration:\n{}\n{}",
         text(&out.stderr),
-        plane.scheduler_log()
+        plane.scheduler_log_tail()
     );
     let port = std::fs::read_to_string(plane.dir.join("kube-scheduler.port")).unwrap();
     let base = format!("https://127.0.0.1:{}", port.trim());
-    for path in ["/healthz", "/livez", "/readyz"] {
+    for path in ["/healthz", "/livez"] {
         let (ok, body) = curl_status(&format!("{base}{path}"));
         assert!(ok && body == "ok", "kube-scheduler {path}: {body}");
     }
-    // That user may not touch this scheduler's Lease yet: it is a standby, and ready as one
-    // (the PodDisruptionBudget counts the standby as available).
-    let (_, readyz) = curl_status(&format!("{base}/readyz?verbose"));
+    // That user may not touch this scheduler's Lease yet: it is a standby, and becomes ready
+    // as one once its informers have synced (the PodDisruptionBudget counts ready pods, so a
+    // standby must be able to be ready).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, readyz) = curl_status(&format!("{base}/readyz?verbose"));
+        if readyz.contains("readyz check passed") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the standby kube-scheduler is not ready after 30s:\n{readyz}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let log = plane.scheduler_log();
     assert!(
-        readyz.contains("readyz check passed"),
-        "standby /readyz: {readyz}"
+        !log.contains("successfully acquired lease"),
+        "kube-scheduler led before it was allowed its Lease"
     );
 
     // 6. With the leader-election Role of deploy/ bound to it, it takes the Lease.
@@ -959,7 +985,7 @@ fn deploy_applies_to_a_real_api_server_and_its_scheduler_config_runs() {
         assert!(
             Instant::now() < deadline,
             "kube-scheduler did not take the Lease {lease_ns}/{lease} in 60s:\n{}",
-            plane.scheduler_log()
+            plane.scheduler_log_tail()
         );
         std::thread::sleep(Duration::from_millis(500));
     };

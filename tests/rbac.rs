@@ -12,6 +12,12 @@
 //! No cluster needed: the manifests are read from the files `deploy/kustomization.yaml` lists.
 //! `tests/deploy_manifests.rs` asks a real API server the same questions.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a panic is a test failure with its location"
+)]
+
 mod support;
 
 use std::collections::BTreeSet;

@@ -327,23 +327,22 @@ fn test_module_files(file_name: &str, file: &syn::File) -> Vec<String> {
     };
     let mut files = Vec::new();
     for item in &file.items {
-        if let syn::Item::Mod(m) = item {
-            if m.content.is_none() && is_cfg_test(&m.attrs) {
-                let name = m.ident.to_string();
-                files.push(module_dir.join(format!("{name}.rs")));
-                files.push(module_dir.join(&name).join("mod.rs"));
-                for attr in &m.attrs {
-                    if let syn::Meta::NameValue(nv) = &attr.meta {
-                        if nv.path.is_ident("path") {
-                            if let syn::Expr::Lit(syn::ExprLit {
-                                lit: syn::Lit::Str(p),
-                                ..
-                            }) = &nv.value
-                            {
-                                files.push(dir.join(p.value()));
-                            }
-                        }
-                    }
+        if let syn::Item::Mod(m) = item
+            && m.content.is_none()
+            && is_cfg_test(&m.attrs)
+        {
+            let name = m.ident.to_string();
+            files.push(module_dir.join(format!("{name}.rs")));
+            files.push(module_dir.join(&name).join("mod.rs"));
+            for attr in &m.attrs {
+                if let syn::Meta::NameValue(nv) = &attr.meta
+                    && nv.path.is_ident("path")
+                    && let syn::Expr::Lit(syn::ExprLit {
+                        lit: syn::Lit::Str(p),
+                        ..
+                    }) = &nv.value
+                {
+                    files.push(dir.join(p.value()));
                 }
             }
         }
@@ -495,10 +494,10 @@ fn kind_of_type_path(path: &syn::Path, imports: &Imports, generics: &[String]) -
         .last()
         .map(|s| s.ident.to_string())
         .unwrap_or_default();
-    if last == "PartialObjectMeta" {
-        if let Some(inner) = first_generic_type(path) {
-            return kind_of_type(inner, imports, generics);
-        }
+    if last == "PartialObjectMeta"
+        && let Some(inner) = first_generic_type(path)
+    {
+        return kind_of_type(inner, imports, generics);
     }
     if path.segments.len() == 1 && generics.contains(&last) {
         return ApiOf::Unknown(format!("generic kind {last}"));
@@ -946,10 +945,10 @@ impl<'ast> Visit<'ast> for Calls<'_> {
     fn visit_expr_struct(&mut self, s: &'ast syn::ExprStruct) {
         // `Feed { pods: Api::all(client), .. }`: the field's declared type gives the kind.
         for field in &s.fields {
-            if let syn::Member::Named(name) = &field.member {
-                if let Some(ApiOf::Kind(_)) = self.crate_types.field(&name.to_string()) {
-                    self.explain(&field.expr);
-                }
+            if let syn::Member::Named(name) = &field.member
+                && let Some(ApiOf::Kind(_)) = self.crate_types.field(&name.to_string())
+            {
+                self.explain(&field.expr);
             }
         }
         visit::visit_expr_struct(self, s);
@@ -960,10 +959,10 @@ impl<'ast> Visit<'ast> for Calls<'_> {
             self.recorder_call(call);
         }
         // An Api constructor whose kind nothing around it settles.
-        if let Some(ApiOf::Unknown(why)) = self.api_of_call(call) {
-            if !self.is_explained(call.span()) {
-                self.problem(call.span(), format!("`{}`: {why}", tokens(call)));
-            }
+        if let Some(ApiOf::Unknown(why)) = self.api_of_call(call)
+            && !self.is_explained(call.span())
+        {
+            self.problem(call.span(), format!("`{}`: {why}", tokens(call)));
         }
         visit::visit_expr_call(self, call);
     }
@@ -998,14 +997,13 @@ impl<'ast> Visit<'ast> for Calls<'_> {
                 (None, ApiOf::Unknown(_)) => {}
             }
         }
-        if WATCHING_METHODS.contains(&method.as_str()) {
-            if let Some(arg) = m.args.first() {
-                if let Some(api) = self.api_of(arg) {
-                    self.explain(arg);
-                    let what = format!(".{method}(api, ..)");
-                    self.record(&api, &["list", "watch"], None, m.span(), &what);
-                }
-            }
+        if WATCHING_METHODS.contains(&method.as_str())
+            && let Some(arg) = m.args.first()
+            && let Some(api) = self.api_of(arg)
+        {
+            self.explain(arg);
+            let what = format!(".{method}(api, ..)");
+            self.record(&api, &["list", "watch"], None, m.span(), &what);
         }
         visit::visit_expr_method_call(self, m);
     }
@@ -1022,12 +1020,11 @@ impl Calls<'_> {
             }
         }
         // `fn pods(&self) -> Api<Pod> { Api::all(self.client.clone()) }`
-        if let syn::ReturnType::Type(_, ty) = &sig.output {
-            if let Some(ApiOf::Kind(_)) = api_type(ty, self.imports, &self.generics()) {
-                if let Some(syn::Stmt::Expr(tail, None)) = body.stmts.last() {
-                    self.explain(tail);
-                }
-            }
+        if let syn::ReturnType::Type(_, ty) = &sig.output
+            && let Some(ApiOf::Kind(_)) = api_type(ty, self.imports, &self.generics())
+            && let Some(syn::Stmt::Expr(tail, None)) = body.stmts.last()
+        {
+            self.explain(tail);
         }
     }
 
