@@ -602,6 +602,44 @@ fn the_pod_is_locked_down() {
     }
 }
 
+/// The sidecar's command line is one the binary accepts (`gpu-extender serve --config=...`).
+/// Read from `deploy/deployment.yaml` itself, so this needs no Kubernetes binaries.
+#[test]
+fn the_extender_binary_accepts_the_sidecar_command_line() {
+    let objects = support::manifests::kustomization_resources(&Path::new(ROOT).join("deploy"));
+    let deployment = find(&objects, "Deployment", "gpu-scheduler");
+    let sidecar = ["initContainers", "containers"]
+        .iter()
+        .flat_map(|k| {
+            deployment["spec"]["template"]["spec"][*k]
+                .as_sequence()
+                .into_iter()
+                .flatten()
+        })
+        .find(|c| c["name"].as_str() == Some("gpu-extender"))
+        .expect("a gpu-extender container");
+    assert!(
+        sidecar["command"].is_null(),
+        "the image's entrypoint is the binary; set args only"
+    );
+    let args: Vec<&str> = sidecar["args"]
+        .as_sequence()
+        .expect("args")
+        .iter()
+        .map(|a| a.as_str().expect("string args"))
+        .collect();
+    // clap parses everything before acting on --help, so an unknown subcommand or flag fails.
+    let mut command = Command::new(EXTENDER_BIN);
+    command.args(&args).arg("--help");
+    let out = run(command, None);
+    assert!(
+        out.status.success(),
+        "`gpu-extender {}` is not a command line the binary accepts:\n{}",
+        args.join(" "),
+        text(&out.stderr)
+    );
+}
+
 /// docs/install.md tells gpushare users to replace their scheduler configuration rather than
 /// carry it over: the kube-scheduler deploy/ runs refuses it.
 #[test]
