@@ -456,7 +456,13 @@ fn the_pieces_of_the_deployment_agree() {
         "the image's binary runs `gpu-extender serve`"
     );
     let image = sidecar["image"].as_str().unwrap();
-    assert!(image.starts_with("gpu-extender:"), "extender image {image}");
+    // [registry/]gpu-extender:<tag> or @<digest>, as `kustomize edit set image` leaves it.
+    let repository_and_tag = image.rsplit('/').next().unwrap_or_default();
+    assert!(
+        repository_and_tag.starts_with("gpu-extender:")
+            || repository_and_tag.starts_with("gpu-extender@"),
+        "the extender image should be [registry/]gpu-extender:<tag>, not {image}"
+    );
     let admin_port: u64 = extender["server"]["adminListen"]
         .as_str()
         .and_then(|a| a.rsplit_once(':'))
