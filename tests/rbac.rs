@@ -391,6 +391,23 @@ mod scanner {
     }
 
     #[test]
+    fn apis_behind_wrappers_are_followed() {
+        let scan = scan(&[(
+            "src/w.rs",
+            r#"
+            use std::sync::Arc;
+            use k8s_openapi::api::core::v1::Node;
+            use kube::Api;
+            struct S { nodes: Option<Arc<Api<Node>>> }
+            impl S {
+                async fn f(&self) { self.nodes.as_ref().unwrap().delete("n", &dp).await; }
+            }
+            "#,
+        )]);
+        assert_eq!(permissions(&scan), ["delete nodes (core)"]);
+    }
+
+    #[test]
     fn test_code_is_not_shipped() {
         let scan = scan(&[
             (
@@ -445,6 +462,8 @@ mod scanner {
             "use kube::Api; use k8s_openapi::api::core::v1::ServiceAccount; fn f(a: Api<ServiceAccount>) { a.list(&lp); }",
             // an ambiguous bare kind (no import by name)
             "use kube::Api; use k8s_openapi::api::core::v1::*; fn f(a: Api<Event>) { a.create(&pp, &e); }",
+            // an Api handed to a function this reader does not follow
+            "use kube::Api; use k8s_openapi::api::core::v1::Pod; fn f(c: kube::Client) { g(Api::<Pod>::all(c)); }",
         ];
         for case in cases {
             let scan = scan(&[("src/x.rs", case)]);

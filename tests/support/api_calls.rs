@@ -29,11 +29,14 @@
 //! constructor with the kind written out; a local variable or function parameter declared
 //! `Api<K>` (or `&Api<K>`), or initialised from such an expression; a struct field declared
 //! `Api<K>`; a call of a function or method of this crate declared to return `Api<K>`; or
-//! `.clone()`, `&`, `?`, `.await` or parentheses around one of these. Names are resolved through
-//! the file's `use` items, so `use kube::runtime::watcher as watch_stream;` is still a watcher.
+//! `.clone()`, `.as_ref()`, `.unwrap()`, `.lock()` (and the like), `&`, `?`, `.await` or
+//! parentheses around one of these. `Option`, `Arc`, `Box`, `Mutex`, ... around `Api<K>` are read
+//! through. Names are resolved through the file's `use` items, so
+//! `use kube::runtime::watcher as watch_stream;` is still a watcher.
 //!
 //! Whatever this reading cannot settle is reported as a problem rather than guessed: an `Api`
-//! constructor whose kind is not written (`Api::all(client)` passed straight to a function), a
+//! constructor whose kind is not written (`Api::all(client)` passed straight to a function), an
+//! `Api` made and then handed somewhere this reading does not follow (its calls would be missed), a
 //! method on an `Api` value that the table above does not know, a kind missing from [`KINDS`],
 //! a generic kind, a subresource named by a variable. The fix is to write the kind or the literal
 //! out (or extend the table here), so the list of calls stays complete.
@@ -202,7 +205,8 @@ fn api_method(name: &str) -> Option<Method> {
         "create_subresource" => Subresource("create"),
         "patch_subresource" => Subresource("patch"),
         "replace_subresource" => Subresource("update"),
-        "clone" | "to_owned" | "resource_url" | "into_client" => Local,
+        "resource_url" | "into_client" => Local,
+        name if TRANSPARENT_METHODS.contains(&name) => Local,
         _ => return None,
     })
 }
@@ -557,9 +561,36 @@ fn api_type(ty: &syn::Type, imports: &Imports, generics: &[String]) -> Option<Ap
                 None => ApiOf::Unknown("Api without its kind".to_owned()),
             })
         }
+        // Option<Api<K>>, Arc<Api<K>>, ...: the methods that reach the Api are transparent too.
+        syn::Type::Path(p)
+            if p.path
+                .segments
+                .last()
+                .is_some_and(|s| WRAPPER_TYPES.contains(&s.ident.to_string().as_str())) =>
+        {
+            first_generic_type(&p.path).and_then(|inner| api_type(inner, imports, generics))
+        }
         _ => None,
     }
 }
+
+/// Types read through to the Api they hold.
+const WRAPPER_TYPES: &[&str] = &["Option", "Arc", "Rc", "Box", "Mutex", "RwLock", "OnceLock"];
+/// Methods that give back (a reference to) the Api they are called on.
+const TRANSPARENT_METHODS: &[&str] = &[
+    "clone",
+    "to_owned",
+    "as_ref",
+    "as_mut",
+    "unwrap",
+    "expect",
+    "borrow",
+    "deref",
+    "lock",
+    "read",
+    "write",
+    "get_or_init",
+];
 
 /// The path names kube's `Api` (the type itself, not a path through it).
 fn is_api_path(path: &syn::Path, imports: &Imports) -> bool {
@@ -730,7 +761,7 @@ impl Calls<'_> {
             syn::Expr::Call(call) => self.api_of_call(call),
             syn::Expr::MethodCall(m) => {
                 let method = m.method.to_string();
-                if matches!(method.as_str(), "clone" | "to_owned") {
+                if TRANSPARENT_METHODS.contains(&method.as_str()) {
                     self.api_of(&m.receiver)
                 } else {
                     self.crate_types.function(&method)
@@ -958,10 +989,18 @@ impl<'ast> Visit<'ast> for Calls<'_> {
         if !self.watching_call(call) {
             self.recorder_call(call);
         }
-        // An Api constructor whose kind nothing around it settles.
-        if let Some(ApiOf::Unknown(why)) = self.api_of_call(call)
+        // An Api made here must go where this reader follows it (a method call on it, a
+        // watcher, a variable, a field, a function's result); otherwise its calls would be
+        // missed, or, without a kind written, not be attributable.
+        if let Some(api) = self.api_of_call(call)
             && !self.is_explained(call.span())
         {
+            let why = match api {
+                ApiOf::Unknown(why) => why,
+                ApiOf::Kind(_) => "it goes where tests/support/api_calls.rs cannot follow it \
+                                   (bind it to a variable or field of type Api<K> first)"
+                    .to_owned(),
+            };
             self.problem(call.span(), format!("`{}`: {why}", tokens(call)));
         }
         visit::visit_expr_call(self, call);
@@ -970,6 +1009,7 @@ impl<'ast> Visit<'ast> for Calls<'_> {
     fn visit_expr_method_call(&mut self, m: &'ast syn::ExprMethodCall) {
         let method = m.method.to_string();
         if let Some(api) = self.api_of(&m.receiver) {
+            self.explain(&m.receiver);
             let what = format!(".{method}(..)");
             match (api_method(&method), &api) {
                 (Some(Method::Verbs(verbs, sub)), _) => {
