@@ -35,7 +35,15 @@ pub const ENV_PREFIX: &str = "GPU_EXTENDER_";
 
 /// Environment variables under [`ENV_PREFIX`] that are not configuration keys: the binary reads
 /// them itself (the config file path and the log filter), so they are not typos.
-pub const RESERVED_ENV: &[&str] = &["GPU_EXTENDER_CONFIG", "GPU_EXTENDER_LOG"];
+pub const RESERVED_ENV: &[&str] = &[
+    "GPU_EXTENDER_CONFIG",
+    "GPU_EXTENDER_LOG",
+    "GPU_EXTENDER_LOG_FORMAT",
+    // Build and test tooling (Makefile, scripts/, tests/), inherited by the processes it starts.
+    "GPU_EXTENDER_CACHE",
+    "GPU_EXTENDER_K8S_BIN",
+    "GPU_EXTENDER_E2E",
+];
 
 /// Every configuration key, as a dotted path. Each one can be overridden by a flag
 /// (`--set KEY=VALUE`) and by the environment variable [`env_var_name`] gives for it.

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use gpu_extender::config::ConfigFlags;
+use gpu_extender::service::{ServeArgs, serve};
 use gpu_extender::telemetry::tracing_setup::{self, LogFormat};
 
 /// GPU-aware placement for Kubernetes: a kube-scheduler extender.
@@ -26,6 +27,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Serve the extender verbs and the admin endpoints until SIGTERM.
+    Serve(ServeArgs),
     /// Validate a configuration file (and flags and environment) and print the result.
     CheckConfig(ConfigFlags),
 }
@@ -34,6 +37,25 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_setup::init(cli.log_format);
     match cli.command {
+        Command::Serve(args) => {
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(error) => {
+                    eprintln!("cannot start the async runtime: {error}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(serve(args)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => {
+                    eprintln!("gpu-extender: {error:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::CheckConfig(flags) => match flags.load() {
             Ok(config) => {
                 println!("{config}");

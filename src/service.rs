@@ -1,16 +1,25 @@
 //! Composition of the running service: the [`Adapter`] that joins the HTTP layer to the
-//! Kubernetes side (translation from configuration, the binder, the pod index).
+//! Kubernetes side (translation from configuration, the binder, the pod index), and `serve`,
+//! which starts the watchers and both listeners and stops them on SIGTERM.
 
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{Node, Pod};
+use tokio::net::TcpListener;
+use tracing::info;
 
-use crate::config::Config;
-use crate::engine::{NodeSpec, PodKey, PodRequest};
-use crate::http::server::Adapter;
+use crate::config::{Config, ConfigFlags};
+use crate::engine::{Hold, NodeSpec, PodKey, PodRequest};
+use crate::http::server::{Adapter, AppState, admin_router, router};
 use crate::http::wire::ExtenderBindingArgs;
+use crate::k8s::bind::{BindError, BindOutcome, BindRequest, BindTime, Binder, KubeApi, PodApi};
 use crate::k8s::translate;
+use crate::k8s::watch::{self, ClusterState, Feed};
+use crate::telemetry::Metrics;
 
 /// Answers bind calls; provided by the cluster-state layer.
 pub trait Bind: Send + Sync + 'static {
@@ -65,4 +74,255 @@ impl Adapter for KubeAdapter {
             }),
         }
     }
+}
+
+/// The binder the service uses, with its outcomes counted and a time budget: an answer with
+/// `Error` before kube-scheduler's `httpTimeout` beats a late success it has stopped waiting for.
+pub struct MeteredBinder<A> {
+    binder: Binder<A>,
+    cluster: Arc<ClusterState>,
+    metrics: Metrics,
+    epoch: Instant,
+    budget: Duration,
+}
+
+impl<A> std::fmt::Debug for MeteredBinder<A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MeteredBinder")
+            .field("budget", &self.budget)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<A: PodApi + 'static> MeteredBinder<A> {
+    /// Wraps `binder`; reservations and bind times share `epoch` with the watch's expiry tick.
+    pub fn new(
+        binder: Binder<A>,
+        cluster: Arc<ClusterState>,
+        metrics: Metrics,
+        epoch: Instant,
+        budget: Duration,
+    ) -> Self {
+        Self {
+            binder,
+            cluster,
+            metrics,
+            epoch,
+            budget,
+        }
+    }
+}
+
+/// The `result` label of `gpu_extender_binds_total` for a bind error.
+fn bind_error_label(error: &BindError) -> &'static str {
+    match error {
+        BindError::PodGone(_) | BindError::PodReplaced { .. } => "pod_gone",
+        BindError::BoundElsewhere { .. } => "bound_elsewhere",
+        BindError::Request { .. } => "invalid_request",
+        BindError::NodeUnknown(_) => "node_gone",
+        BindError::NoLongerFits { .. } | BindError::Table { .. } => "no_fit",
+        BindError::Api { .. } | BindError::Read { .. } => "api_error",
+    }
+}
+
+impl<A: PodApi + 'static> Bind for MeteredBinder<A> {
+    fn bind(&self, args: ExtenderBindingArgs) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            let request = BindRequest {
+                namespace: args.pod_namespace,
+                name: args.pod_name,
+                uid: args.pod_uid,
+                node: args.node,
+            };
+            let time = BindTime::now(self.epoch);
+            let outcome = tokio::time::timeout(self.budget, self.binder.bind(&request, time)).await;
+            let (label, result) = match outcome {
+                Ok(Ok(BindOutcome::Bound(_))) => ("bound", Ok(())),
+                Ok(Ok(BindOutcome::AlreadyBound)) => ("already_bound", Ok(())),
+                Ok(Err(error)) => (bind_error_label(&error), Err(error.to_string())),
+                Err(_) => (
+                    "timeout",
+                    Err(format!(
+                        "binding pod {}/{} took longer than {} ms; its reservation lapses unless the bind completed",
+                        request.namespace,
+                        request.name,
+                        self.budget.as_millis()
+                    )),
+                ),
+            };
+            self.metrics.binds.with_label_values(&[label]).inc();
+            result
+        })
+    }
+
+    fn pod_key_for_uid(&self, uid: &str) -> Option<PodKey> {
+        self.cluster.pod_key_for_uid(uid)
+    }
+}
+
+/// Copies the feed's health and the table's size into the metrics, at scrape time.
+pub fn refresh_metrics(metrics: &Metrics, cluster: &ClusterState) {
+    let stats = cluster.stats();
+    let table = cluster.read();
+    let reserved = table
+        .pods()
+        .filter(|(_, entry)| matches!(entry.hold, Hold::Reserved { .. }))
+        .count();
+    metrics.table_nodes.set(table.node_count() as i64);
+    metrics.table_pods.set(table.pod_count() as i64);
+    drop(table);
+    metrics.reservations_outstanding.set(reserved as i64);
+    metrics.records_missing.set(stats.records_missing as i64);
+    metrics.records_corrupt.set(stats.records_corrupt as i64);
+    metrics
+        .nodes_with_problems
+        .set(stats.nodes_with_problems as i64);
+    raise_to(&metrics.watch_errors, stats.watch_errors);
+    raise_to(
+        &metrics.relists.with_label_values(&["node"]),
+        stats.node_lists,
+    );
+    raise_to(
+        &metrics.relists.with_label_values(&["pod"]),
+        stats.pod_lists,
+    );
+}
+
+/// Advances a counter to a total kept elsewhere (counters only go up).
+fn raise_to(counter: &prometheus::IntCounter, total: u64) {
+    let current = counter.get();
+    if total > current {
+        counter.inc_by(total - current);
+    }
+}
+
+/// Command-line arguments of `serve`.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub config: ConfigFlags,
+    /// Kubeconfig to reach the API server; default: KUBECONFIG, ~/.kube/config, or in-cluster.
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+/// Runs the extender until SIGTERM or Ctrl-C: watchers, binder, the extender listener and the
+/// admin listener. Returns after both listeners have drained.
+pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let config = Arc::new(args.config.load()?);
+    if config.server.tls.is_some() {
+        anyhow::bail!(
+            "server.tls is set, but this build serves plain HTTP only; kube-scheduler reaches the \
+             extender on loopback in the shipped deployment (see docs/install.md)"
+        );
+    }
+    let client = kube_client(args.kubeconfig.as_deref()).await?;
+    let policy = Arc::new(config.engine_policy());
+    let cluster = Arc::new(ClusterState::for_config(&config));
+    let metrics = Metrics::new()?;
+    let epoch = Instant::now();
+
+    let feed = Feed::new(cluster.clone(), config.clone(), policy.clone());
+    let watchers = tokio::spawn(watch::run(client.clone(), feed, epoch));
+
+    let binder = Binder::new(
+        cluster.clone(),
+        config.clone(),
+        policy.clone(),
+        KubeApi::new(client),
+    );
+    let budget = Duration::from_millis(config.server.request_timeout_ms);
+    let metered = MeteredBinder::new(binder, cluster.clone(), metrics.clone(), epoch, budget);
+    let state = AppState {
+        cluster: cluster.clone(),
+        policy,
+        adapter: Arc::new(KubeAdapter::new(config.clone(), Some(Arc::new(metered)))),
+        metrics,
+        body_limit: usize::try_from(config.server.body_limit_bytes).unwrap_or(usize::MAX),
+    };
+    let limit = usize::try_from(config.limits.max_concurrent_requests).unwrap_or(usize::MAX);
+    let extender = router(state.clone(), &config.server.url_prefix)
+        .layer(tower::limit::GlobalConcurrencyLimitLayer::new(limit));
+    let admin = admin_router(state);
+
+    let extender_listener = TcpListener::bind(config.server.listen)
+        .await
+        .with_context(|| format!("listening on {} (server.listen)", config.server.listen))?;
+    let admin_listener = TcpListener::bind(config.server.admin_listen)
+        .await
+        .with_context(|| {
+            format!(
+                "listening on {} (server.adminListen)",
+                config.server.admin_listen
+            )
+        })?;
+    info!(
+        extender = %config.server.listen,
+        prefix = %config.server.url_prefix,
+        admin = %config.server.admin_listen,
+        policy = config.policy.scoring.as_str(),
+        "gpu-extender serving"
+    );
+    let shutdown = shutdown_signal();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(());
+    let extender_server =
+        axum::serve(extender_listener, extender).with_graceful_shutdown(wait_for(stop_rx.clone()));
+    let admin_server = axum::serve(admin_listener, admin).with_graceful_shutdown(wait_for(stop_rx));
+    let servers = tokio::spawn(async move { tokio::try_join!(extender_server, admin_server) });
+    shutdown.await;
+    info!("shutting down: draining requests");
+    drop(stop_tx);
+    watchers.abort();
+    servers.await??;
+    info!("stopped");
+    Ok(())
+}
+
+async fn wait_for(mut stop: tokio::sync::watch::Receiver<()>) {
+    // The sender is dropped to signal shutdown; `changed` then returns an error.
+    while stop.changed().await.is_ok() {}
+}
+
+/// Resolves on SIGTERM (how Kubernetes stops a pod) or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+}
+
+/// A client from an explicit kubeconfig, or kube's default discovery.
+pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(
+                kubeconfig,
+                &kube::config::KubeConfigOptions::default(),
+            )
+            .await
+            .with_context(|| format!("using kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("finding a kubeconfig or in-cluster config")?,
+    };
+    kube::Client::try_from(config).context("building the API client")
 }

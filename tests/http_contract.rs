@@ -7,8 +7,7 @@
     reason = "test code: a panic is a test failure with its location"
 )]
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
@@ -21,6 +20,7 @@ use gpu_extender::config::Config;
 use gpu_extender::engine::{Change, NodeSpec, Table};
 use gpu_extender::http::server::{AppState, admin_router, router};
 use gpu_extender::k8s::translate;
+use gpu_extender::k8s::watch::ClusterState;
 use gpu_extender::service::KubeAdapter;
 use gpu_extender::telemetry::Metrics;
 
@@ -57,9 +57,19 @@ impl Harness {
     fn new(ready: bool) -> Self {
         let config = Arc::new(Config::default());
         let table = Table::rebuild(20, recorded_nodes(&config), []);
+        let cluster = ClusterState::with_table(table.clone());
+        if !ready {
+            // Not synced yet: the state as the service starts, before the watch's first lists.
+            let fresh = ClusterState::new(20);
+            *fresh.write() = table;
+            return Self::with_cluster(config, fresh);
+        }
+        Self::with_cluster(config, cluster)
+    }
+
+    fn with_cluster(config: Arc<Config>, cluster: ClusterState) -> Self {
         let state = AppState {
-            table: Arc::new(RwLock::new(table)),
-            ready: Arc::new(AtomicBool::new(ready)),
+            cluster: Arc::new(cluster),
             policy: Arc::new(config.engine_policy()),
             adapter: Arc::new(KubeAdapter::new(config, None)),
             metrics: Metrics::new().unwrap(),
@@ -155,7 +165,7 @@ async fn filter_cache_mode_rejects_full_and_unknown_nodes_with_node_independent_
     // Fill gpu-a, then a 2-GPU pod is "full right now" there: resolvable.
     let two = with_gpu_limit(fixture("filter-cache.json"), "nvidia.com/gpu", "2");
     {
-        let mut table = harness.state.table.write().unwrap();
+        let mut table = harness.state.cluster.write();
         let pod = translate::pod_request(
             &serde_json::from_value(two["Pod"].clone()).unwrap(),
             &Config::default(),
@@ -245,8 +255,8 @@ async fn filter_is_an_error_until_the_table_is_synced() {
         .post_json("filter", &fixture("filter-cache.json"))
         .await;
     assert!(answer["Error"].as_str().unwrap().contains("not ready"));
-    harness.state.ready.store(true, Ordering::Release);
-    let answer = harness
+    let synced = Harness::new(true);
+    let answer = synced
         .post_json("filter", &fixture("filter-cache.json"))
         .await;
     assert_eq!(answer["Error"], "");
@@ -347,16 +357,8 @@ async fn malformed_and_oversized_bodies_get_clear_http_errors() {
     let (status, _) = harness.post("filter", huge).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
     // Nothing above changed the table.
-    assert!(
-        harness
-            .state
-            .table
-            .read()
-            .unwrap()
-            .check_invariants()
-            .is_ok()
-    );
-    assert_eq!(harness.state.table.read().unwrap().pod_count(), 0);
+    assert!(harness.state.cluster.read().check_invariants().is_ok());
+    assert_eq!(harness.state.cluster.read().pod_count(), 0);
 }
 
 #[tokio::test]
@@ -367,7 +369,7 @@ async fn admin_surface_reports_health_readiness_metrics_and_inspection() {
         harness.admin("/readyz").await.0,
         StatusCode::SERVICE_UNAVAILABLE
     );
-    harness.state.ready.store(true, Ordering::Release);
+    let harness = Harness::new(true);
     assert_eq!(harness.admin("/readyz").await.0, StatusCode::OK);
 
     harness

@@ -2,8 +2,7 @@
 //! readiness, metrics, inspection). Handlers decode, ask the engine on one snapshot, and encode;
 //! every failure is an answer kube-scheduler can read, never a panic.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::sync::{Arc, RwLockReadGuard};
 use std::time::Instant;
 
 use axum::body::Bytes;
@@ -18,6 +17,7 @@ use serde::de::DeserializeOwned;
 use tracing::{Instrument, info_span, warn};
 
 use crate::engine::{NodeSpec, NodeState, PodAllocation, PodKey, PodRequest, Policy, Table};
+use crate::k8s::watch::ClusterState;
 use crate::telemetry::Metrics;
 
 use super::verbs;
@@ -45,9 +45,8 @@ pub trait Adapter: Send + Sync + 'static {
 /// Everything the handlers share.
 #[derive(Clone)]
 pub struct AppState {
-    pub table: Arc<RwLock<Table>>,
-    /// Set once the initial lists are applied to the table.
-    pub ready: Arc<AtomicBool>,
+    /// The allocation table and whether it is synced.
+    pub cluster: Arc<ClusterState>,
     pub policy: Arc<Policy>,
     pub adapter: Arc<dyn Adapter>,
     pub metrics: Metrics,
@@ -58,22 +57,18 @@ pub struct AppState {
 impl std::fmt::Debug for AppState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AppState")
-            .field("ready", &self.ready)
+            .field("ready", &self.cluster.is_ready())
             .finish_non_exhaustive()
     }
 }
 
 impl AppState {
     fn snapshot(&self) -> RwLockReadGuard<'_, Table> {
-        // A poisoned lock means a writer panicked mid-change; the table itself is plain data
-        // that every change leaves consistent, so keep serving rather than fail every pod.
-        self.table
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.cluster.read()
     }
 
     fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
+        self.cluster.is_ready()
     }
 }
 
@@ -526,11 +521,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
-    {
-        let table = state.snapshot();
-        state.metrics.table_nodes.set(table.node_count() as i64);
-        state.metrics.table_pods.set(table.pod_count() as i64);
-    }
+    crate::service::refresh_metrics(&state.metrics, &state.cluster);
     match state.metrics.render() {
         Ok(text) => (
             [(

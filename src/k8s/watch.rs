@@ -88,6 +88,25 @@ impl ClusterState {
         }
     }
 
+    /// A state serving a fixed table, synced by definition (tools, tests, load runs).
+    pub fn with_table(table: Table) -> Self {
+        let state = Self::new(table.max_shares_per_gpu());
+        *state.write() = table;
+        state.set_ready();
+        state
+    }
+
+    /// The key of the GPU pod with this UID, if the watch has seen it (preemption victims are
+    /// named by UID only). A scan: preemption is rare and the map holds only GPU pods.
+    pub fn pod_key_for_uid(&self, uid: &str) -> Option<PodKey> {
+        self.pods
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .find(|(_, pod)| pod.metadata.uid.as_deref() == Some(uid))
+            .map(|(key, _)| key.clone())
+    }
+
     /// One consistent snapshot for filter, prioritize and inspect. Hold it only to decide.
     pub fn read(&self) -> RwLockReadGuard<'_, Table> {
         // A panic while writing leaves the table as it was at that instant; serving on beats

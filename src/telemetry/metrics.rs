@@ -36,6 +36,15 @@ pub struct Metrics {
     pub table_pods: IntGauge,
     /// Time to rebuild the table from a full list.
     pub table_rebuild_duration: Histogram,
+    /// Bound GPU pods without an allocation record (bound by someone else), and with a corrupt
+    /// or copied one: both counted as using what their requests say.
+    pub records_missing: IntGauge,
+    pub records_corrupt: IntGauge,
+    /// Nodes whose labels, capacity or GPU annotation had problems (see the logs).
+    pub nodes_with_problems: IntGauge,
+    /// Watch errors (each retried with backoff) and completed lists, by kind.
+    pub watch_errors: IntCounter,
+    pub relists: IntCounterVec,
 }
 
 impl Metrics {
@@ -101,6 +110,34 @@ impl Metrics {
             "gpu_extender_table_rebuild_duration_seconds",
             "Time to rebuild the allocation table from a full list of nodes and pods.",
         ))?;
+        let records_missing = IntGauge::new(
+            "gpu_extender_records_missing",
+            "Bound GPU pods without an allocation record, counted from their requests.",
+        )?;
+        let records_corrupt = IntGauge::new(
+            "gpu_extender_records_corrupt",
+            "Bound GPU pods whose allocation record is corrupt or copied, counted from their requests.",
+        )?;
+        let nodes_with_problems = IntGauge::new(
+            "gpu_extender_nodes_with_problems",
+            "Nodes whose GPU labels, capacity or detail annotation could not be read fully.",
+        )?;
+        let watch_errors = IntCounter::new(
+            "gpu_extender_watch_errors_total",
+            "Node and pod watch errors, each retried with backoff.",
+        )?;
+        let relists = IntCounterVec::new(
+            Opts::new(
+                "gpu_extender_relists_total",
+                "Completed full lists of nodes or pods.",
+            ),
+            &["kind"],
+        )?;
+        registry.register(Box::new(records_missing.clone()))?;
+        registry.register(Box::new(records_corrupt.clone()))?;
+        registry.register(Box::new(nodes_with_problems.clone()))?;
+        registry.register(Box::new(watch_errors.clone()))?;
+        registry.register(Box::new(relists.clone()))?;
         registry.register(Box::new(request_duration.clone()))?;
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(filter_nodes.clone()))?;
@@ -132,6 +169,11 @@ impl Metrics {
             table_nodes,
             table_pods,
             table_rebuild_duration,
+            records_missing,
+            records_corrupt,
+            nodes_with_problems,
+            watch_errors,
+            relists,
         })
     }
 
