@@ -761,6 +761,54 @@ impl Plane {
         std::fs::read_to_string(self.dir.join("kube-scheduler.log")).unwrap_or_default()
     }
 
+    /// `gpu-extender serve` with `config_text`, as the probe ServiceAccount of `namespace`
+    /// (a token from the API server in a kubeconfig of its own).
+    fn start_extender(&self, config_text: &str, namespace: &str, extra: &[String]) -> Extender {
+        let token = self.kubectl_ok(
+            &[
+                "-n",
+                namespace,
+                "create",
+                "token",
+                PROBE_ACCOUNT,
+                "--duration=1h",
+            ],
+            None,
+        );
+        let admin = std::fs::read_to_string(self.dir.join("kubeconfig")).unwrap();
+        let mut kubeconfig: Value = serde_yaml_ng::from_str(&admin).unwrap();
+        kubeconfig["users"][0]["user"]
+            .as_mapping_mut()
+            .unwrap()
+            .insert("token".into(), token.trim().into());
+        let kubeconfig_file = self.dir.join("extender.kubeconfig");
+        std::fs::write(
+            &kubeconfig_file,
+            serde_yaml_ng::to_string(&kubeconfig).unwrap(),
+        )
+        .unwrap();
+        let config_file = self.dir.join("extender-config.yaml");
+        std::fs::write(&config_file, config_text).unwrap();
+        let log = self.dir.join("extender.log");
+        let log_file = std::fs::File::create(&log).unwrap();
+        let mut command = Command::new(EXTENDER_BIN);
+        command
+            .arg("serve")
+            .arg(format!("--config={}", config_file.display()))
+            .arg(format!("--kubeconfig={}", kubeconfig_file.display()))
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone().unwrap())
+            .stderr(log_file);
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("GPU_EXTENDER_") {
+                command.env_remove(key);
+            }
+        }
+        let child = command.spawn().unwrap();
+        Extender { child, log }
+    }
+
     /// The end of kube-scheduler's log, for failure messages.
     fn scheduler_log_tail(&self) -> String {
         let log = self.scheduler_log();
@@ -780,6 +828,82 @@ impl Drop for Plane {
         } else {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
+    }
+}
+
+/// The probe ServiceAccount bound to the extender's ClusterRole only.
+const PROBE_ACCOUNT: &str = "gpu-extender-rbac-probe";
+
+/// A node with 8 whole GPUs (no kubelet: its status is written through the status subresource).
+const GPU_NODE: &str = "\
+apiVersion: v1
+kind: Node
+metadata:
+  name: gpu-node-1
+  labels: {kubernetes.io/hostname: gpu-node-1}
+";
+const GPU_NODE_STATUS: &str = r#"{"status": {
+  "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "8"},
+  "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "8"},
+  "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]}}"#;
+const GPU_POD: &str = "\
+apiVersion: v1
+kind: Pod
+metadata: {name: gpu-probe, namespace: default}
+spec:
+  schedulerName: gpu-scheduler
+  containers:
+    - name: c
+      image: registry.invalid/none:1
+      resources: {limits: {nvidia.com/gpu: 1}}
+";
+
+/// A loopback port nothing listens on right now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap()
+}
+
+/// The HTTP status code of a GET (empty when nothing answers).
+fn http_status(url: &str) -> String {
+    let mut command = Command::new("curl");
+    command.args([
+        "-s",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "--max-time",
+        "5",
+        url,
+    ]);
+    text(&run(command, None).stdout)
+}
+
+/// The extender process, killed on drop.
+struct Extender {
+    child: std::process::Child,
+    log: PathBuf,
+}
+
+impl Extender {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn log_tail(&self) -> String {
+        let log = self.log();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+}
+
+impl Drop for Extender {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -878,9 +1002,9 @@ fn deploy_applies_to_a_real_api_server_and_its_scheduler_config_runs() {
     // 3. For real, so the RBAC exists for the checks below.
     plane.kubectl_ok(&["apply", "-f", "-"], Some(&rendered.text));
 
-    // 4. The extender's ClusterRole alone (bound to a probe user; the pod's service account
-    //    also holds kube-scheduler's rights) allows every call the code makes, as the API server
-    //    itself evaluates it.
+    // 4. The extender's ClusterRole alone allows every call the code makes, as the API server
+    //    itself evaluates it. The pod's service account also holds kube-scheduler's rights, so
+    //    a probe service account is bound to the extender's ClusterRole(s) only.
     let extender_roles: Vec<&Value> = rendered
         .objects
         .iter()
@@ -889,16 +1013,18 @@ fn deploy_applies_to_a_real_api_server_and_its_scheduler_config_runs() {
         })
         .collect();
     assert!(!extender_roles.is_empty(), "no extender ClusterRole");
-    let probe_user = "rbac-probe:gpu-extender";
+    let ns = namespace(rendered.deployment());
+    plane.kubectl_ok(&["-n", ns, "create", "serviceaccount", PROBE_ACCOUNT], None);
+    let probe_user = format!("system:serviceaccount:{ns}:{PROBE_ACCOUNT}");
     for role in &extender_roles {
-        let binding = format!("rbac-probe-{}", name(role));
+        let binding = format!("{PROBE_ACCOUNT}-{}", name(role));
         plane.kubectl_ok(
             &[
                 "create",
                 "clusterrolebinding",
                 &binding,
                 &format!("--clusterrole={}", name(role)),
-                &format!("--user={probe_user}"),
+                &format!("--serviceaccount={ns}:{PROBE_ACCOUNT}"),
             ],
             None,
         );
@@ -935,9 +1061,45 @@ fn deploy_applies_to_a_real_api_server_and_its_scheduler_config_runs() {
         denied.join("\n  ")
     );
 
-    // 5. kube-scheduler with the shipped KubeSchedulerConfiguration, as the plane's
-    //    system:kube-scheduler user (its kubeconfig replaces __KUBECONFIG__).
+    // 5. The extender itself, with the ConfigMap's configuration and only that identity: its
+    //    watches must sync (it reports ready). Ports are moved to free ones; the rest is as
+    //    shipped.
+    let extender_port = free_port();
+    let admin_port = free_port();
+    let extender = plane.start_extender(
+        &rendered.extender_config_text(),
+        ns,
+        &[
+            format!("--listen=127.0.0.1:{extender_port}"),
+            format!("--admin-listen=127.0.0.1:{admin_port}"),
+        ],
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while http_status(&format!("http://127.0.0.1:{admin_port}/readyz")) != "200" {
+        assert!(
+            Instant::now() < deadline,
+            "the extender is not ready after 60s with the extender ClusterRole alone:\n{}",
+            extender.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+
+    // 6. kube-scheduler with the shipped KubeSchedulerConfiguration, as the plane's
+    //    system:kube-scheduler user (its kubeconfig replaces __KUBECONFIG__), calling that
+    //    extender.
     let mut config = rendered.scheduler_config();
+    let shipped_url = config["extenders"][0]["urlPrefix"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (_, path) = shipped_url
+        .trim_start_matches("http://")
+        .split_once('/')
+        .unwrap();
+    config["extenders"][0].as_mapping_mut().unwrap().insert(
+        "urlPrefix".into(),
+        format!("http://127.0.0.1:{extender_port}/{path}").into(),
+    );
     let mut connection = serde_yaml_ng::Mapping::new();
     connection.insert("kubeconfig".into(), "__KUBECONFIG__".into());
     config
@@ -983,7 +1145,7 @@ fn deploy_applies_to_a_real_api_server_and_its_scheduler_config_runs() {
         "kube-scheduler led before it was allowed its Lease"
     );
 
-    // 6. With the leader-election Role of deploy/ bound to it, it takes the Lease.
+    // 7. With the leader-election Role of deploy/ bound to it, it takes the Lease.
     let election = &config["leaderElection"];
     let lease = election["resourceName"].as_str().unwrap();
     let lease_ns = election["resourceNamespace"].as_str().unwrap();
@@ -1046,5 +1208,56 @@ fn deploy_applies_to_a_real_api_server_and_its_scheduler_config_runs() {
         forbidden.is_empty(),
         "kube-scheduler was refused something:\n{}",
         forbidden.join("\n")
+    );
+
+    // 8. A GPU pod selecting the profile is bound, by the extender, with its allocation record.
+    plane.kubectl_ok(&["create", "-f", "-"], Some(GPU_NODE));
+    plane.kubectl_ok(
+        &[
+            "patch",
+            "node",
+            "gpu-node-1",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            GPU_NODE_STATUS,
+        ],
+        None,
+    );
+    plane.kubectl_ok(&["create", "-f", "-"], Some(GPU_POD));
+    let record_key = effective_extender_config(&rendered.extender_config_text(), &plane.dir)
+        ["annotations"]["allocation"]
+        .as_str()
+        .unwrap()
+        .replace('.', "\\.");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = plane.kubectl(
+            &[
+                "get",
+                "pod",
+                "gpu-probe",
+                "-o",
+                &format!("jsonpath={{.spec.nodeName}} {{.metadata.annotations.{record_key}}}"),
+            ],
+            None,
+        );
+        let got = text(&out.stdout);
+        if got.starts_with("gpu-node-1 {") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the GPU pod was not bound with its record in 60s ({got:?}).\nextender:\n{}\n\
+             kube-scheduler:\n{}",
+            extender.log_tail(),
+            plane.scheduler_log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let extender_log = extender.log();
+    assert!(
+        !extender_log.contains("forbidden") && !extender_log.contains(" 403"),
+        "the extender was refused something:\n{extender_log}"
     );
 }
