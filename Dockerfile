@@ -1,0 +1,37 @@
+# syntax=docker/dockerfile:1
+#
+# gpu-extender container image: a Rust build stage, then only the binary on a distroless base
+# (glibc, CA certificates, no shell, no package manager) running as an unprivileged user.
+#
+#   docker build -t gpu-extender:0.1.0 .
+#
+# Needs BuildKit (the default builder since Docker 23) for the cache mounts. docs/install.md has
+# the details (multi-arch builds, pushing, pointing deploy/ at the image).
+
+ARG RUST_VERSION=1.95
+
+FROM rust:${RUST_VERSION}-bookworm AS builder
+WORKDIR /build
+# Only what the build reads (see .dockerignore): the manifest, the lock file, the sources, and
+# the bench target the manifest declares.
+COPY Cargo.toml Cargo.lock ./
+COPY src ./src
+COPY benches ./benches
+# --locked: exactly the dependency versions in Cargo.lock, or fail.
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/build/target \
+    cargo build --release --locked --bin gpu-extender \
+    && install -D -m 0755 target/release/gpu-extender /out/gpu-extender
+
+# Debian 12 like the builder, so the binary's glibc matches.
+FROM gcr.io/distroless/cc-debian12:nonroot
+LABEL org.opencontainers.image.title="gpu-extender" \
+      org.opencontainers.image.description="GPU-aware placement for Kubernetes: a kube-scheduler extender" \
+      org.opencontainers.image.licenses="Apache-2.0"
+COPY --from=builder /out/gpu-extender /usr/local/bin/gpu-extender
+# distroless "nonroot": uid/gid 65532, as deploy/deployment.yaml's securityContext expects.
+USER 65532:65532
+# 8888: the extender verbs (loopback in deploy/); 9090: /healthz, /readyz, /metrics, /inspect.
+EXPOSE 8888 9090
+ENTRYPOINT ["/usr/local/bin/gpu-extender"]
+CMD ["serve"]

@@ -1,0 +1,1263 @@
+//! `deploy/` against the real components it targets: rendered by `kubectl kustomize`, applied to
+//! a real kube-apiserver (server-side dry run, then for real), the extender configuration it
+//! ships checked by `gpu-extender check-config`, and the KubeSchedulerConfiguration it ships run
+//! by a real kube-scheduler, which must come up healthy and win its leader election with the
+//! Role `deploy/` gives it.
+//!
+//! Needs the Kubernetes binaries (`scripts/k8s-bins.sh`): `$GPU_EXTENDER_K8S_BIN`, else
+//! `${GPU_EXTENDER_CACHE:-~/.cache/gpu-extender}/k8s/<version>/bin`. Without them each test
+//! prints why and passes, unless `GPU_EXTENDER_E2E=require` (what `make test` sets), which makes
+//! that a failure; `GPU_EXTENDER_E2E=skip` skips without looking. The control plane comes from
+//! `scripts/control-plane.sh` (RBAC authorization, static tokens; docs/real-cluster-tooling.md).
+//!
+//! The ServiceMonitor in `deploy/monitoring/` needs the Prometheus Operator CRD, which the test
+//! plane lacks: point `GPU_EXTENDER_SERVICEMONITOR_CRD` at the CRD's YAML
+//! (`monitoring.coreos.com_servicemonitors.yaml` from prometheus-operator) to have it installed and
+//! the ServiceMonitor dry-run against it; otherwise kubectl only parses it.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a panic is a test failure with its location"
+)]
+
+mod support;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use serde_yaml_ng::Value;
+use support::api_calls;
+use support::manifests::{describe, find, kind, label, name, namespace, parse_documents};
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+const EXTENDER_BIN: &str = env!("CARGO_BIN_EXE_gpu-extender");
+const E2E_ENV: &str = "GPU_EXTENDER_E2E";
+const BIN_ENV: &str = "GPU_EXTENDER_K8S_BIN";
+const CRD_ENV: &str = "GPU_EXTENDER_SERVICEMONITOR_CRD";
+
+/// The routes the extender serves under its URL prefix (`src/http/server.rs`, `router`).
+const EXTENDER_VERBS: &[&str] = &["filter", "prioritize", "bind", "preempt"];
+/// The profile GPU pods select.
+const PROFILE: &str = "gpu-scheduler";
+
+// ---------------------------------------------------------------------------------------------
+// Binaries, rendering, processes
+
+/// The Kubernetes version the test binaries are built from (`tests/k8s-bins/go.mod`).
+fn k8s_version() -> String {
+    let go_mod = std::fs::read_to_string(Path::new(ROOT).join("tests/k8s-bins/go.mod")).unwrap();
+    go_mod
+        .lines()
+        .find_map(|line| {
+            // `require k8s.io/kubernetes v1.34.4`, or the same inside a require ( ... ) block
+            let line = line.trim().trim_start_matches("require").trim();
+            line.strip_prefix("k8s.io/kubernetes ")
+                .map(|version| version.trim().to_owned())
+        })
+        .expect("tests/k8s-bins/go.mod requires k8s.io/kubernetes")
+}
+
+/// The directory with etcd, kube-apiserver, kube-scheduler and kubectl, or `None` after printing
+/// why the test is skipped (a panic under `GPU_EXTENDER_E2E=require`).
+fn k8s_bins(test: &str) -> Option<PathBuf> {
+    static BINS: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let found = BINS.get_or_init(|| {
+        if std::env::var(E2E_ENV).as_deref() == Ok("skip") {
+            return Err(format!("{E2E_ENV}=skip"));
+        }
+        let dir = match std::env::var_os(BIN_ENV) {
+            Some(dir) => PathBuf::from(dir),
+            None => {
+                let cache = std::env::var_os("GPU_EXTENDER_CACHE")
+                    .map(PathBuf::from)
+                    .or_else(|| {
+                        std::env::var_os("HOME")
+                            .map(|h| PathBuf::from(h).join(".cache/gpu-extender"))
+                    })
+                    .unwrap_or_default();
+                cache.join("k8s").join(k8s_version()).join("bin")
+            }
+        };
+        let missing: Vec<&str> = ["etcd", "kube-apiserver", "kube-scheduler", "kubectl"]
+            .into_iter()
+            .filter(|b| !dir.join(b).is_file())
+            .collect();
+        if missing.is_empty() {
+            Ok(dir)
+        } else {
+            Err(format!(
+                "{} missing in {} (build them with scripts/k8s-bins.sh, or set {BIN_ENV})",
+                missing.join(", "),
+                dir.display()
+            ))
+        }
+    });
+    match found {
+        Ok(dir) => Some(dir.clone()),
+        Err(why) if std::env::var(E2E_ENV).as_deref() == Ok("require") => {
+            panic!("{test}: the Kubernetes binaries are required ({E2E_ENV}=require): {why}")
+        }
+        Err(why) => {
+            eprintln!("{test}: SKIPPED: {why}");
+            None
+        }
+    }
+}
+
+/// Runs `program args`, feeding `stdin`.
+fn run(mut command: Command, stdin: Option<&str>) -> Output {
+    let shown = format!("{command:?}");
+    command
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = command
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {shown}: {e}"));
+    if let Some(input) = stdin {
+        let mut pipe = child.stdin.take().unwrap();
+        pipe.write_all(input.as_bytes()).unwrap();
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// `kubectl kustomize <dir>` (kubectl's built-in kustomize, as `kubectl apply -k` uses).
+fn kustomize(bins: &Path, dir: &str) -> String {
+    let mut command = Command::new(bins.join("kubectl"));
+    command.arg("kustomize").arg(Path::new(ROOT).join(dir));
+    let out = run(command, None);
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {dir} failed:\n{}",
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+/// Tests here share one machine's two cores with everything else; the plane test runs alone.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The rendered base, and the pieces tests look at
+
+struct Rendered {
+    objects: Vec<Value>,
+    text: String,
+}
+
+impl Rendered {
+    fn base(bins: &Path) -> Self {
+        let text = kustomize(bins, "deploy");
+        let objects = parse_documents(&text, "kubectl kustomize deploy");
+        Self { objects, text }
+    }
+
+    fn deployment(&self) -> &Value {
+        let found: Vec<&Value> = self
+            .objects
+            .iter()
+            .filter(|o| kind(o) == "Deployment")
+            .collect();
+        assert_eq!(found.len(), 1, "one Deployment expected");
+        found[0]
+    }
+
+    fn pod_spec(&self) -> &Value {
+        &self.deployment()["spec"]["template"]["spec"]
+    }
+
+    /// Every container of the pod, sidecars (restartable init containers) included.
+    fn containers(&self) -> Vec<&Value> {
+        let spec = self.pod_spec();
+        ["initContainers", "containers"]
+            .iter()
+            .flat_map(|key| spec[*key].as_sequence().into_iter().flatten())
+            .collect()
+    }
+
+    fn container(&self, wanted: &str) -> &Value {
+        self.containers()
+            .into_iter()
+            .find(|c| c["name"].as_str() == Some(wanted))
+            .unwrap_or_else(|| panic!("no container {wanted} in the Deployment"))
+    }
+
+    /// The text of the file `container` reads from `--config=PATH`, found through its volume
+    /// mount, the volume and the (kustomize-generated) ConfigMap.
+    fn config_file_of(&self, container: &str) -> String {
+        let c = self.container(container);
+        let args: Vec<&str> = ["command", "args"]
+            .iter()
+            .flat_map(|k| c[*k].as_sequence().into_iter().flatten())
+            .filter_map(Value::as_str)
+            .collect();
+        let path = args
+            .iter()
+            .find_map(|a| a.strip_prefix("--config="))
+            .unwrap_or_else(|| {
+                panic!("container {container} has no --config=PATH argument: {args:?}")
+            });
+        let (dir, file) = path.rsplit_once('/').unwrap();
+        let mount = c["volumeMounts"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .find(|m| m["mountPath"].as_str() == Some(dir))
+            .unwrap_or_else(|| panic!("container {container}: nothing mounted at {dir}"));
+        let volume_name = mount["name"].as_str().unwrap();
+        let volume = self.pod_spec()["volumes"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .find(|v| v["name"].as_str() == Some(volume_name))
+            .unwrap_or_else(|| panic!("no volume {volume_name}"));
+        let config_map = volume["configMap"]["name"]
+            .as_str()
+            .unwrap_or_else(|| panic!("volume {volume_name} is not a ConfigMap"));
+        // An items list maps keys to paths; without one, each key is a file.
+        let key = volume["configMap"]["items"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .find(|i| i["path"].as_str() == Some(file))
+            .and_then(|i| i["key"].as_str())
+            .unwrap_or(file);
+        let map = find(&self.objects, "ConfigMap", config_map);
+        assert_eq!(namespace(map), namespace(self.deployment()));
+        map["data"][key]
+            .as_str()
+            .unwrap_or_else(|| panic!("ConfigMap {config_map} has no key {key}"))
+            .to_owned()
+    }
+
+    fn scheduler_config(&self) -> Value {
+        serde_yaml_ng::from_str(&self.config_file_of("kube-scheduler")).unwrap()
+    }
+
+    fn extender_config_text(&self) -> String {
+        self.config_file_of("gpu-extender")
+    }
+
+    /// The container port number a probe or Service names (`admin` or `9090`).
+    fn port_number(&self, container: &Value, port: &Value) -> u64 {
+        match port {
+            Value::Number(n) => n.as_u64().unwrap(),
+            Value::String(named) => container["ports"]
+                .as_sequence()
+                .into_iter()
+                .flatten()
+                .find(|p| p["name"].as_str() == Some(named))
+                .and_then(|p| p["containerPort"].as_u64())
+                .unwrap_or_else(|| panic!("no container port named {named}")),
+            other => panic!("not a port: {other:?}"),
+        }
+    }
+}
+
+/// The configuration the extender really runs with: `check-config` prints it after applying
+/// defaults. Panics with check-config's message if the file is refused.
+fn effective_extender_config(config_text: &str, scratch: &Path) -> Value {
+    let file = scratch.join("gpu-extender-config.yaml");
+    std::fs::write(&file, config_text).unwrap();
+    let mut command = Command::new(EXTENDER_BIN);
+    command.arg("check-config").arg("--config").arg(&file);
+    // Only the file counts, not this environment's GPU_EXTENDER_* variables.
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("GPU_EXTENDER_") {
+            command.env_remove(key);
+        }
+    }
+    let out = run(command, None);
+    assert!(
+        out.status.success(),
+        "gpu-extender check-config refuses the configuration in the ConfigMap:\n{}",
+        text(&out.stderr)
+    );
+    serde_yaml_ng::from_str(&text(&out.stdout))
+        .expect("check-config prints the configuration as YAML")
+}
+
+fn scratch_dir(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("gpu-extender-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn selector_matches(selector: &Value, labels: &Value) -> bool {
+    let selector = selector.as_mapping().expect("a label selector");
+    !selector.is_empty() && selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Static checks on the rendering (kubectl only)
+
+#[test]
+fn extender_config_in_the_config_map_passes_check_config() {
+    let Some(bins) = k8s_bins("extender_config_in_the_config_map_passes_check_config") else {
+        return;
+    };
+    let rendered = Rendered::base(&bins);
+    let scratch = scratch_dir("check-config");
+    let config = effective_extender_config(&rendered.extender_config_text(), &scratch);
+    assert!(config["server"]["listen"].is_string());
+    let _ = std::fs::remove_dir_all(scratch);
+}
+
+#[test]
+fn the_pieces_of_the_deployment_agree() {
+    let Some(bins) = k8s_bins("the_pieces_of_the_deployment_agree") else {
+        return;
+    };
+    let rendered = Rendered::base(&bins);
+    let scratch = scratch_dir("pieces");
+    let extender = effective_extender_config(&rendered.extender_config_text(), &scratch);
+    let _ = std::fs::remove_dir_all(&scratch);
+    let scheduler = rendered.scheduler_config();
+    let deployment = rendered.deployment();
+    let replicas = deployment["spec"]["replicas"].as_u64().unwrap_or(1);
+
+    // kube-scheduler: the version tested here, leader election when replicated, the profile.
+    let image = rendered.container("kube-scheduler")["image"]
+        .as_str()
+        .unwrap();
+    assert_eq!(
+        image,
+        format!("registry.k8s.io/kube-scheduler:{}", k8s_version()),
+        "the Deployment should run the kube-scheduler these tests run"
+    );
+    assert_eq!(
+        scheduler["apiVersion"].as_str(),
+        Some("kubescheduler.config.k8s.io/v1")
+    );
+    assert!(
+        replicas < 2 || scheduler["leaderElection"]["leaderElect"].as_bool() == Some(true),
+        "{replicas} replicas need leader election, or they schedule the same pods twice"
+    );
+    let profiles: Vec<&str> = scheduler["profiles"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["schedulerName"].as_str())
+        .collect();
+    assert!(
+        profiles.contains(&PROFILE),
+        "profiles {profiles:?} lack {PROFILE}"
+    );
+    assert!(
+        scheduler["clientConnection"]["kubeconfig"]
+            .as_str()
+            .unwrap_or_default()
+            .is_empty(),
+        "in a pod, kube-scheduler uses its service account (no kubeconfig)"
+    );
+
+    // The extender stanza points at the sidecar as it is configured.
+    let extenders = scheduler["extenders"].as_sequence().expect("extenders");
+    assert_eq!(extenders.len(), 1);
+    let stanza = &extenders[0];
+    let listen = extender["server"]["listen"].as_str().unwrap();
+    let prefix = extender["server"]["urlPrefix"].as_str().unwrap();
+    assert_eq!(
+        stanza["urlPrefix"].as_str(),
+        Some(format!("http://{listen}{prefix}").as_str()),
+        "urlPrefix must be the extender's server.listen and server.urlPrefix"
+    );
+    assert!(
+        listen.starts_with("127.0.0.1:") || listen.starts_with("[::1]:"),
+        "the extender's scheduling port must stay on the pod's loopback, not {listen}"
+    );
+    for verb in ["filterVerb", "prioritizeVerb", "bindVerb", "preemptVerb"] {
+        if let Some(v) = stanza[verb].as_str() {
+            assert!(
+                EXTENDER_VERBS.contains(&v),
+                "{verb}: {v} is not a route the extender serves"
+            );
+        }
+    }
+    if stanza["prioritizeVerb"].is_string() {
+        assert!(
+            stanza["weight"].as_i64().unwrap_or(0) > 0,
+            "prioritize needs a positive weight"
+        );
+    }
+    assert_eq!(stanza["nodeCacheCapable"].as_bool(), Some(true));
+    let timeout = stanza["httpTimeout"].as_str().expect("httpTimeout");
+    let timeout_ms: u64 = timeout
+        .strip_suffix('s')
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap()
+        * 1000;
+    let request_ms = extender["server"]["requestTimeoutMs"].as_u64().unwrap();
+    assert!(
+        request_ms < timeout_ms,
+        "the extender's requestTimeoutMs ({request_ms}) must be below httpTimeout ({timeout})"
+    );
+    let mut managed: Vec<&str> = stanza["managedResources"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["name"].as_str())
+        .collect();
+    managed.sort();
+    let mut resources: Vec<&str> = ["wholeGpu", "gpuMem", "gpuCore", "topologyGpu"]
+        .iter()
+        .map(|k| extender["resources"][*k].as_str().unwrap())
+        .collect();
+    resources.sort();
+    assert_eq!(
+        managed, resources,
+        "managedResources must be the extender's resource names"
+    );
+
+    // The same stanza as the stand-alone scheduler configurations, where they exist.
+    for file in [
+        "scheduler-config/gpu-scheduler-profile.yaml",
+        "scheduler-config/default-scheduler-extended.yaml",
+    ] {
+        match std::fs::read_to_string(Path::new(ROOT).join(file)) {
+            Ok(text) => {
+                let other: Value = serde_yaml_ng::from_str(&text).unwrap();
+                assert_eq!(
+                    &other["extenders"], &scheduler["extenders"],
+                    "the extender stanza differs between deploy/ and {file}"
+                );
+            }
+            Err(_) => eprintln!("note: {file} not found; its extender stanza is not compared"),
+        }
+    }
+
+    // The extender sidecar: the binary's serve subcommand, probes on the admin port.
+    let sidecar = rendered.container("gpu-extender");
+    let args: Vec<&str> = sidecar["args"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(
+        args.first(),
+        Some(&"serve"),
+        "the image's binary runs `gpu-extender serve`"
+    );
+    let image = sidecar["image"].as_str().unwrap();
+    // [registry/]gpu-extender:<tag> or @<digest>, as `kustomize edit set image` leaves it.
+    let repository_and_tag = image.rsplit('/').next().unwrap_or_default();
+    assert!(
+        repository_and_tag.starts_with("gpu-extender:")
+            || repository_and_tag.starts_with("gpu-extender@"),
+        "the extender image should be [registry/]gpu-extender:<tag>, not {image}"
+    );
+    let admin_port: u64 = extender["server"]["adminListen"]
+        .as_str()
+        .and_then(|a| a.rsplit_once(':'))
+        .and_then(|(_, p)| p.parse().ok())
+        .expect("server.adminListen host:port");
+    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+        let get = &sidecar[probe]["httpGet"];
+        assert_eq!(get["path"].as_str(), Some(path), "gpu-extender {probe}");
+        assert_eq!(
+            rendered.port_number(sidecar, &get["port"]),
+            admin_port,
+            "gpu-extender {probe} must target server.adminListen"
+        );
+    }
+
+    // The metrics Service and the ServiceMonitor reach the admin port of these pods.
+    let pod_labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    let service = rendered
+        .objects
+        .iter()
+        .find(|o| kind(o) == "Service")
+        .expect("a metrics Service");
+    assert!(
+        selector_matches(&service["spec"]["selector"], pod_labels),
+        "Service selects no pod"
+    );
+    let service_port = &service["spec"]["ports"][0];
+    assert_eq!(
+        rendered.port_number(sidecar, &service_port["targetPort"]),
+        admin_port
+    );
+    let monitoring = parse_documents(&kustomize(&bins, "deploy/monitoring"), "deploy/monitoring");
+    let monitor = monitoring
+        .iter()
+        .find(|o| kind(o) == "ServiceMonitor")
+        .expect("a ServiceMonitor");
+    assert_eq!(namespace(monitor), namespace(service));
+    assert!(
+        selector_matches(
+            &monitor["spec"]["selector"]["matchLabels"],
+            &service["metadata"]["labels"]
+        ),
+        "the ServiceMonitor selects no Service"
+    );
+    assert_eq!(
+        monitor["spec"]["endpoints"][0]["port"],
+        service_port["name"]
+    );
+
+    // The PodDisruptionBudget keeps one replica.
+    let pdb = rendered
+        .objects
+        .iter()
+        .find(|o| kind(o) == "PodDisruptionBudget")
+        .expect("a PDB");
+    assert!(selector_matches(
+        &pdb["spec"]["selector"]["matchLabels"],
+        pod_labels
+    ));
+    assert!(replicas >= 2, "one replica has no standby");
+    assert!(
+        pdb["spec"]["minAvailable"]
+            .as_u64()
+            .is_some_and(|m| m >= 1 && m < replicas)
+    );
+
+    // Every namespaced object is in the namespace deploy/ creates, but the one RoleBinding
+    // kube-scheduler needs in kube-system.
+    let ns = name(
+        rendered
+            .objects
+            .iter()
+            .find(|o| kind(o) == "Namespace")
+            .unwrap(),
+    );
+    for object in &rendered.objects {
+        let cluster_scoped = matches!(
+            kind(object),
+            "Namespace" | "ClusterRole" | "ClusterRoleBinding"
+        );
+        let expected = if cluster_scoped {
+            ""
+        } else if kind(object) == "RoleBinding" && namespace(object) == "kube-system" {
+            "kube-system"
+        } else {
+            ns
+        };
+        assert_eq!(namespace(object), expected, "{}", describe(object));
+    }
+}
+
+#[test]
+fn the_pod_is_locked_down() {
+    let Some(bins) = k8s_bins("the_pod_is_locked_down") else {
+        return;
+    };
+    let rendered = Rendered::base(&bins);
+    let pod = rendered.pod_spec();
+    assert_eq!(pod["securityContext"]["runAsNonRoot"].as_bool(), Some(true));
+    assert!(
+        pod["securityContext"]["runAsUser"]
+            .as_u64()
+            .is_some_and(|u| u > 0)
+    );
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"]["type"].as_str(),
+        Some("RuntimeDefault")
+    );
+    assert_ne!(pod["hostNetwork"].as_bool(), Some(true));
+    let containers = rendered.containers();
+    assert_eq!(
+        containers.len(),
+        2,
+        "kube-scheduler and the gpu-extender sidecar"
+    );
+    for c in containers {
+        let who = c["name"].as_str().unwrap();
+        let sc = &c["securityContext"];
+        assert_eq!(
+            sc["allowPrivilegeEscalation"].as_bool(),
+            Some(false),
+            "{who}"
+        );
+        assert_eq!(sc["readOnlyRootFilesystem"].as_bool(), Some(true), "{who}");
+        assert_ne!(sc["privileged"].as_bool(), Some(true), "{who}");
+        assert_eq!(
+            sc["capabilities"]["drop"],
+            serde_yaml_ng::from_str::<Value>("[ALL]").unwrap(),
+            "{who}"
+        );
+        assert!(sc["capabilities"]["add"].is_null(), "{who}");
+        for bound in ["requests", "limits"] {
+            for resource in ["cpu", "memory"] {
+                assert!(
+                    !c["resources"][bound][resource].is_null(),
+                    "{who}: resources.{bound}.{resource} is not set"
+                );
+            }
+        }
+        for probe in ["livenessProbe", "readinessProbe"] {
+            assert!(c[probe].is_mapping(), "{who} has no {probe}");
+        }
+    }
+}
+
+/// The sidecar's command line is one the binary accepts (`gpu-extender serve --config=...`).
+/// Read from `deploy/deployment.yaml` itself, so this needs no Kubernetes binaries.
+#[test]
+fn the_extender_binary_accepts_the_sidecar_command_line() {
+    let objects = support::manifests::kustomization_resources(&Path::new(ROOT).join("deploy"));
+    let deployment = find(&objects, "Deployment", "gpu-scheduler");
+    let sidecar = ["initContainers", "containers"]
+        .iter()
+        .flat_map(|k| {
+            deployment["spec"]["template"]["spec"][*k]
+                .as_sequence()
+                .into_iter()
+                .flatten()
+        })
+        .find(|c| c["name"].as_str() == Some("gpu-extender"))
+        .expect("a gpu-extender container");
+    assert!(
+        sidecar["command"].is_null(),
+        "the image's entrypoint is the binary; set args only"
+    );
+    let args: Vec<&str> = sidecar["args"]
+        .as_sequence()
+        .expect("args")
+        .iter()
+        .map(|a| a.as_str().expect("string args"))
+        .collect();
+    // clap parses everything before acting on --help, so an unknown subcommand or flag fails.
+    let mut command = Command::new(EXTENDER_BIN);
+    command.args(&args).arg("--help");
+    let out = run(command, None);
+    assert!(
+        out.status.success(),
+        "`gpu-extender {}` is not a command line the binary accepts:\n{}",
+        args.join(" "),
+        text(&out.stderr)
+    );
+}
+
+/// docs/install.md tells gpushare users to replace their scheduler configuration rather than
+/// carry it over: the kube-scheduler deploy/ runs refuses it.
+#[test]
+fn gpushare_v1beta2_configuration_is_refused_by_this_kube_scheduler() {
+    let Some(bins) = k8s_bins("gpushare_v1beta2_configuration_is_refused_by_this_kube_scheduler")
+    else {
+        return;
+    };
+    // gpushare-scheduler-extender's config/scheduler-policy-config.yaml, in substance.
+    let gpushare = "\
+apiVersion: kubescheduler.config.k8s.io/v1beta2
+kind: KubeSchedulerConfiguration
+clientConnection: {kubeconfig: /etc/kubernetes/scheduler.conf}
+extenders:
+- urlPrefix: http://127.0.0.1:32766/gpushare-scheduler
+  filterVerb: filter
+  bindVerb: bind
+  nodeCacheCapable: true
+  managedResources: [{name: aliyun.com/gpu-mem, ignoredByScheduler: false}]
+  ignorable: false
+";
+    let scratch = scratch_dir("gpushare");
+    let file = scratch.join("gpushare.yaml");
+    std::fs::write(&file, gpushare).unwrap();
+    let mut command = Command::new(bins.join("kube-scheduler"));
+    command
+        .arg(format!("--config={}", file.display()))
+        .arg("--bind-address=127.0.0.1")
+        .arg("--secure-port=0");
+    let mut child = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("kube-scheduler kept running with a v1beta2 configuration");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().unwrap();
+    let _ = std::fs::remove_dir_all(scratch);
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(
+            r#"no kind \"KubeSchedulerConfiguration\" is registered for version \"kubescheduler.config.k8s.io/v1beta2\""#
+        ),
+        "unexpected refusal:\n{stderr}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Against a real API server and kube-scheduler
+
+/// A control plane from `scripts/control-plane.sh`, stopped on drop. Its directory is removed
+/// when the test passed and kept (and named) when it failed.
+struct Plane {
+    dir: PathBuf,
+    bins: PathBuf,
+}
+
+impl Plane {
+    fn start(bins: &Path) -> Self {
+        let dir = scratch_dir("plane");
+        let plane = Plane {
+            dir,
+            bins: bins.to_owned(),
+        };
+        let out = run(plane.script(&["start"]), None);
+        assert!(
+            out.status.success(),
+            "control plane did not start:\n{}",
+            text(&out.stderr)
+        );
+        plane
+    }
+
+    fn script(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(Path::new(ROOT).join("scripts/control-plane.sh"));
+        command
+            .arg(args[0])
+            .arg(&self.dir)
+            .args(&args[1..])
+            .env("K8S_BIN_DIR", &self.bins);
+        command
+    }
+
+    /// kubectl as the plane's admin.
+    fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        let mut command = Command::new(self.bins.join("kubectl"));
+        command
+            .args(args)
+            .env("KUBECONFIG", self.dir.join("kubeconfig"));
+        run(command, stdin)
+    }
+
+    fn kubectl_ok(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let out = self.kubectl(args, stdin);
+        assert!(
+            out.status.success(),
+            "kubectl {} failed:\n{}{}",
+            args.join(" "),
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        text(&out.stdout)
+    }
+
+    fn scheduler_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("kube-scheduler.log")).unwrap_or_default()
+    }
+
+    /// `gpu-extender serve` with `config_text`, as the probe ServiceAccount of `namespace`
+    /// (a token from the API server in a kubeconfig of its own).
+    fn start_extender(&self, config_text: &str, namespace: &str, extra: &[String]) -> Extender {
+        let token = self.kubectl_ok(
+            &[
+                "-n",
+                namespace,
+                "create",
+                "token",
+                PROBE_ACCOUNT,
+                "--duration=1h",
+            ],
+            None,
+        );
+        let admin = std::fs::read_to_string(self.dir.join("kubeconfig")).unwrap();
+        let mut kubeconfig: Value = serde_yaml_ng::from_str(&admin).unwrap();
+        kubeconfig["users"][0]["user"]
+            .as_mapping_mut()
+            .unwrap()
+            .insert("token".into(), token.trim().into());
+        let kubeconfig_file = self.dir.join("extender.kubeconfig");
+        std::fs::write(
+            &kubeconfig_file,
+            serde_yaml_ng::to_string(&kubeconfig).unwrap(),
+        )
+        .unwrap();
+        let config_file = self.dir.join("extender-config.yaml");
+        std::fs::write(&config_file, config_text).unwrap();
+        let log = self.dir.join("extender.log");
+        let log_file = std::fs::File::create(&log).unwrap();
+        let mut command = Command::new(EXTENDER_BIN);
+        command
+            .arg("serve")
+            .arg(format!("--config={}", config_file.display()))
+            .arg(format!("--kubeconfig={}", kubeconfig_file.display()))
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone().unwrap())
+            .stderr(log_file);
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("GPU_EXTENDER_") {
+                command.env_remove(key);
+            }
+        }
+        let child = command.spawn().unwrap();
+        Extender { child, log }
+    }
+
+    /// The end of kube-scheduler's log, for failure messages.
+    fn scheduler_log_tail(&self) -> String {
+        let log = self.scheduler_log();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+}
+
+impl Drop for Plane {
+    fn drop(&mut self) {
+        let _ = run(self.script(&["stop"]), None);
+        if std::thread::panicking() {
+            eprintln!(
+                "control plane directory kept for inspection: {}",
+                self.dir.display()
+            );
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// The probe ServiceAccount bound to the extender's ClusterRole only.
+const PROBE_ACCOUNT: &str = "gpu-extender-rbac-probe";
+
+/// A node with 8 whole GPUs (no kubelet: its status is written through the status subresource).
+const GPU_NODE: &str = "\
+apiVersion: v1
+kind: Node
+metadata:
+  name: gpu-node-1
+  labels: {kubernetes.io/hostname: gpu-node-1}
+";
+const GPU_NODE_STATUS: &str = r#"{"status": {
+  "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "8"},
+  "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "8"},
+  "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]}}"#;
+const GPU_POD: &str = "\
+apiVersion: v1
+kind: Pod
+metadata: {name: gpu-probe, namespace: default}
+spec:
+  schedulerName: gpu-scheduler
+  containers:
+    - name: c
+      image: registry.invalid/none:1
+      resources: {limits: {nvidia.com/gpu: 1}}
+";
+
+/// A loopback port nothing listens on right now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap()
+}
+
+/// The HTTP status code of a GET (empty when nothing answers).
+fn http_status(url: &str) -> String {
+    let mut command = Command::new("curl");
+    command.args([
+        "-s",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "--max-time",
+        "5",
+        url,
+    ]);
+    text(&run(command, None).stdout)
+}
+
+/// The extender process, killed on drop.
+struct Extender {
+    child: std::process::Child,
+    log: PathBuf,
+}
+
+impl Extender {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn log_tail(&self) -> String {
+        let log = self.log();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+}
+
+impl Drop for Extender {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn curl_status(url: &str) -> (bool, String) {
+    let mut command = Command::new("curl");
+    command.args(["-sk", "--max-time", "5", url]);
+    let out = run(command, None);
+    (out.status.success(), text(&out.stdout))
+}
+
+#[test]
+fn deploy_applies_to_a_real_api_server_and_its_scheduler_config_runs() {
+    let test = "deploy_applies_to_a_real_api_server_and_its_scheduler_config_runs";
+    let Some(bins) = k8s_bins(test) else {
+        return;
+    };
+    let _serial = serial();
+    let rendered = Rendered::base(&bins);
+    let plane = Plane::start(&bins);
+
+    // 1. Server-side dry run of the whole base. Namespaced objects of a namespace that a dry run
+    //    only pretends to create are refused, so the Namespace is created for real first.
+    let namespace_doc = rendered
+        .objects
+        .iter()
+        .find(|o| kind(o) == "Namespace")
+        .map(|o| serde_yaml_ng::to_string(o).unwrap())
+        .expect("deploy/ creates its Namespace");
+    plane.kubectl_ok(&["apply", "-f", "-"], Some(&namespace_doc));
+    let out = plane.kubectl(
+        &["apply", "--dry-run=server", "-f", "-"],
+        Some(&rendered.text),
+    );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(
+        out.status.success(),
+        "server-side dry run refused deploy/:\n{stdout}{stderr}"
+    );
+    // Warnings include the namespace's PodSecurity "restricted" level checked on the template.
+    assert!(
+        !stderr.contains("Warning"),
+        "the API server warned about deploy/:\n{stderr}"
+    );
+    assert_eq!(
+        stdout
+            .lines()
+            .filter(|l| l.contains("(server dry run)"))
+            .count(),
+        rendered.objects.len(),
+        "every object should be accepted:\n{stdout}"
+    );
+
+    // 2. The ServiceMonitor: against its CRD when one is given, otherwise parsed only.
+    let monitoring = kustomize(&bins, "deploy/monitoring");
+    let client_dry_run =
+        plane.kubectl(&["apply", "--dry-run=client", "-f", "-"], Some(&monitoring));
+    if client_dry_run.status.success() {
+        plane.kubectl_ok(&["apply", "--dry-run=server", "-f", "-"], Some(&monitoring));
+    } else if let Some(crd) = std::env::var_os(CRD_ENV) {
+        let crd = crd.to_string_lossy().into_owned();
+        plane.kubectl_ok(&["apply", "--server-side", "-f", &crd], None);
+        plane.kubectl_ok(
+            &[
+                "wait",
+                "--for=condition=Established",
+                "--timeout=60s",
+                "crd/servicemonitors.monitoring.coreos.com",
+            ],
+            None,
+        );
+        let out = plane.kubectl(&["apply", "--dry-run=server", "-f", "-"], Some(&monitoring));
+        assert!(
+            out.status.success() && !text(&out.stderr).contains("Warning"),
+            "the ServiceMonitor against the CRD from {crd}:\n{}{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+    } else {
+        let why = text(&client_dry_run.stderr);
+        assert!(
+            why.contains("no matches for kind \"ServiceMonitor\""),
+            "kubectl: {why}"
+        );
+        // Without the CRD, kubectl can still decode it as a Kubernetes object, locally.
+        let parsed = plane.kubectl_ok(
+            &["label", "--local", "-f", "-", "-o", "yaml", "parsed=yes"],
+            Some(&monitoring),
+        );
+        assert!(parsed.contains("kind: ServiceMonitor"));
+        eprintln!(
+            "{test}: the ServiceMonitor CRD is not installed; deploy/monitoring was parsed, not \
+             validated (set {CRD_ENV} to the CRD file to validate it)"
+        );
+    }
+
+    // 3. For real, so the RBAC exists for the checks below.
+    plane.kubectl_ok(&["apply", "-f", "-"], Some(&rendered.text));
+
+    // 4. The extender's ClusterRole alone allows every call the code makes, as the API server
+    //    itself evaluates it. The pod's service account also holds kube-scheduler's rights, so
+    //    a probe service account is bound to the extender's ClusterRole(s) only.
+    let extender_roles: Vec<&Value> = rendered
+        .objects
+        .iter()
+        .filter(|o| {
+            kind(o) == "ClusterRole" && label(o, "app.kubernetes.io/component") == Some("extender")
+        })
+        .collect();
+    assert!(!extender_roles.is_empty(), "no extender ClusterRole");
+    let ns = namespace(rendered.deployment());
+    plane.kubectl_ok(&["-n", ns, "create", "serviceaccount", PROBE_ACCOUNT], None);
+    let probe_user = format!("system:serviceaccount:{ns}:{PROBE_ACCOUNT}");
+    for role in &extender_roles {
+        let binding = format!("{PROBE_ACCOUNT}-{}", name(role));
+        plane.kubectl_ok(
+            &[
+                "create",
+                "clusterrolebinding",
+                &binding,
+                &format!("--clusterrole={}", name(role)),
+                &format!("--serviceaccount={ns}:{PROBE_ACCOUNT}"),
+            ],
+            None,
+        );
+    }
+    let scan = api_calls::scan_dir(&Path::new(ROOT).join("src"));
+    assert!(
+        scan.problems.is_empty(),
+        "see tests/rbac.rs: {:?}",
+        scan.problems
+    );
+    let mut denied = Vec::new();
+    for permission in scan.permissions() {
+        let resource = permission.kubectl_resource();
+        let mut args = vec!["auth", "can-i", permission.verb.as_str(), resource.as_str()];
+        let sub;
+        if let (_, Some(s)) = permission.split_subresource() {
+            sub = format!("--subresource={s}");
+            args.push(&sub);
+        }
+        let who = format!("--as={probe_user}");
+        args.extend(["--all-namespaces", &who]);
+        let out = plane.kubectl(&args, None);
+        if text(&out.stdout).trim() != "yes" {
+            denied.push(format!(
+                "{permission}: {}{}",
+                text(&out.stdout).trim(),
+                text(&out.stderr).trim()
+            ));
+        }
+    }
+    assert!(
+        denied.is_empty(),
+        "the extender's ClusterRole does not allow:\n  {}",
+        denied.join("\n  ")
+    );
+
+    // 5. The extender itself, with the ConfigMap's configuration and only that identity: its
+    //    watches must sync (it reports ready). Ports are moved to free ones; the rest is as
+    //    shipped.
+    let extender_port = free_port();
+    let admin_port = free_port();
+    let extender = plane.start_extender(
+        &rendered.extender_config_text(),
+        ns,
+        &[
+            format!("--listen=127.0.0.1:{extender_port}"),
+            format!("--admin-listen=127.0.0.1:{admin_port}"),
+        ],
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while http_status(&format!("http://127.0.0.1:{admin_port}/readyz")) != "200" {
+        assert!(
+            Instant::now() < deadline,
+            "the extender is not ready after 60s with the extender ClusterRole alone:\n{}",
+            extender.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+
+    // 6. kube-scheduler with the shipped KubeSchedulerConfiguration, as the plane's
+    //    system:kube-scheduler user (its kubeconfig replaces __KUBECONFIG__), calling that
+    //    extender.
+    let mut config = rendered.scheduler_config();
+    let shipped_url = config["extenders"][0]["urlPrefix"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (_, path) = shipped_url
+        .trim_start_matches("http://")
+        .split_once('/')
+        .unwrap();
+    config["extenders"][0].as_mapping_mut().unwrap().insert(
+        "urlPrefix".into(),
+        format!("http://127.0.0.1:{extender_port}/{path}").into(),
+    );
+    let mut connection = serde_yaml_ng::Mapping::new();
+    connection.insert("kubeconfig".into(), "__KUBECONFIG__".into());
+    config
+        .as_mapping_mut()
+        .unwrap()
+        .insert("clientConnection".into(), Value::Mapping(connection));
+    let config_file = plane.dir.join("gpu-scheduler-config.yaml");
+    std::fs::write(&config_file, serde_yaml_ng::to_string(&config).unwrap()).unwrap();
+    let out = run(
+        plane.script(&["scheduler", config_file.to_str().unwrap()]),
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "kube-scheduler did not come up healthy with deploy/'s configuration:\n{}\n{}",
+        text(&out.stderr),
+        plane.scheduler_log_tail()
+    );
+    let port = std::fs::read_to_string(plane.dir.join("kube-scheduler.port")).unwrap();
+    let base = format!("https://127.0.0.1:{}", port.trim());
+    for path in ["/healthz", "/livez"] {
+        let (ok, body) = curl_status(&format!("{base}{path}"));
+        assert!(ok && body == "ok", "kube-scheduler {path}: {body}");
+    }
+    // That user may not touch this scheduler's Lease yet: it is a standby, and becomes ready
+    // as one once its informers have synced (the PodDisruptionBudget counts ready pods, so a
+    // standby must be able to be ready).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, readyz) = curl_status(&format!("{base}/readyz?verbose"));
+        if readyz.contains("readyz check passed") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the standby kube-scheduler is not ready after 30s:\n{readyz}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let log = plane.scheduler_log();
+    assert!(
+        !log.contains("successfully acquired lease"),
+        "kube-scheduler led before it was allowed its Lease"
+    );
+
+    // 7. With the leader-election Role of deploy/ bound to it, it takes the Lease.
+    let election = &config["leaderElection"];
+    let lease = election["resourceName"].as_str().unwrap();
+    let lease_ns = election["resourceNamespace"].as_str().unwrap();
+    let role = rendered
+        .objects
+        .iter()
+        .find(|o| {
+            kind(o) == "Role"
+                && namespace(o) == lease_ns
+                && label(o, "app.kubernetes.io/component") == Some("kube-scheduler")
+        })
+        .expect("a Role for kube-scheduler's Lease");
+    plane.kubectl_ok(
+        &[
+            "-n",
+            lease_ns,
+            "create",
+            "rolebinding",
+            "rbac-probe-lease",
+            &format!("--role={}", name(role)),
+            "--user=system:kube-scheduler",
+        ],
+        None,
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let holder = loop {
+        let out = plane.kubectl(
+            &[
+                "-n",
+                lease_ns,
+                "get",
+                "lease",
+                lease,
+                "-o",
+                "jsonpath={.spec.holderIdentity}",
+            ],
+            None,
+        );
+        let holder = text(&out.stdout);
+        if out.status.success() && !holder.is_empty() {
+            break holder;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "kube-scheduler did not take the Lease {lease_ns}/{lease} in 60s:\n{}",
+            plane.scheduler_log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let log = plane.scheduler_log();
+    assert!(
+        log.contains(&format!("successfully acquired lease {lease_ns}/{lease}")),
+        "Lease held by {holder}, but the log does not say so:\n{log}"
+    );
+    let forbidden: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("forbidden") && !l.contains(&format!("\"{lease}\" is forbidden")))
+        .collect();
+    assert!(
+        forbidden.is_empty(),
+        "kube-scheduler was refused something:\n{}",
+        forbidden.join("\n")
+    );
+
+    // 8. A GPU pod selecting the profile is bound, by the extender, with its allocation record.
+    plane.kubectl_ok(&["create", "-f", "-"], Some(GPU_NODE));
+    plane.kubectl_ok(
+        &[
+            "patch",
+            "node",
+            "gpu-node-1",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            GPU_NODE_STATUS,
+        ],
+        None,
+    );
+    plane.kubectl_ok(&["create", "-f", "-"], Some(GPU_POD));
+    let record_key = effective_extender_config(&rendered.extender_config_text(), &plane.dir)
+        ["annotations"]["allocation"]
+        .as_str()
+        .unwrap()
+        .replace('.', "\\.");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = plane.kubectl(
+            &[
+                "get",
+                "pod",
+                "gpu-probe",
+                "-o",
+                &format!("jsonpath={{.spec.nodeName}} {{.metadata.annotations.{record_key}}}"),
+            ],
+            None,
+        );
+        let got = text(&out.stdout);
+        if got.starts_with("gpu-node-1 {") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the GPU pod was not bound with its record in 60s ({got:?}).\nextender:\n{}\n\
+             kube-scheduler:\n{}",
+            extender.log_tail(),
+            plane.scheduler_log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let extender_log = extender.log();
+    assert!(
+        !extender_log.contains("forbidden") && !extender_log.contains(" 403"),
+        "the extender was refused something:\n{extender_log}"
+    );
+}
