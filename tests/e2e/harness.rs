@@ -74,6 +74,7 @@ where
                 SCENARIO_LIMIT.as_secs()
             )),
         };
+        let result = result.and_then(|()| cluster.check_extender_log());
         if result.is_err() {
             cluster.failed = true;
         }
@@ -227,13 +228,14 @@ impl Cluster {
             // Placeholder replaced below; a Client needs a kubeconfig that exists only once
             // the plane is up.
             client: placeholder_client()?,
-            extender_addr: SocketAddr::from(([127, 0, 0, 1], free_port()?)),
-            admin_addr: SocketAddr::from(([127, 0, 0, 1], free_port()?)),
+            extender_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             extender: None,
             extender_config: String::new(),
             extender_starts: 0,
             failed: false,
         };
+        cluster.pick_ports()?;
         // From here on, dropping `cluster` stops whatever was started.
         cluster.control_plane(&["start"]).await?;
         cluster.client = admin_client(&dir.join("kubeconfig")).await?;
@@ -286,7 +288,31 @@ impl Cluster {
     /// defaults) and waits until it reports ready.
     pub async fn start_extender(&mut self, config: &str) -> Result<()> {
         self.extender_config = config.to_owned();
-        self.spawn_extender().await
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.spawn_extender().await {
+                // Someone took a port since it was chosen: choose again (nothing points at the
+                // extender yet).
+                Err(error) if attempt < 3 && format!("{error:#}").contains("in use") => {
+                    eprintln!("e2e {}: port clash, retrying: {error:#}", self.name);
+                    self.pick_ports()?;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Two distinct free ports for the extender's listeners.
+    fn pick_ports(&mut self) -> Result<()> {
+        let extender = free_port()?;
+        let mut admin = free_port()?;
+        while admin == extender {
+            admin = free_port()?;
+        }
+        self.extender_addr = SocketAddr::from(([127, 0, 0, 1], extender));
+        self.admin_addr = SocketAddr::from(([127, 0, 0, 1], admin));
+        Ok(())
     }
 
     /// Starts the extender again with the same configuration and ports.
@@ -483,6 +509,17 @@ impl Cluster {
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 
+    /// Fails if the extender logged a panic (a handler or task that died, even if the process
+    /// went on serving).
+    fn check_extender_log(&self) -> Result<()> {
+        let path = self.dir.join("extender.log");
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        if let Some(line) = text.lines().find(|l| l.contains("panicked at")) {
+            bail!("the extender panicked: {line}");
+        }
+        Ok(())
+    }
+
     fn print_logs(&self) {
         for (file, lines) in [
             ("extender.log", 60),
@@ -578,9 +615,20 @@ async fn admin_client(kubeconfig: &Path) -> Result<kube::Client> {
 }
 
 /// A loopback TCP port nobody listens on right now.
+///
+/// Drawn from 20000-32767, below Linux's ephemeral range (as `control-plane.sh` does), so that
+/// outgoing connections do not take it between now and the extender's bind.
 pub fn free_port() -> Result<u16> {
-    let listener = TcpListener::bind("127.0.0.1:0").context("binding a free port")?;
-    Ok(listener.local_addr()?.port())
+    use std::hash::{BuildHasher, Hasher};
+    for _ in 0..200 {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u64(u64::from(std::process::id()));
+        let port = 20000 + (hasher.finish() % 12768) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    bail!("no free loopback port found in 20000-32767")
 }
 
 /// A plain HTTP/1.1 GET (`Connection: close`) with a 5 s budget: status and body.
