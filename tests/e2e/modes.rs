@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::{Result, ensure};
+use k8s_openapi::api::core::v1::Pod;
 
 use crate::objects::{
     GPU_CORE, GPU_COUNT, GPU_MEM, GpuNode, Mode, NVIDIA_GPU, PodSpec, TOPOLOGY_GPU, create_bound,
@@ -45,11 +46,43 @@ fn one_gpu(record: &Record) -> Result<u16> {
     Ok(gpus[0])
 }
 
+/// The annotations the Alibaba gpushare device plugin reads, for a one-GPU share of `gib` GiB on
+/// GPU `gpu` of `dev_gib` GiB.
+fn check_gpushare(pod: &Pod, gpu: u16, gib: u64, dev_gib: u64) -> Result<()> {
+    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+    let get = |key: &str| {
+        annotations
+            .get(key)
+            .map(String::as_str)
+            .unwrap_or("(absent)")
+    };
+    let want = [
+        ("ALIYUN_COM_GPU_MEM_IDX", gpu.to_string()),
+        ("ALIYUN_COM_GPU_MEM_POD", gib.to_string()),
+        ("ALIYUN_COM_GPU_MEM_DEV", dev_gib.to_string()),
+        ("ALIYUN_COM_GPU_MEM_ASSIGNED", "false".to_owned()),
+    ];
+    for (key, value) in want {
+        ensure!(
+            get(key) == value,
+            "{key} is {:?}, expected {value:?}",
+            get(key)
+        );
+    }
+    let assumed = get("ALIYUN_COM_GPU_MEM_ASSUME_TIME");
+    ensure!(
+        assumed.len() >= 18 && assumed.bytes().all(|b| b.is_ascii_digit()),
+        "ALIYUN_COM_GPU_MEM_ASSUME_TIME {assumed:?} is not nanoseconds since the epoch"
+    );
+    Ok(())
+}
+
 #[test]
 fn every_mode_and_request_kind() {
     crate::harness::run("modes", async |c| {
         let nodes = cluster();
-        up(c, &nodes, "").await?;
+        // With the gpushare device plugin's annotations, as a cluster migrating from gpushare runs.
+        up(c, &nodes, "gpushare:\n  enabled: true\n").await?;
 
         // Exclusive: whole GPUs, never two pods on one.
         let (node, r) = place(c, PodSpec::new("whole-1", NVIDIA_GPU, 1).on("a100-excl")).await?;
@@ -63,8 +96,14 @@ fn every_mode_and_request_kind() {
         ensure!(both.len() == 4, "whole-2a {a:?} and whole-2b {b:?} overlap");
 
         // Memory shares, binpack: fill one GPU before the next.
-        let (_, r1) = place(c, PodSpec::new("bp-4a", GPU_MEM, 4).on("t4-binpack")).await?;
-        let g = one_gpu(&r1)?;
+        let pod = create_bound(
+            &c.client,
+            &PodSpec::new("bp-4a", GPU_MEM, 4).on("t4-binpack"),
+            BIND,
+        )
+        .await?;
+        let g = one_gpu(&record_of(&pod)?)?;
+        check_gpushare(&pod, g, 4, 16)?;
         for (name, gib) in [("bp-4b", 4), ("bp-8", 8)] {
             let (_, r) = place(c, PodSpec::new(name, GPU_MEM, gib).on("t4-binpack")).await?;
             ensure!(

@@ -5,13 +5,17 @@
 
 use std::time::Duration;
 
+use std::collections::BTreeMap;
+
 use anyhow::{Result, ensure};
 
 use crate::harness::metric_sum;
 use crate::objects::{
-    GPU_CORE, GPU_COUNT, GPU_MEM, GpuNode, Mode, PodSpec, create_bound, create_pod,
-    scheduled_condition, wait_failed_scheduling, wait_unschedulable,
+    GPU_CORE, GPU_COUNT, GPU_MEM, GpuNode, Mode, PodSpec, create_bound, create_node, create_pod,
+    delete_pod, list_pods, node_of, scheduled_condition, wait_failed_scheduling, wait_settled,
+    wait_unschedulable,
 };
+use crate::record::check_cluster;
 use crate::{BIND, up};
 
 const EVENT: Duration = Duration::from_secs(15);
@@ -37,7 +41,7 @@ async fn rejected(c: &crate::harness::Cluster, spec: PodSpec, needle: &str) -> R
 #[test]
 fn a_pod_that_fits_nowhere_is_unschedulable_with_our_reason() {
     crate::harness::run("fits-nowhere", async |c| {
-        let nodes = vec![
+        let mut nodes = vec![
             GpuNode::new("t4-a", Mode::Share, 2, "Tesla-T4", 16),
             GpuNode::new("t4-b", Mode::Share, 2, "Tesla-T4", 16),
         ];
@@ -75,14 +79,62 @@ fn a_pod_that_fits_nowhere_is_unschedulable_with_our_reason() {
         )
         .await?;
 
+        // The two waiting pods would take the capacity added next.
+        delete_pod(&c.client, "too-big").await?;
+        delete_pod(&c.client, "no-room").await?;
+
+        // Compute: 60 % of the only compute-sharing GPU taken, 50 % asked, memory to spare.
+        let v100 = GpuNode::new("v100", Mode::CoreMem, 1, "Tesla-V100-SXM2-32GB", 32);
+        create_node(&c.client, &v100).await?;
+        nodes.push(v100);
+        create_bound(
+            &c.client,
+            &PodSpec::new("cm-60", GPU_MEM, 4).with(GPU_CORE, 60),
+            BIND,
+        )
+        .await?;
+        rejected(
+            c,
+            PodSpec::new("cm-50", GPU_MEM, 4).with(GPU_CORE, 50),
+            "insufficient GPU compute on any single GPU",
+        )
+        .await?;
+
+        // At most 20 pods on one shared GPU, however small they are.
+        let a100 = GpuNode::new("a100", Mode::Share, 1, "NVIDIA-A100-SXM4-80GB", 80);
+        create_node(&c.client, &a100).await?;
+        nodes.push(a100);
+        let names: Vec<String> = (0..20).map(|i| format!("tiny-{i:02}")).collect();
+        for name in &names {
+            create_pod(&c.client, &PodSpec::new(name, GPU_MEM, 1).on("a100")).await?;
+        }
+        let settled = wait_settled(&c.client, &names, BIND).await?;
+        ensure!(
+            settled.iter().all(|p| node_of(p).is_some()),
+            "20 pods of 1 GiB should all fit one 80 GiB GPU"
+        );
+        rejected(
+            c,
+            PodSpec::new("tiny-20", GPU_MEM, 1).on("a100"),
+            "shared GPUs are at their pod limit",
+        )
+        .await?;
+
+        let pods = list_pods(&c.client).await?;
+        check_cluster(&nodes, &pods, &BTreeMap::new())?;
         let after = c.metrics().await?;
-        for reason in ["gpu_memory_too_small", "insufficient_gpu_memory"] {
+        for reason in [
+            "gpu_memory_too_small",
+            "insufficient_gpu_memory",
+            "insufficient_gpu_compute",
+            "shared_gpu_pod_limit",
+        ] {
             let labels = [("reason", reason)];
             let moved = metric_sum(&after, "gpu_extender_rejections_total", &labels)
                 - metric_sum(&before, "gpu_extender_rejections_total", &labels);
             ensure!(
-                moved >= 2.0,
-                "rejections_total{{reason={reason}}} moved by {moved}"
+                moved >= 1.0,
+                "gpu_extender_rejections_total{{reason={reason}}} did not move"
             );
         }
         Ok(())
