@@ -509,6 +509,15 @@ impl Cluster {
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 
+    /// How many lines of kube-scheduler's log contain `needle`.
+    pub fn scheduler_log_count(&self, needle: &str) -> usize {
+        std::fs::read_to_string(self.dir.join("kube-scheduler.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|line| line.contains(needle))
+            .count()
+    }
+
     /// Fails if the extender logged a panic (a handler or task that died, even if the process
     /// went on serving).
     fn check_extender_log(&self) -> Result<()> {

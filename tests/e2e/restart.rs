@@ -1,6 +1,6 @@
-//! The extender killed (SIGKILL) and restarted in the middle of a stream of pods: every pod ends
-//! bound exactly once with a valid record, no GPU is handed out twice, and the restarted
-//! extender's table agrees with the records on the pods.
+//! The extender killed (SIGKILL), later stopped (SIGTERM), and restarted each time in the middle
+//! of a stream of pods: every pod ends bound exactly once with a valid record, no GPU is handed
+//! out twice, and the restarted extender's table agrees with the records on the pods.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -8,8 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, ensure};
 
 use crate::objects::{
-    GPU_MEM, GpuNode, Mode, NVIDIA_GPU, PodSpec, create_pod, events_of, list_pods, node_of,
-    wait_settled,
+    GPU_MEM, GpuNode, Mode, NVIDIA_GPU, PodSpec, create_pod, list_pods, node_of, wait_settled,
 };
 use crate::record::{check_cluster, check_inspect};
 use crate::up;
@@ -46,52 +45,58 @@ fn extender_killed_mid_stream_loses_and_duplicates_nothing() {
         );
         up(c, &nodes, "").await?;
 
+        // A steady stream: one pod every 100 ms, so the outages fall in the middle of it.
         let client = c.client.clone();
         let producer = tokio::spawn(async move {
             for i in 0..PODS {
                 create_pod(&client, &pod(i)).await?;
-                tokio::time::sleep(Duration::from_millis(60)).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
             anyhow::Ok(())
         });
 
-        // Kill once a third of the stream is bound, while pods keep coming.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while bound_count(&c.client).await? < PODS / 3 {
-            ensure!(
-                Instant::now() < deadline,
-                "the first pods were not bound in 60s"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        c.kill_extender()?;
-        let killed_at = bound_count(&c.client).await?;
-        eprintln!("  extender killed with {killed_at} of {PODS} pods bound");
-
-        // Wait until kube-scheduler has felt the outage (a call failed) before restarting.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        'outage: loop {
-            for p in list_pods(&c.client).await? {
-                if node_of(&p).is_some() {
-                    continue;
-                }
-                let name = p.metadata.name.clone().unwrap_or_default();
-                let events = events_of(&c.client, &name).await?;
-                if events.iter().any(|(reason, m)| {
-                    reason == "FailedScheduling" && m.contains(&c.extender_addr.to_string())
-                }) {
-                    eprintln!("  kube-scheduler saw the outage on {name}");
-                    break 'outage;
-                }
+        // A crash once a third of the stream is bound; a graceful stop (SIGTERM) at two thirds.
+        let mut t0 = Instant::now();
+        for (at, crash) in [(PODS / 3, true), (2 * PODS / 3, false)] {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while bound_count(&c.client).await? < at {
+                ensure!(
+                    Instant::now() < deadline,
+                    "{at} pods were not bound within 60s"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            ensure!(
-                Instant::now() < deadline,
-                "no FailedScheduling event about the dead extender within 30s"
+            let refused_before = c.scheduler_log_count(&c.extender_addr.to_string());
+            if crash {
+                c.kill_extender()?;
+            } else {
+                c.stop_extender();
+            }
+            let stopped_at = bound_count(&c.client).await?;
+            eprintln!(
+                "  extender {} with {stopped_at} of {PODS} pods bound",
+                if crash {
+                    "killed (SIGKILL)"
+                } else {
+                    "stopped (SIGTERM)"
+                }
             );
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            // Restart once kube-scheduler has failed a call to it (its log names the extender's
+            // address), unless nothing was left to schedule meanwhile.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while c.scheduler_log_count(&c.extender_addr.to_string()) <= refused_before {
+                if producer.is_finished() && bound_count(&c.client).await? == PODS {
+                    break;
+                }
+                ensure!(
+                    Instant::now() < deadline,
+                    "kube-scheduler did not fail a call to the stopped extender within 30s"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            t0 = Instant::now();
+            c.restart_extender().await?;
         }
-        let t0 = Instant::now();
-        c.restart_extender().await?;
         producer
             .await
             .context("producer task")?
@@ -109,7 +114,7 @@ fn extender_killed_mid_stream_loses_and_duplicates_nothing() {
             "pods not bound after the restart: {unbound:?}"
         );
         eprintln!(
-            "  all {PODS} pods bound {:.1}s after the restart began",
+            "  all {PODS} pods bound {:.1}s after the last restart began",
             t0.elapsed().as_secs_f64()
         );
 
