@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure};
 use futures::TryStreamExt;
 
+use crate::harness::metric_sum;
 use crate::objects::{
     GPU_CORE, GPU_COUNT, GPU_MEM, GpuNode, Mode, NVIDIA_GPU, PodSpec, TOPOLOGY_GPU, create_pod,
     list_pods, node_of, wait_settled,
@@ -111,6 +112,25 @@ fn a_burst_of_pods_onto_a_crowded_cluster_never_overcommits_a_gpu() {
             last_bind.as_secs_f64(),
             bound as f64 / last_bind.as_secs_f64()
         );
+
+        let metrics = c.metrics().await?;
+        for verb in ["filter", "prioritize", "bind"] {
+            let labels = [("verb", verb)];
+            let sum = metric_sum(
+                &metrics,
+                "gpu_extender_request_duration_seconds_sum",
+                &labels,
+            );
+            let count = metric_sum(
+                &metrics,
+                "gpu_extender_request_duration_seconds_count",
+                &labels,
+            );
+            eprintln!(
+                "  extender {verb}: {count} calls, mean {:.2} ms",
+                1000.0 * sum / count.max(1.0)
+            );
+        }
 
         // The records, and the extender's table, at one quiet moment: list, ask the extender,
         // list again, and retry if a binding happened in between.
