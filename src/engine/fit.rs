@@ -326,13 +326,22 @@ impl Placer<'_> {
                 }
                 let pool = preferred_pool(prefer, free, count);
                 let topology = &node.spec.topology;
-                let group = topology
+                let mut group = topology
                     .choose_group(pool, count)
                     .ok_or(RejectReason::NoFreeWholeGpus)?;
                 if self.require_connected && count > 1 {
                     let best_possible = topology.best_group(self.eligible, count).map(|(_, c)| c);
-                    let chosen = topology.best_group(group, count).map(|(_, c)| c);
-                    if chosen < best_possible {
+                    let connected = |group: u64| {
+                        topology.best_group(group, count).map(|(_, c)| c) >= best_possible
+                    };
+                    if !connected(group) && pool != free {
+                        // Reusing the app containers' GPUs is a preference; the required
+                        // interconnect is not: look at every free GPU before giving up.
+                        group = topology
+                            .choose_group(free, count)
+                            .ok_or(RejectReason::NoFreeWholeGpus)?;
+                    }
+                    if !connected(group) {
                         return Err(RejectReason::NoConnectedGroup);
                     }
                 }
@@ -534,6 +543,63 @@ mod tests {
                 assert_eq!(policy.evaluate(&node, &request), Err(when_full), "{mode:?}");
             }
         }
+    }
+
+    /// Regression: an init container prefers the GPUs its app containers hold, and when those
+    /// were poorly connected a whole-GPU init container with required topology was rejected
+    /// (`NoConnectedGroup`) although a well-connected pair was free on the node.
+    #[test]
+    fn regression_init_container_preference_does_not_override_required_topology() {
+        use crate::engine::model::{GpuPlacement, Link, LinkMatrix};
+        use crate::engine::request::GpuConstraints;
+        let islands = LinkMatrix::from_fn(8, |a, b| {
+            if a / 4 == b / 4 {
+                Link::NvLink(2)
+            } else {
+                Link::CrossSocket
+            }
+        });
+        let spec = NodeSpec::uniform("n", GpuMode::ShareMemory, 8, "A10", MemMiB(24 * 1024))
+            .with_links(islands);
+        let mut node = NodeState::new(spec);
+        // Small shares on GPUs 0, 1, 2 and 5: spread sends the app's two parts to the emptiest
+        // GPUs, 3 and 4, one in each island; GPUs 6 and 7 stay idle, linked to 4 and each other.
+        for gpu in [0, 1, 2, 5] {
+            node.add(&PodAllocation {
+                node: node.spec.name.clone(),
+                cpu: CpuMilli(0),
+                memory: MemMiB(0),
+                containers: vec![ContainerAllocation {
+                    name: "other".into(),
+                    gpus: vec![GpuGrant {
+                        gpu: GpuIndex(gpu),
+                        grant: Grant::Share {
+                            mem: MemMiB(1024),
+                            compute: ComputeMilli(0),
+                        },
+                    }],
+                }],
+                init_containers: Vec::new(),
+            });
+        }
+        let mut request = pod(&[GpuDemand::share(2, 2, None).unwrap_or_default()]);
+        request.init_containers = vec![ContainerRequest {
+            name: "init".into(),
+            gpu: GpuDemand::Whole { count: 2 },
+        }];
+        request.constraints = GpuConstraints {
+            placement: Some(GpuPlacement::Spread),
+            topology: TopologyPreference::Required,
+            ..GpuConstraints::default()
+        };
+        let placed = fit(&node, &request, &Policy::default()).unwrap();
+        let gpus = |c: &ContainerAllocation| c.gpus.iter().map(|g| g.gpu.0).collect::<Vec<_>>();
+        assert_eq!(gpus(&placed.containers[0]), vec![3, 4]);
+        let init = gpus(&placed.init_containers[0]);
+        assert!(
+            init.len() == 2 && init.iter().all(|&g| (4..8).contains(&g)),
+            "the init container needs a linked pair, got {init:?}"
+        );
     }
 
     #[test]
