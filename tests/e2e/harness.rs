@@ -1,0 +1,677 @@
+//! The processes of one scenario: a loopback control plane (etcd + kube-apiserver, through
+//! `scripts/control-plane.sh`), the gpu-extender binary and kube-scheduler, all in one temporary
+//! directory, all stopped when the [`Cluster`] is dropped (also when a scenario panics; and the
+//! control plane's own watchdog stops it if this process dies without unwinding).
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, Once, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+/// The repository root.
+pub const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+/// The extender binary cargo built for this test target.
+pub const EXTENDER_BIN: &str = env!("CARGO_BIN_EXE_gpu-extender");
+/// The extender URL the shipped scheduler configurations carry; the harness rewrites it to the
+/// test extender's address.
+pub const SHIPPED_EXTENDER_URL: &str = "http://127.0.0.1:8888/scheduler";
+/// The kubeconfig path the shipped scheduler configurations carry; the harness rewrites it to
+/// `__KUBECONFIG__`, which `control-plane.sh scheduler` replaces with the plane's scheduler
+/// kubeconfig.
+pub const SHIPPED_KUBECONFIG: &str = "/etc/kubernetes/scheduler.conf";
+/// The scheduler configuration most scenarios run: the `gpu-scheduler` profile.
+pub const PROFILE_CONFIG: &str = "scheduler-config/gpu-scheduler-profile.yaml";
+/// The profile GPU pods select in most scenarios.
+pub const GPU_SCHEDULER: &str = "gpu-scheduler";
+
+/// Environment variable: `require` makes a missing control plane a failure (CI, `make test`);
+/// `skip` skips the scenarios without looking for binaries; anything else skips with a message
+/// when the Kubernetes binaries cannot be had.
+pub const E2E_ENV: &str = "GPU_EXTENDER_E2E";
+/// Environment variable: directory with etcd, kube-apiserver, kube-scheduler and kubectl.
+pub const BIN_ENV: &str = "GPU_EXTENDER_K8S_BIN";
+/// Environment variable: `1` keeps each scenario's directory (logs, configs) after it ends.
+pub const KEEP_ENV: &str = "GPU_EXTENDER_E2E_KEEP";
+
+/// The longest any one scenario may run before it is failed.
+const SCENARIO_LIMIT: Duration = Duration::from_secs(300);
+
+/// Scenarios run one at a time: each has its own control plane, and two at once on a 2-core
+/// machine would make the timing checks meaningless.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Runs one scenario: skips (or fails, under `GPU_EXTENDER_E2E=require`) when the Kubernetes
+/// binaries are unavailable; otherwise starts a control plane, hands it to `scenario`, and tears
+/// everything down whatever happens. An error fails the test with the log tails printed.
+pub fn run<F>(name: &str, scenario: F)
+where
+    F: for<'a> AsyncFnOnce(&'a mut Cluster) -> Result<()>,
+{
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let Some(bins) = k8s_bins_or_skip(name) else {
+        return;
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => panic!("{name}: cannot build a tokio runtime: {error}"),
+    };
+    let started = Instant::now();
+    let outcome: Result<()> = runtime.block_on(async {
+        let mut cluster = Cluster::start(name, &bins).await?;
+        let result = match tokio::time::timeout(SCENARIO_LIMIT, scenario(&mut cluster)).await {
+            Ok(result) => result,
+            Err(_) => Err(anyhow!(
+                "scenario did not finish within {}s",
+                SCENARIO_LIMIT.as_secs()
+            )),
+        };
+        if result.is_err() {
+            cluster.failed = true;
+        }
+        drop(cluster);
+        result
+    });
+    drop(runtime);
+    match outcome {
+        Ok(()) => eprintln!(
+            "e2e {name}: passed in {:.1}s",
+            started.elapsed().as_secs_f64()
+        ),
+        Err(error) => panic!("e2e {name} failed: {error:#}"),
+    }
+}
+
+enum Bins {
+    Ready(PathBuf),
+    Missing(String),
+}
+
+/// The Kubernetes binaries directory, found once per test process.
+fn k8s_bins() -> &'static Bins {
+    static BINS: OnceLock<Bins> = OnceLock::new();
+    BINS.get_or_init(|| {
+        if std::env::var(E2E_ENV).as_deref() == Ok("skip") {
+            return Bins::Missing(format!("{E2E_ENV}=skip"));
+        }
+        let dir = match std::env::var_os(BIN_ENV) {
+            Some(dir) => PathBuf::from(dir),
+            None => {
+                eprintln!(
+                    "e2e: {BIN_ENV} is not set; asking scripts/k8s-bins.sh for the Kubernetes \
+                     binaries (a first build takes several minutes)"
+                );
+                let output = Command::new(Path::new(ROOT).join("scripts/k8s-bins.sh"))
+                    .stdin(Stdio::null())
+                    .stderr(Stdio::inherit())
+                    .output();
+                match output {
+                    Ok(output) if output.status.success() => {
+                        let stdout = String::from_utf8_lossy(&output.stdout);
+                        PathBuf::from(stdout.lines().last().unwrap_or_default().trim())
+                    }
+                    Ok(output) => {
+                        return Bins::Missing(format!(
+                            "scripts/k8s-bins.sh failed ({}); see its message above",
+                            output.status
+                        ));
+                    }
+                    Err(error) => {
+                        return Bins::Missing(format!("cannot run scripts/k8s-bins.sh: {error}"));
+                    }
+                }
+            }
+        };
+        let missing: Vec<&str> = ["etcd", "kube-apiserver", "kube-scheduler", "kubectl"]
+            .into_iter()
+            .filter(|b| !dir.join(b).is_file())
+            .collect();
+        if missing.is_empty() {
+            Bins::Ready(dir)
+        } else {
+            Bins::Missing(format!(
+                "{} missing in {}",
+                missing.join(", "),
+                dir.display()
+            ))
+        }
+    })
+}
+
+fn k8s_bins_or_skip(name: &str) -> Option<PathBuf> {
+    match k8s_bins() {
+        Bins::Ready(dir) => Some(dir.clone()),
+        Bins::Missing(why) => {
+            if std::env::var(E2E_ENV).as_deref() == Ok("require") {
+                panic!(
+                    "e2e {name}: {E2E_ENV}=require but the Kubernetes binaries are unavailable: \
+                     {why}"
+                );
+            }
+            // Straight to stderr, past libtest's output capture, once per test binary: a
+            // skipped tier must be visible in a plain `cargo test`.
+            static SAID: Once = Once::new();
+            SAID.call_once(|| {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "\ne2e: SKIPPING the end-to-end scenarios, no control plane ({why}). Run \
+                     `make test`, or set {BIN_ENV} to a directory with etcd, kube-apiserver, \
+                     kube-scheduler and kubectl (scripts/k8s-bins.sh builds them); \
+                     {E2E_ENV}=require makes this a failure.\n"
+                );
+            });
+            eprintln!("e2e {name}: skipped");
+            None
+        }
+    }
+}
+
+/// A running extender process.
+#[derive(Debug)]
+struct ExtenderProc {
+    child: Child,
+}
+
+/// One scenario's cluster: control plane, extender, kube-scheduler, and an admin client.
+pub struct Cluster {
+    pub name: String,
+    /// The scenario's directory: plane data and every log.
+    pub dir: PathBuf,
+    pub bins: PathBuf,
+    /// Admin (system:masters) client.
+    pub client: kube::Client,
+    /// Extender listener (the scheduler's urlPrefix host and port), fixed for the cluster's life
+    /// so kube-scheduler keeps reaching a restarted extender.
+    pub extender_addr: SocketAddr,
+    /// Extender admin listener: /readyz, /metrics, /inspect.
+    pub admin_addr: SocketAddr,
+    extender: Option<ExtenderProc>,
+    extender_config: String,
+    extender_starts: u32,
+    /// Set when the scenario failed: logs are printed on drop.
+    pub failed: bool,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("name", &self.name)
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Cluster {
+    /// Starts etcd and kube-apiserver in a fresh directory and connects an admin client.
+    async fn start(name: &str, bins: &Path) -> Result<Self> {
+        let dir =
+            std::env::temp_dir().join(format!("gpu-extender-e2e-{}-{name}", std::process::id()));
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)
+                .with_context(|| format!("removing stale {}", dir.display()))?;
+        }
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let t0 = Instant::now();
+        let mut cluster = Self {
+            name: name.to_owned(),
+            dir: dir.clone(),
+            bins: bins.to_owned(),
+            // Placeholder replaced below; a Client needs a kubeconfig that exists only once
+            // the plane is up.
+            client: placeholder_client()?,
+            extender_addr: SocketAddr::from(([127, 0, 0, 1], free_port()?)),
+            admin_addr: SocketAddr::from(([127, 0, 0, 1], free_port()?)),
+            extender: None,
+            extender_config: String::new(),
+            extender_starts: 0,
+            failed: false,
+        };
+        // From here on, dropping `cluster` stops whatever was started.
+        cluster.control_plane(&["start"]).await?;
+        cluster.client = admin_client(&dir.join("kubeconfig")).await?;
+        eprintln!(
+            "e2e {name}: control plane up in {:.1}s ({})",
+            t0.elapsed().as_secs_f64(),
+            dir.display()
+        );
+        Ok(cluster)
+    }
+
+    /// Runs `scripts/control-plane.sh <args[0]> <dir> <args[1..]>`, failing with its output.
+    async fn control_plane(&self, args: &[&str]) -> Result<()> {
+        let mut command = Command::new(Path::new(ROOT).join("scripts/control-plane.sh"));
+        command.arg(args[0]).arg(&self.dir).args(&args[1..]);
+        command
+            .env("K8S_BIN_DIR", &self.bins)
+            .env("CP_OWNER_PID", std::process::id().to_string())
+            .stdin(Stdio::null());
+        let output = tokio::task::spawn_blocking(move || command.output())
+            .await
+            .context("control-plane.sh task")?
+            .context("running scripts/control-plane.sh")?;
+        if !output.status.success() {
+            bail!(
+                "control-plane.sh {} failed ({}):\n{}{}",
+                args.join(" "),
+                output.status,
+                String::from_utf8_lossy(&output.stdout),
+                tail(&String::from_utf8_lossy(&output.stderr), 40)
+            );
+        }
+        Ok(())
+    }
+
+    /// Path of the plane's admin kubeconfig.
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir.join("kubeconfig")
+    }
+
+    /// The extender's configuration file (YAML); `extra` is appended to the defaults.
+    fn write_extender_config(&self) -> Result<PathBuf> {
+        let path = self.dir.join("extender.yaml");
+        std::fs::write(&path, &self.extender_config)
+            .with_context(|| format!("writing {}", path.display()))?;
+        Ok(path)
+    }
+
+    /// Starts the extender with `config` (a gpu-extender YAML configuration; empty for the
+    /// defaults) and waits until it reports ready.
+    pub async fn start_extender(&mut self, config: &str) -> Result<()> {
+        self.extender_config = config.to_owned();
+        self.spawn_extender().await
+    }
+
+    /// Starts the extender again with the same configuration and ports.
+    pub async fn restart_extender(&mut self) -> Result<()> {
+        self.kill_extender()?;
+        self.spawn_extender().await
+    }
+
+    async fn spawn_extender(&mut self) -> Result<()> {
+        ensure!(self.extender.is_none(), "the extender is already running");
+        let config = self.write_extender_config()?;
+        self.extender_starts += 1;
+        let log_path = self.dir.join("extender.log");
+        let mut log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .with_context(|| format!("opening {}", log_path.display()))?;
+        writeln!(log, "===== extender start #{}", self.extender_starts)?;
+        let mut command = Command::new(EXTENDER_BIN);
+        command
+            .arg("serve")
+            .arg("--config")
+            .arg(&config)
+            .arg("--kubeconfig")
+            .arg(self.kubeconfig())
+            .arg("--listen")
+            .arg(self.extender_addr.to_string())
+            .arg("--admin-listen")
+            .arg(self.admin_addr.to_string());
+        // The extender treats unknown GPU_EXTENDER_* variables as configuration typos; the test
+        // environment's own (GPU_EXTENDER_E2E, GPU_EXTENDER_K8S_BIN, ...) must not reach it.
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("GPU_EXTENDER_") {
+                command.env_remove(key);
+            }
+        }
+        command
+            .env(
+                "GPU_EXTENDER_LOG",
+                "info,gpu_extender=debug,kube_runtime=warn,kube_client=warn",
+            )
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        let child = command
+            .spawn()
+            .with_context(|| format!("starting {EXTENDER_BIN}"))?;
+        self.extender = Some(ExtenderProc { child });
+        let t0 = Instant::now();
+        let deadline = t0 + Duration::from_secs(60);
+        loop {
+            if let Some(proc) = self.extender.as_mut()
+                && let Some(status) = proc.child.try_wait()?
+            {
+                self.extender = None;
+                bail!(
+                    "the extender exited during start-up ({status}); its log:\n{}",
+                    tail_file(&log_path, 30)
+                );
+            }
+            if let Ok((200, _)) = http_get(self.admin_addr, "/readyz").await {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "the extender was not ready within 60s; its log:\n{}",
+                    tail_file(&log_path, 30)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        eprintln!(
+            "e2e {}: extender ready in {:.1}s (start #{})",
+            self.name,
+            t0.elapsed().as_secs_f64(),
+            self.extender_starts
+        );
+        Ok(())
+    }
+
+    /// Kills the extender with SIGKILL (a crash: nothing is flushed or released).
+    pub fn kill_extender(&mut self) -> Result<()> {
+        if let Some(mut proc) = self.extender.take() {
+            proc.child.kill().ok();
+            proc.child
+                .wait()
+                .context("waiting for the killed extender")?;
+        }
+        Ok(())
+    }
+
+    /// Stops the extender gracefully (SIGTERM, then SIGKILL after 10 s).
+    pub fn stop_extender(&mut self) {
+        if let Some(mut proc) = self.extender.take() {
+            let pid = proc.child.id().to_string();
+            let _ = Command::new("kill")
+                .args(["-TERM", &pid])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                match proc.child.try_wait() {
+                    Ok(Some(_)) | Err(_) => return,
+                    Ok(None) if Instant::now() > deadline => {
+                        eprintln!(
+                            "e2e {}: extender ignored SIGTERM for 10s, killing",
+                            self.name
+                        );
+                        proc.child.kill().ok();
+                        proc.child.wait().ok();
+                        return;
+                    }
+                    Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+                }
+            }
+        }
+    }
+
+    /// Starts (or restarts) kube-scheduler with a shipped configuration file from the repository
+    /// (e.g. [`PROFILE_CONFIG`]), pointed at this cluster's extender and kubeconfig.
+    pub async fn start_scheduler(&self, shipped: &str) -> Result<()> {
+        let text = std::fs::read_to_string(Path::new(ROOT).join(shipped))
+            .with_context(|| format!("reading {shipped}"))?;
+        let rendered = render_scheduler_config(&text, &self.extender_url())
+            .with_context(|| format!("rendering {shipped}"))?;
+        let file = Path::new(shipped)
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "scheduler.yaml".to_owned());
+        let path = self.dir.join(format!("rendered-{file}"));
+        std::fs::write(&path, rendered)?;
+        let t0 = Instant::now();
+        self.control_plane(&["scheduler", &path.to_string_lossy()])
+            .await?;
+        eprintln!(
+            "e2e {}: kube-scheduler up with {shipped} in {:.1}s",
+            self.name,
+            t0.elapsed().as_secs_f64()
+        );
+        Ok(())
+    }
+
+    /// Stops kube-scheduler only.
+    pub async fn stop_scheduler(&self) -> Result<()> {
+        self.control_plane(&["scheduler-stop"]).await
+    }
+
+    /// The extender's base URL as kube-scheduler reaches it.
+    pub fn extender_url(&self) -> String {
+        format!("http://{}/scheduler", self.extender_addr)
+    }
+
+    /// GETs a path on the extender's admin listener; fails unless it answers 200.
+    pub async fn admin_get(&self, path: &str) -> Result<String> {
+        let (status, body) = http_get(self.admin_addr, path).await?;
+        ensure!(status == 200, "GET {path}: status {status}: {body}");
+        Ok(body)
+    }
+
+    /// The extender's `/metrics` text.
+    pub async fn metrics(&self) -> Result<String> {
+        self.admin_get("/metrics").await
+    }
+
+    /// The extender's `/inspect` report.
+    pub async fn inspect(&self) -> Result<serde_json::Value> {
+        let body = self.admin_get("/inspect").await?;
+        serde_json::from_str(&body).context("decoding /inspect")
+    }
+
+    /// Runs the plane's kubectl with the admin kubeconfig; returns stdout.
+    pub async fn kubectl(&self, args: &[&str]) -> Result<String> {
+        let mut command = Command::new(self.bins.join("kubectl"));
+        command
+            .arg("--kubeconfig")
+            .arg(self.kubeconfig())
+            .arg("--request-timeout=20s")
+            .args(args)
+            .stdin(Stdio::null());
+        let output = tokio::task::spawn_blocking(move || command.output())
+            .await
+            .context("kubectl task")?
+            .context("running kubectl")?;
+        ensure!(
+            output.status.success(),
+            "kubectl {} failed ({}): {}",
+            args.join(" "),
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    fn print_logs(&self) {
+        for (file, lines) in [
+            ("extender.log", 60),
+            ("kube-scheduler.log", 40),
+            ("kube-apiserver.log", 15),
+        ] {
+            let path = self.dir.join(file);
+            if path.exists() {
+                eprintln!(
+                    "----- {} (last {lines} lines)\n{}",
+                    path.display(),
+                    tail_file(&path, lines)
+                );
+            }
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let failed = self.failed || std::thread::panicking();
+        if failed {
+            self.print_logs();
+        }
+        self.stop_extender();
+        let stop = Command::new(Path::new(ROOT).join("scripts/control-plane.sh"))
+            .arg("stop")
+            .arg(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output();
+        match stop {
+            Ok(output) if output.status.success() => {}
+            Ok(output) => eprintln!(
+                "e2e {}: control-plane.sh stop failed: {}",
+                self.name,
+                String::from_utf8_lossy(&output.stderr)
+            ),
+            Err(error) => eprintln!(
+                "e2e {}: cannot run control-plane.sh stop: {error}",
+                self.name
+            ),
+        }
+        if std::env::var(KEEP_ENV).as_deref() == Ok("1") {
+            eprintln!("e2e {}: kept {}", self.name, self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+            if failed {
+                eprintln!(
+                    "e2e {}: removed {} (set {KEEP_ENV}=1 to keep it)",
+                    self.name,
+                    self.dir.display()
+                );
+            }
+        }
+    }
+}
+
+/// The shipped scheduler configuration, pointed at a test extender: the shipped extender URL
+/// becomes `url` and the shipped kubeconfig path `__KUBECONFIG__` (for control-plane.sh).
+pub fn render_scheduler_config(shipped: &str, url: &str) -> Result<String> {
+    ensure!(
+        shipped.contains(SHIPPED_EXTENDER_URL),
+        "no extender URL {SHIPPED_EXTENDER_URL} to rewrite"
+    );
+    ensure!(
+        shipped.contains(SHIPPED_KUBECONFIG),
+        "no kubeconfig {SHIPPED_KUBECONFIG} to rewrite"
+    );
+    Ok(shipped
+        .replace(SHIPPED_EXTENDER_URL, url)
+        .replace(SHIPPED_KUBECONFIG, "__KUBECONFIG__"))
+}
+
+/// A client that never connects; only fills the field until the plane is up.
+fn placeholder_client() -> Result<kube::Client> {
+    let config = kube::Config::new(
+        "https://127.0.0.1:1"
+            .parse()
+            .context("placeholder cluster URL")?,
+    );
+    kube::Client::try_from(config).context("placeholder client")
+}
+
+async fn admin_client(kubeconfig: &Path) -> Result<kube::Client> {
+    let kubeconfig = Kubeconfig::read_from(kubeconfig)
+        .with_context(|| format!("reading {}", kubeconfig.display()))?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .context("kubeconfig to client config")?;
+    kube::Client::try_from(config).context("building the admin client")
+}
+
+/// A loopback TCP port nobody listens on right now.
+pub fn free_port() -> Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("binding a free port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// A plain HTTP/1.1 GET (`Connection: close`) with a 5 s budget: status and body.
+pub async fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
+    let path = path.to_owned();
+    tokio::task::spawn_blocking(move || http_get_blocking(addr, &path))
+        .await
+        .context("http task")?
+}
+
+fn http_get_blocking(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
+    let timeout = Duration::from_secs(5);
+    let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow!("GET {path}: no header end in the response"))?;
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| anyhow!("GET {path}: bad status line"))?;
+    let chunked = head.lines().any(|line| {
+        let line = line.to_ascii_lowercase();
+        line.starts_with("transfer-encoding:") && line.contains("chunked")
+    });
+    let body = if chunked {
+        dechunk(body)?
+    } else {
+        body.to_owned()
+    };
+    Ok((status, body))
+}
+
+fn dechunk(mut rest: &str) -> Result<String> {
+    let mut out = String::new();
+    loop {
+        let (size, after) = rest
+            .split_once("\r\n")
+            .ok_or_else(|| anyhow!("bad chunked body"))?;
+        let size = usize::from_str_radix(size.trim(), 16).context("chunk size")?;
+        if size == 0 {
+            return Ok(out);
+        }
+        let chunk = after.get(..size).ok_or_else(|| anyhow!("short chunk"))?;
+        out.push_str(chunk);
+        rest = after.get(size + 2..).unwrap_or_default();
+    }
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// The last `lines` lines of a file (or why it cannot be read).
+pub fn tail_file(path: &Path, lines: usize) -> String {
+    match std::fs::read(path) {
+        Ok(bytes) => tail(&String::from_utf8_lossy(&bytes), lines),
+        Err(error) => format!("({}: {error})", path.display()),
+    }
+}
+
+/// Sum of the samples of a metric whose labels include all of `labels`, from Prometheus text.
+pub fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (metric, label_text) = match series.split_once('{') {
+                Some((metric, rest)) => (metric, rest.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            if metric != name {
+                return None;
+            }
+            let all_match = labels
+                .iter()
+                .all(|(k, v)| label_text.contains(&format!("{k}=\"{v}\"")));
+            if !all_match {
+                return None;
+            }
+            value.parse::<f64>().ok()
+        })
+        .sum()
+}

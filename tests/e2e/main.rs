@@ -1,0 +1,38 @@
+//! End-to-end scenarios: the gpu-extender binary behind a real kube-scheduler and kube-apiserver
+//! (loopback control plane from `scripts/control-plane.sh`, fake GPU nodes, no kubelets).
+//!
+//! Each scenario gets its own control plane and runs alone (see `harness::run`). Without the
+//! Kubernetes binaries the scenarios print a skip message and pass, unless
+//! `GPU_EXTENDER_E2E=require` (what `make test` sets). The list of scenarios and what each proves
+//! is in `docs/testing.md`.
+
+mod harness;
+mod objects;
+mod record;
+
+mod burst;
+mod configs;
+mod lifecycle;
+mod models;
+mod modes;
+mod preemption;
+mod rejections;
+mod restart;
+
+use std::time::Duration;
+
+use anyhow::Result;
+
+use harness::{Cluster, PROFILE_CONFIG};
+use objects::{GpuNode, create_nodes};
+
+/// How long a pod that fits may take to be bound.
+pub const BIND: Duration = Duration::from_secs(20);
+
+/// The usual start: create `nodes`, start the extender (`config`: its YAML configuration, empty
+/// for the defaults) and kube-scheduler with the `gpu-scheduler` profile.
+pub async fn up(c: &mut Cluster, nodes: &[GpuNode], config: &str) -> Result<()> {
+    create_nodes(&c.client, nodes).await?;
+    c.start_extender(config).await?;
+    c.start_scheduler(PROFILE_CONFIG).await
+}
