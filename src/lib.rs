@@ -1,2 +1,3 @@
 //! gpu-extender library.
 pub mod engine;
+pub mod sim;

@@ -124,12 +124,23 @@ pub fn fit(
     request: &PodRequest,
     policy: &Policy,
 ) -> Result<PodAllocation, RejectReason> {
+    fit_with(node, request, policy, policy.share_choice(node, request))
+}
+
+/// [`fit`] with the GPU choice for shares given by the caller instead of derived from the policy:
+/// the simulator uses it to replay reference rules (a drawn GPU) through the same placement code.
+pub fn fit_with(
+    node: &NodeState,
+    request: &PodRequest,
+    policy: &Policy,
+    choice: ShareChoice,
+) -> Result<PodAllocation, RejectReason> {
     let eligible = check_capability(node, request)?;
     check_host(node, request)?;
     let placer = Placer {
         node,
         eligible,
-        choice: policy.share_choice(node, request),
+        choice,
         policy,
         require_connected: request.constraints.topology == TopologyPreference::Required,
         cpu_after: CpuMilli(node.cpu_free().0.saturating_sub(request.cpu.0)),

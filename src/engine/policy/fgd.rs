@@ -129,8 +129,11 @@ pub fn score_from_reduction(reduction: f64) -> f64 {
 }
 
 /// The reference implementation's integer score (truncated), which is what its ties come from.
+/// Evaluated in the reference's order, `trunc(σ(x) × 100)`, so that values on a truncation
+/// boundary fall the same way.
 pub fn reference_score(reduction: f64) -> f64 {
-    score_from_reduction(reduction).trunc()
+    let sigmoid = 1.0 / (1.0 + (-(reduction / 1000.0)).exp());
+    (sigmoid * 100.0).trunc()
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 
 pub mod binpack;
 pub mod fgd;
+pub mod reference;
 pub mod spread;
 pub mod topology;
 
@@ -26,6 +27,9 @@ pub enum ScoringPolicy {
 }
 
 impl ScoringPolicy {
+    /// Every policy, for configuration parsing and documentation.
+    pub const ALL: [ScoringPolicy; 3] = [Self::Binpack, Self::Spread, Self::Fgd];
+
     /// The configuration name.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -45,6 +49,9 @@ pub enum ShareChoice {
     Spread,
     /// The GPU whose use grows fragmentation least.
     Fgd,
+    /// The GPU picked by a uniform draw the caller made (the simulator's random baseline; the
+    /// engine itself never draws).
+    Drawn(u32),
 }
 
 /// Everything the engine needs to decide, built once from configuration.
@@ -134,6 +141,7 @@ impl Policy {
             ShareChoice::Fgd => {
                 fgd_choose(node, usage, pool, ask, &self.typical, self.fgd_truncate)
             }
+            ShareChoice::Drawn(draw) => reference::drawn_gpus(pool, ask.count, draw),
         }
     }
 
