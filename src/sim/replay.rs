@@ -16,7 +16,7 @@ use rand_chacha::ChaCha8Rng;
 use super::metrics::{Curves, Step};
 use super::protocol::{self, Arrivals};
 use super::trace::{Cluster, Workload};
-use crate::engine::policy::free_milli;
+use crate::engine::policy::{demand_fgd, free_milli};
 use crate::engine::policy::reference::{
     self, GpuClass, GpuClassMix, GpuSelection, PodShape, ReferencePolicy,
 };
@@ -30,8 +30,11 @@ pub enum SimPolicy {
     /// One of the paper's policies, with its integer scores and GPU choice.
     Reference(ReferencePolicy),
     /// An engine scoring policy exactly as the extender runs it (untruncated scores), fed the
-    /// trace's typical pods.
-    Engine(ScoringPolicy),
+    /// trace's typical pods; `tuning` matters to [`ScoringPolicy::DemandFgd`] only.
+    Engine {
+        scoring: ScoringPolicy,
+        tuning: demand_fgd::Tuning,
+    },
 }
 
 impl SimPolicy {
@@ -40,12 +43,31 @@ impl SimPolicy {
         ReferencePolicy::ALL.into_iter().map(Self::Reference)
     }
 
+    /// An engine policy with its default settings.
+    pub fn engine(scoring: ScoringPolicy) -> Self {
+        Self::Engine {
+            scoring,
+            tuning: demand_fgd::Tuning::default(),
+        }
+    }
+
     /// The command-line name: the reference policies by their names, engine policies as
-    /// `engine-<name>` (the extender's configuration names).
+    /// `engine-<name>`, ours as `demand-fgd` (with `:knob,...` when not at its defaults).
     pub fn name(self) -> String {
         match self {
             Self::Reference(policy) => policy.name().to_owned(),
-            Self::Engine(policy) => format!("engine-{}", policy.as_str()),
+            Self::Engine {
+                scoring: ScoringPolicy::DemandFgd,
+                tuning,
+            } => {
+                let knobs = tuning_knobs(&tuning);
+                if knobs.is_empty() {
+                    ScoringPolicy::DemandFgd.as_str().to_owned()
+                } else {
+                    format!("{}:{}", ScoringPolicy::DemandFgd.as_str(), knobs.join(","))
+                }
+            }
+            Self::Engine { scoring, .. } => format!("engine-{}", scoring.as_str()),
         }
     }
 
@@ -53,32 +75,67 @@ impl SimPolicy {
     pub fn label(self) -> String {
         match self {
             Self::Reference(policy) => policy.label().to_owned(),
-            Self::Engine(policy) => policy.as_str().to_owned(),
+            Self::Engine { .. } => self.name(),
         }
     }
 
-    /// Parses a command-line name.
+    /// Parses a command-line name; ours takes knobs after a colon:
+    /// `demand-fgd:count,penalty=500,no-pack` (see docs/policies.md).
     pub fn parse(name: &str) -> Option<Self> {
         let name = name.trim().to_ascii_lowercase();
         if let Some(policy) = ReferencePolicy::ALL.into_iter().find(|p| p.name() == name) {
             return Some(Self::Reference(policy));
         }
-        let engine = name.strip_prefix("engine-").unwrap_or(&name);
-        ScoringPolicy::ALL
-            .into_iter()
-            .find(|p| p.as_str() == engine)
-            .map(Self::Engine)
+        let (base, knobs) = match name.split_once(':') {
+            Some((base, knobs)) => (base, Some(knobs)),
+            None => (name.as_str(), None),
+        };
+        let base = base.strip_prefix("engine-").unwrap_or(base);
+        let scoring = ScoringPolicy::ALL.into_iter().find(|p| p.as_str() == base)?;
+        let mut tuning = demand_fgd::Tuning::default();
+        if let Some(knobs) = knobs {
+            if scoring != ScoringPolicy::DemandFgd {
+                return None;
+            }
+            for knob in knobs.split(',').map(str::trim).filter(|k| !k.is_empty()) {
+                match knob.split_once('=') {
+                    None if knob == "count" => tuning.demand_weighted = false,
+                    None if knob == "demand" => tuning.demand_weighted = true,
+                    None if knob == "pack" => tuning.pack_ties = true,
+                    None if knob == "no-pack" => tuning.pack_ties = false,
+                    Some(("penalty", value)) => tuning.idle_node_penalty = value.parse().ok()?,
+                    _ => return None,
+                }
+            }
+        }
+        Some(Self::Engine { scoring, tuning })
     }
+}
+
+/// The knobs of `tuning` that differ from the defaults, in parse syntax.
+fn tuning_knobs(tuning: &demand_fgd::Tuning) -> Vec<String> {
+    let default = demand_fgd::Tuning::default();
+    let mut knobs = Vec::new();
+    if tuning.demand_weighted != default.demand_weighted {
+        knobs.push(if tuning.demand_weighted { "demand" } else { "count" }.to_owned());
+    }
+    if tuning.idle_node_penalty != default.idle_node_penalty {
+        knobs.push(format!("penalty={}", tuning.idle_node_penalty));
+    }
+    if tuning.pack_ties != default.pack_ties {
+        knobs.push(if tuning.pack_ties { "pack" } else { "no-pack" }.to_owned());
+    }
+    knobs
 }
 
 /// Our own policies (the ones `all` adds to the reference six).
 pub fn own_policies() -> impl Iterator<Item = SimPolicy> {
-    std::iter::empty()
+    std::iter::once(SimPolicy::engine(ScoringPolicy::DemandFgd))
 }
 
 /// Every engine scoring policy, as the simulator names them.
 pub fn engine_policies() -> impl Iterator<Item = SimPolicy> {
-    ScoringPolicy::ALL.into_iter().map(SimPolicy::Engine)
+    ScoringPolicy::ALL.into_iter().map(SimPolicy::engine)
 }
 
 /// The pods the filter and every score treat alike, with their engine request.
@@ -195,6 +252,8 @@ pub struct RunResult {
     pub curves: Curves,
     /// The state after the last pod.
     pub last: Step,
+    /// (node, class) evaluations the cache could not answer: the run's real work.
+    pub evaluations: u64,
 }
 
 /// How a run ranks nodes for a pod class.
@@ -213,7 +272,10 @@ impl Scorer {
                 ..Policy::default()
             },
             SimPolicy::Reference(_) => Policy::scoring(ScoringPolicy::Binpack),
-            SimPolicy::Engine(scoring) => Policy::scoring(scoring),
+            SimPolicy::Engine { scoring, tuning } => Policy {
+                demand_fgd: tuning,
+                ..Policy::scoring(scoring)
+            },
         };
         // The reference has no per-GPU pod limit.
         let engine = Policy {
@@ -233,7 +295,7 @@ impl Scorer {
         class: &PodClass,
     ) -> Option<f64> {
         match self.policy {
-            SimPolicy::Reference(ReferencePolicy::Fgd) | SimPolicy::Engine(_) => self
+            SimPolicy::Reference(ReferencePolicy::Fgd) | SimPolicy::Engine { .. } => self
                 .engine
                 .evaluate(node, &class.request)
                 .ok()
@@ -298,7 +360,7 @@ impl Scorer {
                 GpuSelection::Random if class.shape.is_share() => ShareChoice::Drawn(rng.random()),
                 GpuSelection::Random => ShareChoice::Binpack,
             },
-            SimPolicy::Engine(_) => self.engine.share_choice(node, &class.request),
+            SimPolicy::Engine { .. } => self.engine.share_choice(node, &class.request),
         }
     }
 }
@@ -382,6 +444,7 @@ pub fn run(
     let mut failed = 0u32;
     let mut failed_milli = 0u64;
     let mut reported = 0u64;
+    let mut evaluations = 0u64;
     for (submitted, &pod) in arrivals.order.iter().enumerate() {
         let class_id = prepared.class_of[pod];
         let class = &prepared.classes[class_id];
@@ -390,6 +453,7 @@ pub fn run(
         let row = &mut cache[class_id * node_count..(class_id + 1) * node_count];
         for (n, entry) in row.iter_mut().enumerate() {
             if entry.generation != generation[n] {
+                evaluations += 1;
                 let score = scorer.evaluate(&nodes[n], &live.free[n], &mixes[n], class);
                 *entry = Entry {
                     generation: generation[n],
@@ -444,5 +508,6 @@ pub fn run(
         steps: keep_steps.then_some(steps),
         curves,
         last,
+        evaluations,
     }
 }

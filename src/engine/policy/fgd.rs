@@ -95,30 +95,62 @@ impl TypicalPods {
     /// Expected fragmentation in milli-GPU of a node with `cpu_free` CPU and `free_milli` per GPU.
     pub fn fragmentation(&self, cpu_free: CpuMilli, free_milli: &[u32], access: &[u64]) -> f64 {
         let total: u64 = free_milli.iter().map(|&free| u64::from(free)).sum();
+        self.pods
+            .iter()
+            .zip(access)
+            .map(|(pod, &mask)| pod.weight * lost(pod, cpu_free, free_milli, mask, total) as f64)
+            .sum()
+    }
+
+    /// Like [`TypicalPods::fragmentation`], with each class's weight multiplied by `scale` and
+    /// the result renormalised: the expectation under a reweighted distribution, in milli-GPU.
+    /// Zero when every scaled weight is zero.
+    pub fn fragmentation_scaled(
+        &self,
+        cpu_free: CpuMilli,
+        free_milli: &[u32],
+        access: &[u64],
+        scale: impl Fn(&TypicalPod) -> f64,
+    ) -> f64 {
+        let total: u64 = free_milli.iter().map(|&free| u64::from(free)).sum();
         let mut expected = 0.0;
+        let mut weights = 0.0;
         for (pod, &mask) in self.pods.iter().zip(access) {
-            let lost = if pod.milli == 0 {
-                // A CPU-only pod can use none of the idle GPU capacity.
-                total
-            } else {
-                let mut fitting = 0u16;
-                let mut stranded = 0u64;
-                for (position, &free) in free_milli.iter().enumerate() {
-                    if mask & (1u64 << position) != 0 && free >= pod.milli {
-                        fitting += 1;
-                    } else {
-                        stranded += u64::from(free);
-                    }
-                }
-                if fitting >= pod.gpus && cpu_free >= pod.cpu {
-                    stranded
-                } else {
-                    total
-                }
-            };
-            expected += pod.weight * lost as f64;
+            let weight = pod.weight * scale(pod);
+            if weight > 0.0 {
+                expected += weight * lost(pod, cpu_free, free_milli, mask, total) as f64;
+                weights += weight;
+            }
         }
-        expected
+        if weights > 0.0 {
+            expected / weights
+        } else {
+            0.0
+        }
+    }
+}
+
+/// The free GPU capacity (milli-GPU) of a node that one typical pod could not use: all of it when
+/// the pod cannot run there (CPU-only pod, wrong model, no GPU fits, CPU short), otherwise only
+/// the GPUs too small for it. `total` is the sum of `free_milli`.
+fn lost(pod: &TypicalPod, cpu_free: CpuMilli, free_milli: &[u32], mask: u64, total: u64) -> u64 {
+    if pod.milli == 0 {
+        // A CPU-only pod can use none of the idle GPU capacity.
+        return total;
+    }
+    let mut fitting = 0u16;
+    let mut stranded = 0u64;
+    for (position, &free) in free_milli.iter().enumerate() {
+        if mask & (1u64 << position) != 0 && free >= pod.milli {
+            fitting += 1;
+        } else {
+            stranded += u64::from(free);
+        }
+    }
+    if fitting >= pod.gpus && cpu_free >= pod.cpu {
+        stranded
+    } else {
+        total
     }
 }
 

@@ -2,6 +2,7 @@
 //! share takes. One file per policy; this file picks between them.
 
 pub mod binpack;
+pub mod demand_fgd;
 pub mod fgd;
 pub mod reference;
 pub mod spread;
@@ -24,11 +25,14 @@ pub enum ScoringPolicy {
     Spread,
     /// Prefer the placement that grows expected fragmentation least.
     Fgd,
+    /// FGD with typical pods weighted by GPU demand, untruncated, a charge for opening idle
+    /// nodes and a packing tie-break (see [`demand_fgd`]).
+    DemandFgd,
 }
 
 impl ScoringPolicy {
     /// Every policy, for configuration parsing and documentation.
-    pub const ALL: [ScoringPolicy; 3] = [Self::Binpack, Self::Spread, Self::Fgd];
+    pub const ALL: [ScoringPolicy; 4] = [Self::Binpack, Self::Spread, Self::Fgd, Self::DemandFgd];
 
     /// The configuration name.
     pub fn as_str(self) -> &'static str {
@@ -36,7 +40,14 @@ impl ScoringPolicy {
             Self::Binpack => "binpack",
             Self::Spread => "spread",
             Self::Fgd => "fgd",
+            Self::DemandFgd => "demand-fgd",
         }
+    }
+
+    /// Whether the policy measures fragmentation against typical pods (and picks share GPUs by
+    /// it).
+    pub fn uses_typical(self) -> bool {
+        matches!(self, Self::Fgd | Self::DemandFgd)
     }
 }
 
@@ -65,6 +76,8 @@ pub struct Policy {
     /// Truncate FGD scores to integers before comparing, as the reference implementation does
     /// (its many ties are part of its published behaviour).
     pub fgd_truncate: bool,
+    /// The knobs of [`ScoringPolicy::DemandFgd`].
+    pub demand_fgd: demand_fgd::Tuning,
 }
 
 impl Default for Policy {
@@ -74,6 +87,7 @@ impl Default for Policy {
             max_shares_per_gpu: 20,
             typical: TypicalPods::default(),
             fgd_truncate: false,
+            demand_fgd: demand_fgd::Tuning::default(),
         }
     }
 }
@@ -116,7 +130,7 @@ impl Policy {
         match request.constraints.placement {
             Some(GpuPlacement::Binpack) => ShareChoice::Binpack,
             Some(GpuPlacement::Spread) => ShareChoice::Spread,
-            None if self.scoring == ScoringPolicy::Fgd && !self.typical.is_empty() => {
+            None if self.scoring.uses_typical() && !self.typical.is_empty() => {
                 ShareChoice::Fgd
             }
             None => match node.spec.placement {
@@ -138,8 +152,17 @@ impl Policy {
         match choice {
             ShareChoice::Binpack => binpack::choose(node, usage, pool, ask.count),
             ShareChoice::Spread => spread::choose(node, usage, pool, ask.count),
+            ShareChoice::Fgd if self.scoring == ScoringPolicy::DemandFgd => {
+                let measure = |cpu: CpuMilli, free: &[u32], access: &[u64]| {
+                    demand_fgd::fragmentation(&self.typical, &self.demand_fgd, cpu, free, access)
+                };
+                fgd_choose(node, usage, pool, ask, &self.typical, &measure, false)
+            }
             ShareChoice::Fgd => {
-                fgd_choose(node, usage, pool, ask, &self.typical, self.fgd_truncate)
+                let measure = |cpu: CpuMilli, free: &[u32], access: &[u64]| {
+                    self.typical.fragmentation(cpu, free, access)
+                };
+                fgd_choose(node, usage, pool, ask, &self.typical, &measure, self.fgd_truncate)
             }
             ShareChoice::Drawn(draw) => reference::drawn_gpus(pool, ask.count, draw),
         }
@@ -166,6 +189,14 @@ impl Policy {
                     fgd::score_from_reduction(reduction)
                 }
             }
+            ScoringPolicy::DemandFgd => demand_fgd::score(
+                &self.typical,
+                &self.demand_fgd,
+                node,
+                allocation,
+                &before,
+                &after,
+            ),
         };
         (base * topology::quality(node, allocation)).clamp(0.0, 100.0)
     }
@@ -211,15 +242,20 @@ pub fn usage_after(node: &NodeState, allocation: &PodAllocation) -> Vec<GpuUsage
     usage
 }
 
+/// A node's expected fragmentation from its free CPU, per-GPU free milli-GPU and the typical
+/// pods' access masks: what FGD-style GPU choice minimises.
+type Measure<'a> = dyn Fn(CpuMilli, &[u32], &[u64]) -> f64 + 'a;
+
 /// FGD's GPU choice: one GPU at a time, the one whose use leaves the least expected
-/// fragmentation (lowest position on ties). With `truncate`, compares the reference's integer
-/// scores instead, reproducing its tie-breaking.
+/// fragmentation under `measure` (lowest position on ties). With `truncate`, compares the
+/// reference's integer scores instead, reproducing its tie-breaking.
 fn fgd_choose(
     node: &NodeState,
     usage: &[GpuUsage],
     pool: u64,
     ask: ShareAsk,
     typical: &TypicalPods,
+    measure: &Measure<'_>,
     truncate: bool,
 ) -> Vec<usize> {
     if typical.is_empty() {
@@ -230,7 +266,7 @@ fn fgd_choose(
     let mut remaining = pool;
     let mut chosen = Vec::with_capacity(ask.count);
     let before_free = free_milli(node, &scratch);
-    let before = typical.fragmentation(node.cpu_free(), &before_free, &access);
+    let before = measure(node.cpu_free(), &before_free, &access);
     for _ in 0..ask.count {
         let mut best: Option<(usize, f64)> = None;
         for position in super::topology::positions(remaining) {
@@ -239,7 +275,7 @@ fn fgd_choose(
             slot.mem = MemMiB(slot.mem.0 + ask.mem.0);
             slot.compute = ComputeMilli(slot.compute.0 + ask.compute.0);
             trial[position] = gpu_free_milli(&node.spec.gpus[position], &slot);
-            let reduction = before - typical.fragmentation(ask.cpu_after, &trial, &access);
+            let reduction = before - measure(ask.cpu_after, &trial, &access);
             let value = if truncate {
                 fgd::reference_score(reduction)
             } else {
