@@ -10,7 +10,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, RngExt};
 
 use super::trace::{SimPod, Workload};
-use crate::engine::{CpuMilli, TypicalPod, TypicalPods};
+use crate::engine::{CpuMilli, MemMiB, TypicalPod, TypicalPods};
 
 /// The share of all pods the typical-pod prefix must cover (`PodPopularityThreshold` 95).
 pub const TYPICAL_COVERAGE: f64 = 0.95;
@@ -89,19 +89,23 @@ pub fn node_priority<R: Rng + ?Sized>(nodes: usize, rng: &mut R) -> Vec<u32> {
 /// each; most frequent first, ties by (CPU, milli, count, model list) descending; the shortest
 /// prefix covering 95% of pods, renormalised.
 pub fn typical_pods(pods: &[SimPod]) -> TypicalPods {
-    let mut counts: HashMap<(u64, u32, u16, &str), (usize, u64)> = HashMap::new();
+    // Per class: an example pod, the count, and the memory total (for the class's mean).
+    let mut counts: HashMap<(u64, u32, u16, &str), (usize, u64, u64)> = HashMap::new();
     for (index, pod) in pods.iter().enumerate() {
         let shape = pod.shape();
         let key = (shape.cpu.0, shape.milli, shape.gpus, pod.gpu_spec.as_str());
-        counts.entry(key).or_insert((index, 0)).1 += 1;
+        let entry = counts.entry(key).or_insert((index, 0, 0));
+        entry.1 += 1;
+        entry.2 += pod.memory.0;
     }
-    let mut classes: Vec<((u64, u32, u16, &str), (usize, u64))> = counts.into_iter().collect();
-    classes.sort_by_key(|&(key, (_, count))| Reverse((count, key)));
+    let mut classes: Vec<_> = counts.into_iter().collect();
+    classes.sort_by_key(|&(key, (_, count, _))| Reverse((count, key)));
     let classes = classes
         .into_iter()
-        .map(|((cpu, milli, gpus, _), (example, count))| {
+        .map(|((cpu, milli, gpus, _), (example, count, memory))| {
             let pod = TypicalPod {
                 cpu: CpuMilli(cpu),
+                memory: MemMiB(memory / count),
                 gpus,
                 milli,
                 models: pods[example].models.clone(),
@@ -116,7 +120,7 @@ pub fn typical_pods(pods: &[SimPod]) -> TypicalPods {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::{MemMiB, ModelPattern};
+    use crate::engine::ModelPattern;
     use rand::SeedableRng;
     use rand_chacha::ChaCha8Rng;
 

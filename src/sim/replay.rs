@@ -16,7 +16,7 @@ use rand_chacha::ChaCha8Rng;
 use super::metrics::{Curves, Step};
 use super::protocol::{self, Arrivals};
 use super::trace::{Cluster, Workload};
-use crate::engine::policy::{demand_fgd, free_milli};
+use crate::engine::policy::{fgd_plus, free_milli};
 use crate::engine::policy::reference::{
     self, GpuClass, GpuClassMix, GpuSelection, PodShape, ReferencePolicy,
 };
@@ -30,10 +30,10 @@ pub enum SimPolicy {
     /// One of the paper's policies, with its integer scores and GPU choice.
     Reference(ReferencePolicy),
     /// An engine scoring policy exactly as the extender runs it (untruncated scores), fed the
-    /// trace's typical pods; `tuning` matters to [`ScoringPolicy::DemandFgd`] only.
+    /// trace's typical pods; `tuning` matters to [`ScoringPolicy::FgdPlus`] only.
     Engine {
         scoring: ScoringPolicy,
-        tuning: demand_fgd::Tuning,
+        tuning: fgd_plus::Tuning,
     },
 }
 
@@ -47,24 +47,24 @@ impl SimPolicy {
     pub fn engine(scoring: ScoringPolicy) -> Self {
         Self::Engine {
             scoring,
-            tuning: demand_fgd::Tuning::default(),
+            tuning: fgd_plus::Tuning::default(),
         }
     }
 
     /// The command-line name: the reference policies by their names, engine policies as
-    /// `engine-<name>`, ours as `demand-fgd` (with `:knob,...` when not at its defaults).
+    /// `engine-<name>`, ours as `fgd-plus` (with `:knob=value+...` when not at its defaults).
     pub fn name(self) -> String {
         match self {
             Self::Reference(policy) => policy.name().to_owned(),
             Self::Engine {
-                scoring: ScoringPolicy::DemandFgd,
+                scoring: ScoringPolicy::FgdPlus,
                 tuning,
             } => {
                 let knobs = tuning_knobs(&tuning);
                 if knobs.is_empty() {
-                    ScoringPolicy::DemandFgd.as_str().to_owned()
+                    ScoringPolicy::FgdPlus.as_str().to_owned()
                 } else {
-                    format!("{}:{}", ScoringPolicy::DemandFgd.as_str(), knobs.join(","))
+                    format!("{}:{}", ScoringPolicy::FgdPlus.as_str(), knobs.join("+"))
                 }
             }
             Self::Engine { scoring, .. } => format!("engine-{}", scoring.as_str()),
@@ -80,7 +80,7 @@ impl SimPolicy {
     }
 
     /// Parses a command-line name; ours takes knobs after a colon:
-    /// `demand-fgd:count,penalty=500,no-pack` (see docs/policies.md).
+    /// `fgd-plus:host=0+look=0+tie=none` (see docs/policies.md).
     pub fn parse(name: &str) -> Option<Self> {
         let name = name.trim().to_ascii_lowercase();
         if let Some(policy) = ReferencePolicy::ALL.into_iter().find(|p| p.name() == name) {
@@ -92,18 +92,34 @@ impl SimPolicy {
         };
         let base = base.strip_prefix("engine-").unwrap_or(base);
         let scoring = ScoringPolicy::ALL.into_iter().find(|p| p.as_str() == base)?;
-        let mut tuning = demand_fgd::Tuning::default();
+        let mut tuning = fgd_plus::Tuning::default();
         if let Some(knobs) = knobs {
-            if scoring != ScoringPolicy::DemandFgd {
+            if scoring != ScoringPolicy::FgdPlus {
                 return None;
             }
-            for knob in knobs.split(',').map(str::trim).filter(|k| !k.is_empty()) {
-                match knob.split_once('=') {
-                    None if knob == "count" => tuning.demand_weighted = false,
-                    None if knob == "demand" => tuning.demand_weighted = true,
-                    None if knob == "pack" => tuning.pack_ties = true,
-                    None if knob == "no-pack" => tuning.pack_ties = false,
-                    Some(("penalty", value)) => tuning.idle_node_penalty = value.parse().ok()?,
+            for knob in knobs.split('+').map(str::trim).filter(|k| !k.is_empty()) {
+                let (key, value) = knob.split_once('=')?;
+                let number = || value.parse::<u32>().ok();
+                match key {
+                    "weight" => {
+                        tuning.demand_weighted = match value {
+                            "count" => false,
+                            "demand" => true,
+                            _ => return None,
+                        }
+                    }
+                    "host" => tuning.host_weight = number()?,
+                    "look" => tuning.lookahead = number()?,
+                    "penalty" => tuning.idle_node_penalty = number()?,
+                    "quantum" => tuning.quantum = number()?,
+                    "tie" => {
+                        tuning.tie_break = match value {
+                            "none" => fgd_plus::TieBreak::None,
+                            "pack" => fgd_plus::TieBreak::Pack,
+                            "used" => fgd_plus::TieBreak::UsedNodes,
+                            _ => return None,
+                        }
+                    }
                     _ => return None,
                 }
             }
@@ -113,24 +129,38 @@ impl SimPolicy {
 }
 
 /// The knobs of `tuning` that differ from the defaults, in parse syntax.
-fn tuning_knobs(tuning: &demand_fgd::Tuning) -> Vec<String> {
-    let default = demand_fgd::Tuning::default();
+fn tuning_knobs(tuning: &fgd_plus::Tuning) -> Vec<String> {
+    let default = fgd_plus::Tuning::default();
     let mut knobs = Vec::new();
     if tuning.demand_weighted != default.demand_weighted {
-        knobs.push(if tuning.demand_weighted { "demand" } else { "count" }.to_owned());
+        let weight = if tuning.demand_weighted { "demand" } else { "count" };
+        knobs.push(format!("weight={weight}"));
     }
-    if tuning.idle_node_penalty != default.idle_node_penalty {
-        knobs.push(format!("penalty={}", tuning.idle_node_penalty));
+    let numbers = [
+        ("host", tuning.host_weight, default.host_weight),
+        ("look", tuning.lookahead, default.lookahead),
+        ("penalty", tuning.idle_node_penalty, default.idle_node_penalty),
+        ("quantum", tuning.quantum, default.quantum),
+    ];
+    for (key, value, default) in numbers {
+        if value != default {
+            knobs.push(format!("{key}={value}"));
+        }
     }
-    if tuning.pack_ties != default.pack_ties {
-        knobs.push(if tuning.pack_ties { "pack" } else { "no-pack" }.to_owned());
+    if tuning.tie_break != default.tie_break {
+        let tie = match tuning.tie_break {
+            fgd_plus::TieBreak::None => "none",
+            fgd_plus::TieBreak::Pack => "pack",
+            fgd_plus::TieBreak::UsedNodes => "used",
+        };
+        knobs.push(format!("tie={tie}"));
     }
     knobs
 }
 
 /// Our own policies (the ones `all` adds to the reference six).
 pub fn own_policies() -> impl Iterator<Item = SimPolicy> {
-    std::iter::once(SimPolicy::engine(ScoringPolicy::DemandFgd))
+    std::iter::once(SimPolicy::engine(ScoringPolicy::FgdPlus))
 }
 
 /// Every engine scoring policy, as the simulator names them.
@@ -254,6 +284,8 @@ pub struct RunResult {
     pub last: Step,
     /// (node, class) evaluations the cache could not answer: the run's real work.
     pub evaluations: u64,
+    /// The nodes after the last pod, kept with the steps.
+    pub end_nodes: Option<Vec<NodeState>>,
 }
 
 /// How a run ranks nodes for a pod class.
@@ -273,7 +305,7 @@ impl Scorer {
             },
             SimPolicy::Reference(_) => Policy::scoring(ScoringPolicy::Binpack),
             SimPolicy::Engine { scoring, tuning } => Policy {
-                demand_fgd: tuning,
+                fgd_plus: tuning,
                 ..Policy::scoring(scoring)
             },
         };
@@ -509,5 +541,6 @@ pub fn run(
         curves,
         last,
         evaluations,
+        end_nodes: keep_steps.then_some(nodes),
     }
 }

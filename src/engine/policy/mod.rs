@@ -2,7 +2,7 @@
 //! share takes. One file per policy; this file picks between them.
 
 pub mod binpack;
-pub mod demand_fgd;
+pub mod fgd_plus;
 pub mod fgd;
 pub mod reference;
 pub mod spread;
@@ -25,14 +25,14 @@ pub enum ScoringPolicy {
     Spread,
     /// Prefer the placement that grows expected fragmentation least.
     Fgd,
-    /// FGD with typical pods weighted by GPU demand, untruncated, a charge for opening idle
-    /// nodes and a packing tie-break (see [`demand_fgd`]).
-    DemandFgd,
+    /// FGD plus host stranding and a look-ahead value of slivers, untruncated (see
+    /// [`fgd_plus`]).
+    FgdPlus,
 }
 
 impl ScoringPolicy {
     /// Every policy, for configuration parsing and documentation.
-    pub const ALL: [ScoringPolicy; 4] = [Self::Binpack, Self::Spread, Self::Fgd, Self::DemandFgd];
+    pub const ALL: [ScoringPolicy; 4] = [Self::Binpack, Self::Spread, Self::Fgd, Self::FgdPlus];
 
     /// The configuration name.
     pub fn as_str(self) -> &'static str {
@@ -40,14 +40,14 @@ impl ScoringPolicy {
             Self::Binpack => "binpack",
             Self::Spread => "spread",
             Self::Fgd => "fgd",
-            Self::DemandFgd => "demand-fgd",
+            Self::FgdPlus => "fgd-plus",
         }
     }
 
     /// Whether the policy measures fragmentation against typical pods (and picks share GPUs by
     /// it).
     pub fn uses_typical(self) -> bool {
-        matches!(self, Self::Fgd | Self::DemandFgd)
+        matches!(self, Self::Fgd | Self::FgdPlus)
     }
 }
 
@@ -76,8 +76,8 @@ pub struct Policy {
     /// Truncate FGD scores to integers before comparing, as the reference implementation does
     /// (its many ties are part of its published behaviour).
     pub fgd_truncate: bool,
-    /// The knobs of [`ScoringPolicy::DemandFgd`].
-    pub demand_fgd: demand_fgd::Tuning,
+    /// The knobs of [`ScoringPolicy::FgdPlus`] (its defaults are the measured best).
+    pub fgd_plus: fgd_plus::Tuning,
 }
 
 impl Default for Policy {
@@ -87,7 +87,7 @@ impl Default for Policy {
             max_shares_per_gpu: 20,
             typical: TypicalPods::default(),
             fgd_truncate: false,
-            demand_fgd: demand_fgd::Tuning::default(),
+            fgd_plus: fgd_plus::Tuning::default(),
         }
     }
 }
@@ -152,11 +152,11 @@ impl Policy {
         match choice {
             ShareChoice::Binpack => binpack::choose(node, usage, pool, ask.count),
             ShareChoice::Spread => spread::choose(node, usage, pool, ask.count),
-            ShareChoice::Fgd if self.scoring == ScoringPolicy::DemandFgd => {
+            ShareChoice::Fgd if self.scoring == ScoringPolicy::FgdPlus => {
                 let measure = |cpu: CpuMilli, free: &[u32], access: &[u64]| {
-                    demand_fgd::fragmentation(&self.typical, &self.demand_fgd, cpu, free, access)
+                    fgd_plus::fragmentation(&self.typical, &self.fgd_plus, cpu, free, access)
                 };
-                fgd_choose(node, usage, pool, ask, &self.typical, &measure, false)
+                fgd_choose(node, usage, pool, ask, &self.typical, &measure, self.fgd_plus.quantum > 0)
             }
             ShareChoice::Fgd => {
                 let measure = |cpu: CpuMilli, free: &[u32], access: &[u64]| {
@@ -189,9 +189,9 @@ impl Policy {
                     fgd::score_from_reduction(reduction)
                 }
             }
-            ScoringPolicy::DemandFgd => demand_fgd::score(
+            ScoringPolicy::FgdPlus => fgd_plus::score(
                 &self.typical,
-                &self.demand_fgd,
+                &self.fgd_plus,
                 node,
                 allocation,
                 &before,
