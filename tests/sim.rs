@@ -2,12 +2,15 @@
 //! the openb default trace (skipped with a message when the traces are not checked out beside
 //! the repository).
 
+// Helpers shared by the tests unwrap too: a panic is a test failure with a clear location.
+#![allow(clippy::unwrap_used)]
+
 use std::path::{Path, PathBuf};
 
+use gpu_extender::engine::policy::reference::ReferencePolicy;
 use gpu_extender::sim::cli::{EXAMPLE_SCENARIO, StepRows, default_policies, run_matrix};
 use gpu_extender::sim::load::{load_cluster, load_workload, parse_scenario};
 use gpu_extender::sim::replay::{Prepared, SimPolicy, engine_policies, run};
-use gpu_extender::engine::policy::reference::ReferencePolicy;
 use indicatif::ProgressBar;
 
 fn example() -> Prepared {
@@ -43,7 +46,10 @@ fn the_built_in_example_runs_under_every_policy() {
         let at_130 = result.curves.alloc[130].unwrap();
         assert!((50.0..=100.0).contains(&at_130), "{name}: {at_130}");
         // Nothing ever leaves, so allocation never goes down.
-        assert!(steps.windows(2).all(|w| w[0].used_milli <= w[1].used_milli), "{name}");
+        assert!(
+            steps.windows(2).all(|w| w[0].used_milli <= w[1].used_milli),
+            "{name}"
+        );
         assert_eq!(last.failed as usize, result.failed);
     }
 }

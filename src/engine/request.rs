@@ -84,7 +84,7 @@ impl GpuDemand {
             return Err(RequestError::ZeroGpuCount);
         }
         let gpus = gpu_count(gpus)?;
-        if total_gib % u64::from(gpus) != 0 {
+        if !total_gib.is_multiple_of(u64::from(gpus)) {
             return Err(RequestError::UnevenSplit { total_gib, gpus });
         }
         let compute_per_gpu = match core_percent {

@@ -84,13 +84,19 @@ pub fn node_priority<R: Rng + ?Sized>(nodes: usize, rng: &mut R) -> Vec<u32> {
     priority
 }
 
+/// A typical-pod class: (CPU, milli-GPU, GPU count, model list as written).
+type ClassKey<'a> = (u64, u32, u16, &'a str);
+
+/// Per class: the index of an example pod, the count, and the total memory.
+type ClassTally = (usize, u64, u64);
+
 /// FGD's typical pods (`GetTypicalPods`): the original trace's pods, CPU-only ones included,
 /// grouped by (CPU, milli-GPU, GPU count, model list as written), memory ignored, counted once
 /// each; most frequent first, ties by (CPU, milli, count, model list) descending; the shortest
 /// prefix covering 95% of pods, renormalised.
 pub fn typical_pods(pods: &[SimPod]) -> TypicalPods {
     // Per class: an example pod, the count, and the memory total (for the class's mean).
-    let mut counts: HashMap<(u64, u32, u16, &str), (usize, u64, u64)> = HashMap::new();
+    let mut counts: HashMap<ClassKey<'_>, ClassTally> = HashMap::new();
     for (index, pod) in pods.iter().enumerate() {
         let shape = pod.shape();
         let key = (shape.cpu.0, shape.milli, shape.gpus, pod.gpu_spec.as_str());

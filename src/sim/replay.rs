@@ -16,10 +16,10 @@ use rand_chacha::ChaCha8Rng;
 use super::metrics::{Curves, Step};
 use super::protocol::{self, Arrivals};
 use super::trace::{Cluster, Workload};
-use crate::engine::policy::{fgd_plus, free_milli};
 use crate::engine::policy::reference::{
     self, GpuClass, GpuClassMix, GpuSelection, PodShape, ReferencePolicy,
 };
+use crate::engine::policy::{fgd_plus, free_milli};
 use crate::engine::{
     NodeState, PodRequest, Policy, ScoringPolicy, ShareChoice, TypicalPods, fit, fit_with,
 };
@@ -91,7 +91,9 @@ impl SimPolicy {
             None => (name.as_str(), None),
         };
         let base = base.strip_prefix("engine-").unwrap_or(base);
-        let scoring = ScoringPolicy::ALL.into_iter().find(|p| p.as_str() == base)?;
+        let scoring = ScoringPolicy::ALL
+            .into_iter()
+            .find(|p| p.as_str() == base)?;
         let mut tuning = fgd_plus::Tuning::default();
         if let Some(knobs) = knobs {
             if scoring != ScoringPolicy::FgdPlus {
@@ -133,13 +135,21 @@ fn tuning_knobs(tuning: &fgd_plus::Tuning) -> Vec<String> {
     let default = fgd_plus::Tuning::default();
     let mut knobs = Vec::new();
     if tuning.demand_weighted != default.demand_weighted {
-        let weight = if tuning.demand_weighted { "demand" } else { "count" };
+        let weight = if tuning.demand_weighted {
+            "demand"
+        } else {
+            "count"
+        };
         knobs.push(format!("weight={weight}"));
     }
     let numbers = [
         ("host", tuning.host_weight, default.host_weight),
         ("look", tuning.lookahead, default.lookahead),
-        ("penalty", tuning.idle_node_penalty, default.idle_node_penalty),
+        (
+            "penalty",
+            tuning.idle_node_penalty,
+            default.idle_node_penalty,
+        ),
         ("quantum", tuning.quantum, default.quantum),
     ];
     for (key, value, default) in numbers {

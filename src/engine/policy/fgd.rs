@@ -70,18 +70,17 @@ impl TypicalPods {
     /// The typical GPU pod's CPU (milli-cores) and memory (MiB) per whole GPU it uses; zeros
     /// when the distribution has no GPU pods.
     pub fn host_per_gpu(&self) -> (f64, f64) {
-        let (cpu, mem, gpu) = self
-            .pods
-            .iter()
-            .filter(|pod| pod.milli > 0)
-            .fold((0.0, 0.0, 0.0), |(cpu, mem, gpu), pod| {
+        let (cpu, mem, gpu) = self.pods.iter().filter(|pod| pod.milli > 0).fold(
+            (0.0, 0.0, 0.0),
+            |(cpu, mem, gpu), pod| {
                 let gpus = f64::from(pod.gpus) * f64::from(pod.milli) / 1000.0;
                 (
                     cpu + pod.weight * pod.cpu.0 as f64,
                     mem + pod.weight * pod.memory.0 as f64,
                     gpu + pod.weight * gpus,
                 )
-            });
+            },
+        );
         if gpu > 0.0 {
             (cpu / gpu, mem / gpu)
         } else {

@@ -217,7 +217,10 @@ mod tests {
         assert!((stranded - 2000.0).abs() < 1e-9);
         let stranded = host_stranded(&typical, CpuMilli(96_000), MemMiB(65_536), &free);
         assert!((stranded - 3000.0).abs() < 1e-9);
-        assert_eq!(host_stranded(&typical, CpuMilli(96_000), MemMiB(1 << 30), &free), 0.0);
+        assert_eq!(
+            host_stranded(&typical, CpuMilli(96_000), MemMiB(1 << 30), &free),
+            0.0
+        );
     }
 
     #[test]
@@ -229,8 +232,11 @@ mod tests {
         let policy = Policy::scoring(ScoringPolicy::FgdPlus).with_typical(typical);
         let node = |cpu: u64| {
             NodeState::new(
-                NodeSpec::uniform("n", GpuMode::CoreMem, 2, "T4", MemMiB(0))
-                    .with_host(CpuMilli(cpu), MemMiB(1 << 30), 1001),
+                NodeSpec::uniform("n", GpuMode::CoreMem, 2, "T4", MemMiB(0)).with_host(
+                    CpuMilli(cpu),
+                    MemMiB(1 << 30),
+                    1001,
+                ),
             )
         };
         let pod = PodRequest::single(CpuMilli(8_000), MemMiB(1024), GpuDemand::None);

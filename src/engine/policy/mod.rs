@@ -2,8 +2,8 @@
 //! share takes. One file per policy; this file picks between them.
 
 pub mod binpack;
-pub mod fgd_plus;
 pub mod fgd;
+pub mod fgd_plus;
 pub mod reference;
 pub mod spread;
 pub mod topology;
@@ -130,9 +130,7 @@ impl Policy {
         match request.constraints.placement {
             Some(GpuPlacement::Binpack) => ShareChoice::Binpack,
             Some(GpuPlacement::Spread) => ShareChoice::Spread,
-            None if self.scoring.uses_typical() && !self.typical.is_empty() => {
-                ShareChoice::Fgd
-            }
+            None if self.scoring.uses_typical() && !self.typical.is_empty() => ShareChoice::Fgd,
             None => match node.spec.placement {
                 GpuPlacement::Binpack => ShareChoice::Binpack,
                 GpuPlacement::Spread => ShareChoice::Spread,
@@ -156,13 +154,29 @@ impl Policy {
                 let measure = |cpu: CpuMilli, free: &[u32], access: &[u64]| {
                     fgd_plus::fragmentation(&self.typical, &self.fgd_plus, cpu, free, access)
                 };
-                fgd_choose(node, usage, pool, ask, &self.typical, &measure, self.fgd_plus.quantum > 0)
+                fgd_choose(
+                    node,
+                    usage,
+                    pool,
+                    ask,
+                    &self.typical,
+                    &measure,
+                    self.fgd_plus.quantum > 0,
+                )
             }
             ShareChoice::Fgd => {
                 let measure = |cpu: CpuMilli, free: &[u32], access: &[u64]| {
                     self.typical.fragmentation(cpu, free, access)
                 };
-                fgd_choose(node, usage, pool, ask, &self.typical, &measure, self.fgd_truncate)
+                fgd_choose(
+                    node,
+                    usage,
+                    pool,
+                    ask,
+                    &self.typical,
+                    &measure,
+                    self.fgd_truncate,
+                )
             }
             ShareChoice::Drawn(draw) => reference::drawn_gpus(pool, ask.count, draw),
         }
