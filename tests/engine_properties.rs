@@ -10,7 +10,8 @@
 //!
 //! and for every fitted pod, under Binpack, Spread and Fgd alike:
 //!
-//! - the score is within 0..=100 and the placement honours the request;
+//! - the score is within 0..=100, equals the score recomputed from its definition, and the
+//!   placement honours the request;
 //! - reserving that placement succeeds, and releasing it restores the table exactly;
 //! - a rejection that claims the node can never fit also rejects the node when empty.
 //!
@@ -619,6 +620,14 @@ fn evaluate_all(
                     evaluation.score
                 );
                 check_placement(&node, request, &evaluation.allocation)?;
+                let expected = reference_score(policy, &node, &evaluation.allocation);
+                prop_assert!(
+                    evaluation.score.to_bits() == expected.to_bits(),
+                    "{:?} score {} differs from the reference {}",
+                    policy.scoring,
+                    evaluation.score,
+                    expected
+                );
                 let before = fingerprint(table, true);
                 let probe = PodKey::new("probe", "probe");
                 let reserved = table.reserve(probe.clone(), evaluation.allocation.clone(), 0);
@@ -643,6 +652,32 @@ fn evaluate_all(
         }
     }
     Ok(kept)
+}
+
+/// The score as its definition reads, from the public building blocks and full recomputation:
+/// the engine's fast path must agree bit for bit.
+fn reference_score(policy: &Policy, node: &NodeState, allocation: &PodAllocation) -> f64 {
+    use gpu_extender::engine::policy::{binpack, fgd, free_milli, spread, topology, usage_after};
+    let after = free_milli(node, &usage_after(node, allocation));
+    let base = match policy.scoring {
+        ScoringPolicy::Binpack => binpack::score(node, allocation, &after),
+        ScoringPolicy::Spread => spread::score(node, allocation, &after),
+        ScoringPolicy::Fgd => {
+            let before = free_milli(node, &node.gpus);
+            let access = policy.typical.access_masks(node);
+            let cpu_after = CpuMilli(node.cpu_free().0.saturating_sub(allocation.cpu.0));
+            let reduction = policy
+                .typical
+                .fragmentation(node.cpu_free(), &before, &access)
+                - policy.typical.fragmentation(cpu_after, &after, &access);
+            if policy.fgd_truncate {
+                fgd::reference_score(reduction)
+            } else {
+                fgd::score_from_reduction(reduction)
+            }
+        }
+    };
+    (base * topology::quality(node, allocation)).clamp(0.0, 100.0)
 }
 
 /// A reason that says "never" must hold on the same node with nothing on it; a reason that says

@@ -91,6 +91,55 @@ impl PodAllocation {
         apps
     }
 
+    /// Calls `apply` with the pod's hold on each GPU it touches, exactly as
+    /// [`PodAllocation::footprint`] computes them but in no particular order. Most pods hold each
+    /// GPU through a single grant of an app container and have no GPU init containers: their
+    /// holds are their grants, which the filter, score and table paths then read without
+    /// allocating.
+    pub(crate) fn for_each_hold(&self, mut apply: impl FnMut(&GpuHold)) {
+        if self.holds_are_grants() {
+            for grant in self.containers.iter().flat_map(|c| &c.gpus) {
+                let hold = match grant.grant {
+                    Grant::Whole => GpuHold {
+                        gpu: grant.gpu,
+                        whole: true,
+                        mem: MemMiB(0),
+                        compute: WHOLE_GPU_COMPUTE,
+                    },
+                    Grant::Share { mem, compute } => GpuHold {
+                        gpu: grant.gpu,
+                        whole: false,
+                        mem,
+                        compute,
+                    },
+                };
+                apply(&hold);
+            }
+        } else {
+            for hold in self.footprint() {
+                apply(&hold);
+            }
+        }
+    }
+
+    /// No init container holds a GPU and no GPU is named by two grants.
+    fn holds_are_grants(&self) -> bool {
+        if self.init_containers.iter().any(|c| !c.gpus.is_empty()) {
+            return false;
+        }
+        let mut seen = 0u64;
+        for grant in self.containers.iter().flat_map(|c| &c.gpus) {
+            let Some(gpu_bit) = 1u64.checked_shl(u32::from(grant.gpu.0)) else {
+                return false;
+            };
+            if seen & gpu_bit != 0 {
+                return false;
+            }
+            seen |= gpu_bit;
+        }
+        true
+    }
+
     /// Whether the pod holds any GPU.
     pub fn has_gpus(&self) -> bool {
         self.containers
@@ -178,6 +227,47 @@ mod tests {
                 },
             ]
         );
+    }
+
+    /// The allocation-free path must agree with `footprint` whichever way it goes.
+    #[test]
+    fn for_each_hold_agrees_with_footprint() {
+        let whole = |gpu| GpuGrant {
+            gpu: GpuIndex(gpu),
+            grant: Grant::Whole,
+        };
+        let pod = |containers: Vec<Vec<GpuGrant>>, inits: Vec<Vec<GpuGrant>>| PodAllocation {
+            node: NodeName::new("n"),
+            cpu: CpuMilli(0),
+            memory: MemMiB(0),
+            containers: containers
+                .into_iter()
+                .map(|gpus| ContainerAllocation {
+                    name: "a".into(),
+                    gpus,
+                })
+                .collect(),
+            init_containers: inits
+                .into_iter()
+                .map(|gpus| ContainerAllocation {
+                    name: "i".into(),
+                    gpus,
+                })
+                .collect(),
+        };
+        let cases = [
+            pod(vec![vec![share(2, 100, 5), whole(0)]], vec![]),
+            pod(vec![vec![share(1, 100, 5)], vec![share(1, 50, 0)]], vec![]),
+            pod(vec![vec![share(1, 100, 5)]], vec![vec![share(1, 500, 0)]]),
+            pod(vec![vec![whole(70)], vec![share(3, 1, 1)]], vec![vec![]]),
+            pod(vec![], vec![]),
+        ];
+        for allocation in cases {
+            let mut holds = Vec::new();
+            allocation.for_each_hold(|hold| holds.push(*hold));
+            holds.sort_by_key(|hold| hold.gpu);
+            assert_eq!(holds, allocation.footprint(), "{allocation:?}");
+        }
     }
 
     #[test]

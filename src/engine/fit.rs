@@ -4,12 +4,12 @@
 use std::fmt;
 
 use super::allocation::{ContainerAllocation, GpuGrant, Grant, PodAllocation};
-use super::model::CpuMilli;
-use super::model::{ComputeMilli, Gpu, MemMiB};
+use super::model::{ComputeMilli, CpuMilli, MemMiB};
+use super::policy::fgd::FgdCache;
 use super::policy::{Policy, ShareAsk, ShareChoice};
 use super::request::{GpuConstraints, GpuDemand, PodRequest, TopologyPreference};
-use super::state::{GpuUsage, NodeState, gpu_compute_free, gpu_mem_free};
-use super::topology::{bit, positions};
+use super::state::{GpuUsage, NodeState, PerGpu, gpu_compute_free, mem_free};
+use super::topology::{bit, lowest_bits, positions};
 
 /// Why a pod does not fit a node. The message is what kube-scheduler aggregates across nodes, so
 /// it never names the node.
@@ -124,6 +124,17 @@ pub fn fit(
     request: &PodRequest,
     policy: &Policy,
 ) -> Result<PodAllocation, RejectReason> {
+    fit_with(node, request, policy, &mut FgdCache::default())
+}
+
+/// [`fit`], keeping in `cache` what FGD derives from the node so that scoring the placement
+/// right after reuses it.
+pub(crate) fn fit_with(
+    node: &NodeState,
+    request: &PodRequest,
+    policy: &Policy,
+    cache: &mut FgdCache,
+) -> Result<PodAllocation, RejectReason> {
     let eligible = check_capability(node, request)?;
     let placer = Placer {
         node,
@@ -136,7 +147,7 @@ pub fn fit(
     if let Err(reason) = check_host(node, request) {
         return Err(placer.confirm_resolvable(request, reason));
     }
-    let (containers, init_containers) = match placer.place_pod(request, &node.gpus) {
+    let (containers, init_containers) = match placer.place_pod(request, &node.gpus, cache) {
         Ok(placed) => placed,
         Err(reason) => return Err(placer.confirm_resolvable(request, reason)),
     };
@@ -151,14 +162,32 @@ pub fn fit(
 
 /// The GPU positions of `node` that `constraints` allow, healthy or not.
 pub fn allowed_mask(node: &NodeState, constraints: &GpuConstraints) -> u64 {
-    node.normalized_models
+    accepted_models(node, constraints).0 & memory_mask(node, constraints)
+}
+
+/// The positions whose model `constraints` accept, and whether any GPU's model is accepted at
+/// all (a GPU past the 64th position has no bit but still counts). Models are matched once per
+/// distinct model of the node, and not at all when the pod names none.
+fn accepted_models(node: &NodeState, constraints: &GpuConstraints) -> (u64, bool) {
+    let profile = &node.profile;
+    if constraints.include_models.is_empty() && constraints.exclude_models.is_empty() {
+        return (profile.all, !node.spec.gpus.is_empty());
+    }
+    profile
+        .models
         .iter()
-        .zip(&node.spec.gpus)
-        .enumerate()
-        .filter(|(_, (model, gpu))| {
-            constraints.accepts_model(model) && constraints.accepts_memory(gpu.memory)
+        .filter(|(model, _)| constraints.accepts_model(model))
+        .fold((0u64, false), |(mask, _), (_, positions)| {
+            (mask | positions, true)
         })
-        .fold(0u64, |mask, (position, _)| mask | bit(position))
+}
+
+/// The positions with at least the pod's minimum memory per GPU.
+fn memory_mask(node: &NodeState, constraints: &GpuConstraints) -> u64 {
+    match constraints.min_memory_per_gpu {
+        None => node.profile.all,
+        Some(min) => node.profile.memory_at_least(min),
+    }
 }
 
 /// The checks that no amount of waiting fixes. Returns the healthy GPU positions the pod may use.
@@ -167,7 +196,9 @@ fn check_capability(node: &NodeState, request: &PodRequest) -> Result<u64, Rejec
         return Err(RejectReason::HostTooSmall);
     }
     let constraints = &request.constraints;
-    let usable = allowed_mask(node, constraints);
+    let (models, any_model) = accepted_models(node, constraints);
+    let usable = models & memory_mask(node, constraints);
+    let healthy = node.profile.healthy;
     for container in request.all_containers() {
         let demand = container.gpu;
         if demand.is_none() {
@@ -179,16 +210,12 @@ fn check_capability(node: &NodeState, request: &PodRequest) -> Result<u64, Rejec
         if !demand.served_by(node.spec.mode) {
             return Err(RejectReason::ModeMismatch);
         }
-        if !node
-            .normalized_models
-            .iter()
-            .any(|model| constraints.accepts_model(model))
-        {
+        if !any_model {
             return Err(RejectReason::ModelMismatch);
         }
         let big_enough = match demand {
             GpuDemand::Share { mem_per_gpu, .. } => {
-                usable & mask_where(node, |gpu| gpu.memory >= mem_per_gpu)
+                usable & node.profile.memory_at_least(mem_per_gpu)
             }
             _ => usable,
         };
@@ -199,11 +226,11 @@ fn check_capability(node: &NodeState, request: &PodRequest) -> Result<u64, Rejec
         if big_enough.count_ones() < needed {
             return Err(RejectReason::TooFewGpus);
         }
-        if (big_enough & healthy_mask(node)).count_ones() < needed {
+        if (big_enough & healthy).count_ones() < needed {
             return Err(RejectReason::UnhealthyGpus);
         }
     }
-    Ok(usable & healthy_mask(node))
+    Ok(usable & healthy)
 }
 
 fn check_host(node: &NodeState, request: &PodRequest) -> Result<(), RejectReason> {
@@ -219,19 +246,6 @@ fn check_host(node: &NodeState, request: &PodRequest) -> Result<(), RejectReason
     Ok(())
 }
 
-fn mask_where(node: &NodeState, keep: impl Fn(&Gpu) -> bool) -> u64 {
-    node.spec
-        .gpus
-        .iter()
-        .enumerate()
-        .filter(|(_, gpu)| keep(gpu))
-        .fold(0u64, |mask, (position, _)| mask | bit(position))
-}
-
-fn healthy_mask(node: &NodeState) -> u64 {
-    mask_where(node, |gpu| gpu.healthy)
-}
-
 /// Positions of GPUs nobody uses, under scratch `usage`.
 pub fn idle_positions(usage: &[GpuUsage]) -> u64 {
     usage
@@ -242,6 +256,7 @@ pub fn idle_positions(usage: &[GpuUsage]) -> u64 {
 }
 
 /// Places containers of one pod on one node, on scratch usage.
+#[derive(Clone, Copy)]
 struct Placer<'a> {
     node: &'a NodeState,
     eligible: u64,
@@ -259,31 +274,41 @@ impl Placer<'_> {
         &self,
         request: &PodRequest,
         base: &[GpuUsage],
+        cache: &mut FgdCache,
     ) -> Result<(Vec<ContainerAllocation>, Vec<ContainerAllocation>), RejectReason> {
-        let node = self.node;
-        let mut usage = base.to_vec();
+        let mut usage = PerGpu::copy_of(base);
         let mut pod_shares = 0u64;
+        let mut held_by_apps = 0u64;
         let mut containers = Vec::with_capacity(request.containers.len());
         for container in &request.containers {
-            let gpus = self.place(&mut usage, &mut pod_shares, container.gpu, 0)?;
+            let gpus = self.place(
+                &mut usage,
+                &mut pod_shares,
+                container.gpu,
+                0,
+                &mut held_by_apps,
+                cache,
+            )?;
             containers.push(ContainerAllocation {
                 name: container.name.clone(),
                 gpus,
             });
         }
-        let held_by_apps = containers
-            .iter()
-            .flat_map(|c| c.gpus.iter())
-            .filter_map(|grant| node.spec.position_of(grant.gpu))
-            .fold(0u64, |mask, position| mask | bit(position));
         let mut init_containers = Vec::with_capacity(request.init_containers.len());
         for container in &request.init_containers {
             // An init container runs alone, before the app containers: it competes only with the
             // other pods on the node, and prefers the GPUs the app containers will use, so the
             // pod's footprint (the per-GPU larger of the two) grows as little as possible.
-            let mut alone = base.to_vec();
+            let mut alone = PerGpu::copy_of(base);
             let mut alone_shares = 0u64;
-            let gpus = self.place(&mut alone, &mut alone_shares, container.gpu, held_by_apps)?;
+            let gpus = self.place(
+                &mut alone,
+                &mut alone_shares,
+                container.gpu,
+                held_by_apps,
+                &mut 0,
+                cache,
+            )?;
             init_containers.push(ContainerAllocation {
                 name: container.name.clone(),
                 gpus,
@@ -297,23 +322,41 @@ impl Placer<'_> {
     /// pod's own containers together need more GPUs, memory or compute than the node has),
     /// waiting or preempting never helps, so the permanent reason replaces it.
     fn confirm_resolvable(&self, request: &PodRequest, reason: RejectReason) -> RejectReason {
-        let idle = vec![GpuUsage::default(); self.node.gpus.len()];
-        match self.place_pod(request, &idle) {
+        // Which GPUs a share takes decides whether a later app container still fits, so with
+        // several GPU app containers the pod's own GPU choice is replayed. With one, every
+        // choice fits or none does (init containers are placed alone), and binpack is cheapest.
+        let gpu_apps = request
+            .containers
+            .iter()
+            .filter(|c| !c.gpu.is_none())
+            .count();
+        let placer = Placer {
+            choice: if gpu_apps <= 1 {
+                ShareChoice::Binpack
+            } else {
+                self.choice
+            },
+            ..*self
+        };
+        let idle = PerGpu::<GpuUsage>::defaults(self.node.gpus.len());
+        match placer.place_pod(request, &idle, &mut FgdCache::default()) {
             Ok(_) => reason,
             Err(RejectReason::InsufficientGpuMemory) => RejectReason::GpuMemoryTooSmall,
             Err(_) => RejectReason::TooFewGpus,
         }
     }
 
-    /// Places one container, recording on `usage` what it takes. `pod_shares` marks the GPUs the
-    /// pod already shares (a pod counts once towards a GPU's pod limit); `prefer` marks GPUs to
-    /// use first when they suffice.
+    /// Places one container, recording on `usage` what it takes and marking in `taken` the
+    /// positions it got. `pod_shares` marks the GPUs the pod already shares (a pod counts once
+    /// towards a GPU's pod limit); `prefer` marks GPUs to use first when they suffice.
     fn place(
         &self,
         usage: &mut [GpuUsage],
         pod_shares: &mut u64,
         demand: GpuDemand,
         prefer: u64,
+        taken: &mut u64,
+        cache: &mut FgdCache,
     ) -> Result<Vec<GpuGrant>, RejectReason> {
         let node = self.node;
         match demand {
@@ -325,26 +368,33 @@ impl Placer<'_> {
                     return Err(RejectReason::NoFreeWholeGpus);
                 }
                 let pool = preferred_pool(prefer, free, count);
+                // On a uniformly connected node every group is as good as any other: the index
+                // would take the lowest positions, and no group can fall short of the best.
+                if node.profile.uniform_topology {
+                    let group = lowest_bits(pool, count);
+                    return Ok(self.grant_whole(usage, group, taken));
+                }
                 let topology = &node.spec.topology;
-                let group = topology
+                let mut group = topology
                     .choose_group(pool, count)
                     .ok_or(RejectReason::NoFreeWholeGpus)?;
                 if self.require_connected && count > 1 {
                     let best_possible = topology.best_group(self.eligible, count).map(|(_, c)| c);
-                    let chosen = topology.best_group(group, count).map(|(_, c)| c);
-                    if chosen < best_possible {
+                    let connected = |group: u64| {
+                        topology.best_group(group, count).map(|(_, c)| c) >= best_possible
+                    };
+                    if !connected(group) && pool != free {
+                        // Reusing the app containers' GPUs is a preference; the required
+                        // interconnect is not: look at every free GPU before giving up.
+                        group = topology
+                            .choose_group(free, count)
+                            .ok_or(RejectReason::NoFreeWholeGpus)?;
+                    }
+                    if !connected(group) {
                         return Err(RejectReason::NoConnectedGroup);
                     }
                 }
-                let mut grants = Vec::with_capacity(count);
-                for position in positions(group) {
-                    usage[position].whole_pods += 1;
-                    grants.push(GpuGrant {
-                        gpu: node.spec.gpus[position].index,
-                        grant: Grant::Whole,
-                    });
-                }
-                Ok(grants)
+                Ok(self.grant_whole(usage, group, taken))
             }
             GpuDemand::Share {
                 gpus,
@@ -357,8 +407,9 @@ impl Placer<'_> {
                 let mut with_compute = 0u64;
                 let mut candidates = 0u64;
                 for position in positions(self.eligible) {
-                    let (gpu, slot) = (&node.spec.gpus[position], &usage[position]);
-                    if gpu_mem_free(gpu, slot) < mem_per_gpu || slot.is_whole() {
+                    let slot = &usage[position];
+                    let memory = node.profile.memory(position);
+                    if mem_free(memory, slot) < mem_per_gpu || slot.is_whole() {
                         continue;
                     }
                     with_memory |= 1u64 << position;
@@ -389,9 +440,10 @@ impl Placer<'_> {
                 };
                 let chosen = self
                     .policy
-                    .choose_shares(node, usage, pool, ask, self.choice);
+                    .pick_shares(node, usage, pool, ask, self.choice, cache);
                 let mut grants = Vec::with_capacity(count);
-                for position in chosen {
+                for position in chosen.iter() {
+                    *taken |= 1u64 << position;
                     let slot = &mut usage[position];
                     slot.mem = MemMiB(slot.mem.0 + mem_per_gpu.0);
                     slot.compute = ComputeMilli(slot.compute.0 + compute_per_gpu.0);
@@ -400,7 +452,7 @@ impl Placer<'_> {
                         *pod_shares |= 1u64 << position;
                     }
                     grants.push(GpuGrant {
-                        gpu: node.spec.gpus[position].index,
+                        gpu: node.index_at(position),
                         grant: Grant::Share {
                             mem: mem_per_gpu,
                             compute: compute_per_gpu,
@@ -410,6 +462,20 @@ impl Placer<'_> {
                 Ok(grants)
             }
         }
+    }
+
+    /// Gives the GPUs of `group` whole, recording them on `usage` and in `taken`.
+    fn grant_whole(&self, usage: &mut [GpuUsage], group: u64, taken: &mut u64) -> Vec<GpuGrant> {
+        let mut grants = Vec::with_capacity(group.count_ones() as usize);
+        *taken |= group;
+        for position in positions(group) {
+            usage[position].whole_pods += 1;
+            grants.push(GpuGrant {
+                gpu: self.node.index_at(position),
+                grant: Grant::Whole,
+            });
+        }
+        grants
     }
 }
 
@@ -534,6 +600,63 @@ mod tests {
                 assert_eq!(policy.evaluate(&node, &request), Err(when_full), "{mode:?}");
             }
         }
+    }
+
+    /// Regression: an init container prefers the GPUs its app containers hold, and when those
+    /// were poorly connected a whole-GPU init container with required topology was rejected
+    /// (`NoConnectedGroup`) although a well-connected pair was free on the node.
+    #[test]
+    fn regression_init_container_preference_does_not_override_required_topology() {
+        use crate::engine::model::{GpuPlacement, Link, LinkMatrix};
+        use crate::engine::request::GpuConstraints;
+        let islands = LinkMatrix::from_fn(8, |a, b| {
+            if a / 4 == b / 4 {
+                Link::NvLink(2)
+            } else {
+                Link::CrossSocket
+            }
+        });
+        let spec = NodeSpec::uniform("n", GpuMode::ShareMemory, 8, "A10", MemMiB(24 * 1024))
+            .with_links(islands);
+        let mut node = NodeState::new(spec);
+        // Small shares on GPUs 0, 1, 2 and 5: spread sends the app's two parts to the emptiest
+        // GPUs, 3 and 4, one in each island; GPUs 6 and 7 stay idle, linked to 4 and each other.
+        for gpu in [0, 1, 2, 5] {
+            node.add(&PodAllocation {
+                node: node.spec.name.clone(),
+                cpu: CpuMilli(0),
+                memory: MemMiB(0),
+                containers: vec![ContainerAllocation {
+                    name: "other".into(),
+                    gpus: vec![GpuGrant {
+                        gpu: GpuIndex(gpu),
+                        grant: Grant::Share {
+                            mem: MemMiB(1024),
+                            compute: ComputeMilli(0),
+                        },
+                    }],
+                }],
+                init_containers: Vec::new(),
+            });
+        }
+        let mut request = pod(&[GpuDemand::share(2, 2, None).unwrap_or_default()]);
+        request.init_containers = vec![ContainerRequest {
+            name: "init".into(),
+            gpu: GpuDemand::Whole { count: 2 },
+        }];
+        request.constraints = GpuConstraints {
+            placement: Some(GpuPlacement::Spread),
+            topology: TopologyPreference::Required,
+            ..GpuConstraints::default()
+        };
+        let placed = fit(&node, &request, &Policy::default()).unwrap();
+        let gpus = |c: &ContainerAllocation| c.gpus.iter().map(|g| g.gpu.0).collect::<Vec<_>>();
+        assert_eq!(gpus(&placed.containers[0]), vec![3, 4]);
+        let init = gpus(&placed.init_containers[0]);
+        assert!(
+            init.len() == 2 && init.iter().all(|&g| (4..8).contains(&g)),
+            "the init container needs a linked pair, got {init:?}"
+        );
     }
 
     #[test]

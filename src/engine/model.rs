@@ -45,6 +45,14 @@ impl NodeName {
     }
 }
 
+// Lets the table look nodes up by `&str` without building an `Arc` per lookup: `Arc<str>` hashes
+// and compares exactly as the `str` it holds, as `Borrow` requires.
+impl std::borrow::Borrow<str> for NodeName {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
 impl fmt::Display for NodeName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)

@@ -2,7 +2,7 @@
 //! Changed only by adding or removing a pod's footprint, so release is the exact inverse of allocate.
 
 use super::allocation::{GpuHold, PodAllocation};
-use super::model::{ComputeMilli, CpuMilli, Gpu, MemMiB, NodeSpec, WHOLE_GPU_COMPUTE};
+use super::model::{ComputeMilli, CpuMilli, Gpu, GpuIndex, MemMiB, NodeSpec, WHOLE_GPU_COMPUTE};
 use super::request::normalize_model;
 use super::topology::bit;
 
@@ -42,17 +42,110 @@ pub struct NodeState {
     pub dangling_holds: u32,
     /// `spec.gpus[i].model` in comparison form, computed once.
     pub normalized_models: Vec<String>,
+    /// What filter and score need to know about the GPUs, derived from `spec` once. Like
+    /// `normalized_models` it follows the spec the node was built with: a changed spec makes a
+    /// new `NodeState` (the table does that on every node update).
+    pub(crate) profile: GpuProfile,
+}
+
+/// Facts about a node's GPUs that the hot path reads on every filter and score, packed so that
+/// a node costs a few cache lines instead of a walk over `spec.gpus` (one allocation per GPU
+/// model string, 70-odd bytes per GPU).
+#[derive(Clone, Debug)]
+pub(crate) struct GpuProfile {
+    /// Positions of healthy GPUs (positions past the 64th have no bit; see `topology::bit`).
+    pub(crate) healthy: u64,
+    /// How many GPUs are healthy, all positions counted.
+    pub(crate) healthy_count: usize,
+    /// Every position that has a mask bit.
+    pub(crate) all: u64,
+    /// The memory every GPU has, when they all have the same (the usual case): then no
+    /// per-GPU memory is read at all.
+    pub(crate) uniform_memory: Option<MemMiB>,
+    /// Memory of each GPU, by position.
+    pub(crate) memory: Box<[MemMiB]>,
+    /// The distinct models in comparison form, each with the positions that carry it: a
+    /// model constraint is matched once per model, not once per GPU.
+    pub(crate) models: Box<[(String, u64)]>,
+    /// Every GPU's index equals its position (the usual case): grants map to positions without
+    /// a search.
+    pub(crate) contiguous: bool,
+    /// `spec.topology.is_uniform()`, kept here so that whole-GPU placements on uniformly
+    /// connected nodes never read the topology index.
+    pub(crate) uniform_topology: bool,
+}
+
+impl GpuProfile {
+    fn new(spec: &NodeSpec, normalized_models: &[String]) -> Self {
+        let mut models: Vec<(String, u64)> = Vec::new();
+        for (position, model) in normalized_models.iter().enumerate() {
+            match models.iter_mut().find(|(known, _)| known == model) {
+                Some((_, mask)) => *mask |= bit(position),
+                None => models.push((model.clone(), bit(position))),
+            }
+        }
+        Self {
+            healthy: spec
+                .gpus
+                .iter()
+                .enumerate()
+                .filter(|(_, gpu)| gpu.healthy)
+                .fold(0u64, |mask, (position, _)| mask | bit(position)),
+            healthy_count: spec.gpus.iter().filter(|gpu| gpu.healthy).count(),
+            all: (0..spec.gpus.len()).fold(0u64, |mask, position| mask | bit(position)),
+            uniform_memory: match spec.gpus.first() {
+                Some(first) if spec.gpus.iter().all(|gpu| gpu.memory == first.memory) => {
+                    Some(first.memory)
+                }
+                _ => None,
+            },
+            memory: spec.gpus.iter().map(|gpu| gpu.memory).collect(),
+            models: models.into_boxed_slice(),
+            contiguous: spec
+                .gpus
+                .iter()
+                .enumerate()
+                .all(|(position, gpu)| usize::from(gpu.index.0) == position),
+            uniform_topology: spec.topology.is_uniform(),
+        }
+    }
+
+    /// The memory of the GPU at `position`.
+    pub(crate) fn memory(&self, position: usize) -> MemMiB {
+        self.uniform_memory.unwrap_or_else(|| self.memory[position])
+    }
+
+    /// The positions of GPUs with at least `min` memory.
+    pub(crate) fn memory_at_least(&self, min: MemMiB) -> u64 {
+        if let Some(memory) = self.uniform_memory {
+            return if memory >= min { self.all } else { 0 };
+        }
+        self.memory
+            .iter()
+            .enumerate()
+            .filter(|(_, memory)| **memory >= min)
+            .fold(0u64, |mask, (position, _)| mask | bit(position))
+    }
+
+    /// Whether the GPU at `position` is healthy.
+    pub(crate) fn is_healthy(&self, spec: &NodeSpec, position: usize) -> bool {
+        match bit(position) {
+            0 => spec.gpus[position].healthy,
+            position_bit => self.healthy & position_bit != 0,
+        }
+    }
 }
 
 impl NodeState {
     /// An empty node.
     pub fn new(spec: NodeSpec) -> Self {
         let gpus = vec![GpuUsage::default(); spec.gpus.len()];
-        let normalized_models = spec
+        let normalized_models: Vec<String> = spec
             .gpus
             .iter()
             .map(|gpu| normalize_model(&gpu.model))
             .collect();
+        let profile = GpuProfile::new(&spec, &normalized_models);
         Self {
             spec,
             gpus,
@@ -61,7 +154,26 @@ impl NodeState {
             pods: 0,
             dangling_holds: 0,
             normalized_models,
+            profile,
         }
+    }
+
+    /// The index of the GPU at `position`, without touching `spec.gpus` in the usual case.
+    pub(crate) fn index_at(&self, position: usize) -> GpuIndex {
+        if self.profile.contiguous {
+            GpuIndex(position as u16)
+        } else {
+            self.spec.gpus[position].index
+        }
+    }
+
+    /// The position of the GPU with this index, without a search in the usual case.
+    pub(crate) fn position_of(&self, index: GpuIndex) -> Option<usize> {
+        let position = usize::from(index.0);
+        if self.profile.contiguous {
+            return (position < self.spec.gpus.len()).then_some(position);
+        }
+        self.spec.position_of(index)
     }
 
     /// Free host CPU.
@@ -76,7 +188,7 @@ impl NodeState {
 
     /// Free memory of the GPU at `position` (0 when held whole).
     pub fn gpu_mem_free(&self, position: usize) -> MemMiB {
-        gpu_mem_free(&self.spec.gpus[position], &self.gpus[position])
+        mem_free(self.profile.memory(position), &self.gpus[position])
     }
 
     /// Free compute of the GPU at `position` (0 when held whole).
@@ -86,17 +198,25 @@ impl NodeState {
 
     /// The free part of the GPU at `position` in milli-GPU; see [`gpu_free_milli`].
     pub fn gpu_free_milli(&self, position: usize) -> u32 {
-        gpu_free_milli(&self.spec.gpus[position], &self.gpus[position])
+        self.free_milli_under(position, &self.gpus[position])
+    }
+
+    /// [`gpu_free_milli`] of the GPU at `position` under scratch `usage`, from the profile.
+    pub(crate) fn free_milli_under(&self, position: usize, usage: &GpuUsage) -> u32 {
+        if !self.profile.is_healthy(&self.spec, position) {
+            return 0;
+        }
+        free_milli(self.profile.memory(position), usage)
     }
 
     /// Healthy GPUs with nothing on them, as a position mask.
     pub fn idle_mask(&self) -> u64 {
         self.gpus
             .iter()
-            .zip(&self.spec.gpus)
             .enumerate()
-            .filter(|(_, (usage, gpu))| gpu.healthy && usage.is_idle())
+            .filter(|(_, usage)| usage.is_idle())
             .fold(0u64, |mask, (position, _)| mask | bit(position))
+            & self.profile.healthy
     }
 
     /// Adds a pod. The caller has checked that it fits (or accepts over-commit as a fact).
@@ -104,9 +224,7 @@ impl NodeState {
         self.cpu_used = CpuMilli(self.cpu_used.0.saturating_add(allocation.cpu.0));
         self.mem_used = MemMiB(self.mem_used.0.saturating_add(allocation.memory.0));
         self.pods = self.pods.saturating_add(1);
-        for hold in allocation.footprint() {
-            self.apply_hold(&hold, true);
-        }
+        allocation.for_each_hold(|hold| self.apply_hold(hold, true));
     }
 
     /// Removes a pod that was added before: the exact inverse of [`NodeState::add`].
@@ -114,13 +232,11 @@ impl NodeState {
         self.cpu_used = CpuMilli(self.cpu_used.0.saturating_sub(allocation.cpu.0));
         self.mem_used = MemMiB(self.mem_used.0.saturating_sub(allocation.memory.0));
         self.pods = self.pods.saturating_sub(1);
-        for hold in allocation.footprint() {
-            self.apply_hold(&hold, false);
-        }
+        allocation.for_each_hold(|hold| self.apply_hold(hold, false));
     }
 
     fn apply_hold(&mut self, hold: &GpuHold, adding: bool) {
-        let Some(position) = self.spec.position_of(hold.gpu) else {
+        let Some(position) = self.position_of(hold.gpu) else {
             self.dangling_holds = if adding {
                 self.dangling_holds.saturating_add(1)
             } else {
@@ -151,10 +267,15 @@ impl NodeState {
 
 /// Free memory of a GPU under some usage (0 when held whole).
 pub fn gpu_mem_free(gpu: &Gpu, usage: &GpuUsage) -> MemMiB {
+    mem_free(gpu.memory, usage)
+}
+
+/// Free memory of a GPU of `memory` under some usage (0 when held whole).
+pub(crate) fn mem_free(memory: MemMiB, usage: &GpuUsage) -> MemMiB {
     if usage.is_whole() {
         return MemMiB(0);
     }
-    MemMiB(gpu.memory.0.saturating_sub(usage.mem.0))
+    MemMiB(memory.0.saturating_sub(usage.mem.0))
 }
 
 /// Free compute of a GPU under some usage (0 when held whole).
@@ -171,10 +292,68 @@ pub fn gpu_free_milli(gpu: &Gpu, usage: &GpuUsage) -> u32 {
     if !gpu.healthy {
         return 0;
     }
+    free_milli(gpu.memory, usage)
+}
+
+/// [`gpu_free_milli`] of a healthy GPU of `memory`.
+pub(crate) fn free_milli(memory: MemMiB, usage: &GpuUsage) -> u32 {
     let compute = gpu_compute_free(usage).0;
-    if gpu.memory.0 == 0 {
+    if memory.0 == 0 {
         return compute;
     }
-    let by_mem = (gpu_mem_free(gpu, usage).0.saturating_mul(1000) / gpu.memory.0) as u32;
+    let by_mem = (mem_free(memory, usage).0.saturating_mul(1000) / memory.0) as u32;
     compute.min(by_mem)
+}
+
+/// Per-GPU scratch values for one decision: on the stack for nodes of up to 8 GPUs (nearly all
+/// of them), so that filtering a node allocates nothing it does not return. Larger nodes get a
+/// heap buffer.
+#[derive(Clone, Debug)]
+pub(crate) enum PerGpu<T> {
+    Inline([T; INLINE_GPUS], usize),
+    Heap(Vec<T>),
+}
+
+const INLINE_GPUS: usize = 8;
+
+impl<T: Copy + Default> PerGpu<T> {
+    /// A copy of `values`.
+    pub(crate) fn copy_of(values: &[T]) -> Self {
+        if values.len() <= INLINE_GPUS {
+            let mut inline = [T::default(); INLINE_GPUS];
+            inline[..values.len()].copy_from_slice(values);
+            Self::Inline(inline, values.len())
+        } else {
+            Self::Heap(values.to_vec())
+        }
+    }
+
+    /// `len` default values.
+    pub(crate) fn defaults(len: usize) -> Self {
+        if len <= INLINE_GPUS {
+            Self::Inline([T::default(); INLINE_GPUS], len)
+        } else {
+            Self::Heap(vec![T::default(); len])
+        }
+    }
+}
+
+impl<T> std::ops::Deref for PerGpu<T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        match self {
+            Self::Inline(values, len) => &values[..*len],
+            Self::Heap(values) => values,
+        }
+    }
+}
+
+impl<T> std::ops::DerefMut for PerGpu<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        match self {
+            Self::Inline(values, len) => &mut values[..*len],
+            Self::Heap(values) => values,
+        }
+    }
 }

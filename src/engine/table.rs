@@ -213,7 +213,7 @@ impl Table {
 
     /// A node's state by name.
     pub fn node_by_str(&self, name: &str) -> Option<&NodeState> {
-        self.nodes.get(&NodeName::new(name))
+        self.nodes.get(name)
     }
 
     /// All nodes, in no particular order.

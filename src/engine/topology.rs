@@ -15,14 +15,13 @@ const EXHAUSTIVE_LIMIT: usize = 12;
 pub type Connectivity = u64;
 
 fn connectivity(links: &LinkMatrix, mask: u64) -> Connectivity {
-    let members: Vec<usize> = positions(mask).collect();
-    if members.len() < 2 {
+    if mask.count_ones() < 2 {
         return u64::from(u32::MAX) << 32;
     }
     let mut weakest = u32::MAX;
     let mut total: u32 = 0;
-    for (i, &a) in members.iter().enumerate() {
-        for &b in &members[i + 1..] {
+    for a in positions(mask) {
+        for b in positions(above(mask, a)) {
             let rank = links.get(a, b).rank();
             weakest = weakest.min(rank);
             total = total.saturating_add(rank);
@@ -31,9 +30,27 @@ fn connectivity(links: &LinkMatrix, mask: u64) -> Connectivity {
     (u64::from(weakest) << 32) | u64::from(total)
 }
 
+/// The bits of `mask` above `position`.
+fn above(mask: u64, position: usize) -> u64 {
+    if position >= MAX_GPUS_PER_NODE - 1 {
+        0
+    } else {
+        mask & (u64::MAX << (position + 1))
+    }
+}
+
 /// The positions set in a mask, ascending.
 pub fn positions(mask: u64) -> impl Iterator<Item = usize> {
-    (0..MAX_GPUS_PER_NODE).filter(move |bit| mask & (1u64 << bit) != 0)
+    // Walks the set bits only: masks are scanned on every filter and score, and most are sparse.
+    let mut rest = mask;
+    std::iter::from_fn(move || {
+        if rest == 0 {
+            return None;
+        }
+        let position = rest.trailing_zeros() as usize;
+        rest &= rest - 1;
+        Some(position)
+    })
 }
 
 /// The mask bit of a GPU position. Node GPU sets are 64-bit masks, so a position past the 64th
@@ -52,9 +69,22 @@ pub struct TopologyIndex {
     size: usize,
     /// All pairs equally connected: every group of a size is as good as any other.
     uniform: bool,
+    /// The rank of every pair of a uniform node (kept so that its groups are rated without
+    /// reading the link matrix).
+    uniform_rank: u32,
     /// `ranked[k]`: the groups of `k` GPUs, best connected first (ties: lowest positions first).
     ranked: Vec<Vec<(u64, Connectivity)>>,
+    /// `best_possible[k]`, computed at build time when that is cheap (uniform or exhaustively
+    /// indexed nodes): scoring asks for it on every multi-GPU placement.
+    best_possible: Vec<Option<Connectivity>>,
     links: LinkMatrix,
+}
+
+/// The leftover value of a free set (see [`TopologyIndex::leftover_value`]) without allocating:
+/// one entry per power-of-two group size below the node size, at most 6 for 64 GPUs.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Leftover {
+    values: [Connectivity; 6],
 }
 
 impl TopologyIndex {
@@ -74,11 +104,39 @@ impl TopologyIndex {
                 groups.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| lowest_first(a.0, b.0)));
             }
         }
-        Self {
+        let mut index = Self {
             size,
             uniform,
+            uniform_rank: links.get(0, 1).rank(),
             ranked,
+            best_possible: Vec::new(),
             links: links.clone(),
+        };
+        if uniform || size <= EXHAUSTIVE_LIMIT {
+            index.best_possible = (0..=size)
+                .map(|k| index.best_group(index.all(), k).map(|(_, conn)| conn))
+                .collect();
+        }
+        index
+    }
+
+    /// [`connectivity`] of any `k` GPUs of a uniform node, without reading the link matrix:
+    /// every pair has the same rank.
+    fn uniform_connectivity(&self, k: usize) -> Connectivity {
+        if k < 2 {
+            return u64::from(u32::MAX) << 32;
+        }
+        let rank = self.uniform_rank;
+        let pairs = u32::try_from(k * (k - 1) / 2).unwrap_or(u32::MAX);
+        (u64::from(rank) << 32) | u64::from(rank.saturating_mul(pairs))
+    }
+
+    /// Every position of the node.
+    fn all(&self) -> u64 {
+        if self.size >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << self.size) - 1
         }
     }
 
@@ -94,7 +152,7 @@ impl TopologyIndex {
         }
         if self.uniform {
             let group = lowest_bits(free, k);
-            return Some((group, connectivity(&self.links, group)));
+            return Some((group, self.uniform_connectivity(k)));
         }
         match self.ranked.get(k) {
             Some(groups) if !groups.is_empty() => {
@@ -109,12 +167,10 @@ impl TopologyIndex {
 
     /// The connectivity of the best group of `k` on an empty node: the yardstick for scores.
     pub fn best_possible(&self, k: usize) -> Option<Connectivity> {
-        let all = if self.size >= 64 {
-            u64::MAX
-        } else {
-            (1u64 << self.size) - 1
-        };
-        self.best_group(all, k).map(|(_, conn)| conn)
+        match self.best_possible.get(k) {
+            Some(&cached) => cached,
+            None => self.best_group(self.all(), k).map(|(_, conn)| conn),
+        }
     }
 
     /// The group of `k` GPUs to hand out from `free`: best connected, and among equals the one
@@ -125,7 +181,7 @@ impl TopologyIndex {
             return Some(first);
         }
         let mut chosen = first;
-        let mut chosen_value = self.leftover_value(free & !first);
+        let mut chosen_value = self.leftover(free & !first);
         for &(mask, conn) in &self.ranked[k] {
             if conn != best {
                 break;
@@ -133,7 +189,7 @@ impl TopologyIndex {
             if mask & !free != 0 || mask == first {
                 continue;
             }
-            let value = self.leftover_value(free & !mask);
+            let value = self.leftover(free & !mask);
             if value > chosen_value {
                 chosen = mask;
                 chosen_value = value;
@@ -145,17 +201,32 @@ impl TopologyIndex {
     /// How valuable a set of free GPUs is for later multi-GPU pods: for each power-of-two group
     /// size from the largest down, the connectivity of the best group of that size inside it.
     pub fn leftover_value(&self, free: u64) -> Vec<Connectivity> {
-        let mut sizes = Vec::new();
+        let sizes = self.leftover_sizes();
+        self.leftover(free).values[..sizes].to_vec()
+    }
+
+    /// How many power-of-two sizes (2, 4, 8, ...) are below the node size.
+    fn leftover_sizes(&self) -> usize {
+        let mut count = 0;
         let mut size = 2;
         while size < self.size {
-            sizes.push(size);
+            count += 1;
             size *= 2;
         }
-        sizes
-            .iter()
-            .rev()
-            .map(|&k| self.best_group(free, k).map_or(0, |(_, conn)| conn))
-            .collect()
+        count
+    }
+
+    /// [`TopologyIndex::leftover_value`] in a fixed array, largest size first, zero-padded:
+    /// compared between free sets of one node, the padding is equal and the order is the same.
+    fn leftover(&self, free: u64) -> Leftover {
+        let mut values = [0; 6];
+        let sizes = self.leftover_sizes();
+        for (slot, exponent) in values.iter_mut().zip((1..=sizes).rev()) {
+            *slot = self
+                .best_group(free, 1 << exponent)
+                .map_or(0, |(_, conn)| conn);
+        }
+        Leftover { values }
     }
 
     fn greedy_group(&self, free: u64, k: usize) -> Option<u64> {

@@ -2,25 +2,51 @@
 //! large pods and for scale-down.
 
 use crate::engine::allocation::PodAllocation;
-use crate::engine::state::{GpuUsage, NodeState, gpu_free_milli};
+use crate::engine::model::MAX_GPUS_PER_NODE;
+use crate::engine::state::{GpuUsage, NodeState};
 use crate::engine::topology::positions;
+
+use super::Picked;
 
 /// The `count` GPUs of `pool` with the least free capacity (lowest position on ties).
 pub fn choose(node: &NodeState, usage: &[GpuUsage], pool: u64, count: usize) -> Vec<usize> {
-    let mut ranked: Vec<(u32, usize)> = positions(pool)
-        .map(|position| {
-            (
-                gpu_free_milli(&node.spec.gpus[position], &usage[position]),
-                position,
-            )
-        })
-        .collect();
+    pick(node, usage, pool, count).iter().collect()
+}
+
+/// [`choose`] without allocating.
+pub(crate) fn pick(node: &NodeState, usage: &[GpuUsage], pool: u64, count: usize) -> Picked {
+    pick_smallest(pool, count, |position| {
+        node.free_milli_under(position, &usage[position])
+    })
+}
+
+/// The `count` positions of `pool` with the smallest keys, smallest first (keys are unique per
+/// position because the position is part of the order). One GPU, the usual share, is a single
+/// scan rather than a sort.
+pub(crate) fn pick_smallest<K: Ord + Copy + Default>(
+    pool: u64,
+    count: usize,
+    key: impl Fn(usize) -> K,
+) -> Picked {
+    let mut picked = Picked::new();
+    if count == 1 {
+        if let Some((_, position)) = positions(pool).map(|p| (key(p), p)).min() {
+            picked.push(position);
+        }
+        return picked;
+    }
+    let mut ranked = [(K::default(), 0usize); MAX_GPUS_PER_NODE];
+    let mut len = 0;
+    for position in positions(pool) {
+        ranked[len] = (key(position), position);
+        len += 1;
+    }
+    let ranked = &mut ranked[..len];
     ranked.sort_unstable();
-    ranked
-        .into_iter()
-        .take(count)
-        .map(|(_, position)| position)
-        .collect()
+    for &(_, position) in ranked.iter().take(count) {
+        picked.push(position);
+    }
+    picked
 }
 
 /// How full the node's healthy GPUs are once the pod is placed, on 0..=100; nodes without GPUs
@@ -31,7 +57,7 @@ pub fn score(node: &NodeState, allocation: &PodAllocation, free_after: &[u32]) -
 
 /// Fraction of the node's GPU capacity (or CPU, for GPU-less nodes) in use after the placement.
 pub fn utilisation_after(node: &NodeState, allocation: &PodAllocation, free_after: &[u32]) -> f64 {
-    let healthy = node.spec.gpus.iter().filter(|gpu| gpu.healthy).count() as f64;
+    let healthy = node.profile.healthy_count as f64;
     if healthy == 0.0 {
         if node.spec.cpu.0 == 0 {
             return 0.0;
@@ -39,12 +65,11 @@ pub fn utilisation_after(node: &NodeState, allocation: &PodAllocation, free_afte
         let used = node.cpu_used.0.saturating_add(allocation.cpu.0) as f64;
         return (used / node.spec.cpu.0 as f64).clamp(0.0, 1.0);
     }
-    let free: f64 = node
-        .spec
-        .gpus
+    let free: f64 = free_after
         .iter()
-        .zip(free_after)
-        .filter(|(gpu, _)| gpu.healthy)
+        .take(node.spec.gpus.len())
+        .enumerate()
+        .filter(|&(position, _)| node.profile.is_healthy(&node.spec, position))
         .map(|(_, &free)| f64::from(free))
         .sum();
     (1.0 - free / (healthy * 1000.0)).clamp(0.0, 1.0)

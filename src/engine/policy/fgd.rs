@@ -6,9 +6,9 @@
 //! CPU-only pod), otherwise only the GPUs too small for it. The node's fragmentation is the
 //! expectation over the typical pods, in milli-GPU.
 
-use crate::engine::model::CpuMilli;
+use crate::engine::model::{CpuMilli, MAX_GPUS_PER_NODE};
 use crate::engine::request::ModelPattern;
-use crate::engine::state::NodeState;
+use crate::engine::state::{NodeState, PerGpu};
 use crate::engine::topology::bit;
 
 /// One class of pod the cluster typically sees, with its share of arrivals.
@@ -78,19 +78,155 @@ impl TypicalPods {
 
     /// For each class, the GPU positions of `node` whose model it accepts.
     pub fn access_masks(&self, node: &NodeState) -> Vec<u64> {
+        // Patterns are matched once per distinct model of the node (nodes rarely mix models),
+        // and classes that name no model accept every GPU without matching anything.
+        let models = &node.profile.models;
+        let all = models
+            .iter()
+            .fold(0u64, |mask, (_, positions)| mask | positions);
         self.pods
             .iter()
             .map(|pod| {
-                node.normalized_models
+                if pod.models.is_empty() {
+                    return all;
+                }
+                models
                     .iter()
-                    .enumerate()
-                    .filter(|(_, model)| {
-                        pod.models.is_empty()
-                            || pod.models.iter().any(|p| p.matches_normalized(model))
-                    })
-                    .fold(0u64, |mask, (position, _)| mask | bit(position))
+                    .filter(|(model, _)| pod.models.iter().any(|p| p.matches_normalized(model)))
+                    .fold(0u64, |mask, (_, positions)| mask | positions)
             })
             .collect()
+    }
+
+    /// Per class, the counts [`TypicalPods::fragmentation`] derives from the node's free
+    /// capacity, kept so that the fragmentation after a change to one GPU is derived per class
+    /// in constant time by [`TypicalPods::fragmentation_with`].
+    pub(crate) fn state(&self, free_milli: &[u32], access: &[u64]) -> FragState {
+        let total: u64 = free_milli.iter().map(|&free| u64::from(free)).sum();
+        // Positions past the 64th have no mask bit: they never fit a class, only strand.
+        let addressable = &free_milli[..free_milli.len().min(MAX_GPUS_PER_NODE)];
+        let every = addressable
+            .iter()
+            .enumerate()
+            .fold(0u64, |mask, (position, _)| mask | bit(position));
+        // Most classes see every GPU of the node: for those, the GPUs that fit are the largest
+        // free parts, found in the free parts sorted once per node.
+        let mut sorted = PerGpu::copy_of(addressable);
+        sorted.sort_unstable_by(|a, b| b.cmp(a));
+        let mut largest_sum = PerGpu::<u64>::defaults(sorted.len() + 1);
+        for (i, &free) in sorted.iter().enumerate() {
+            largest_sum[i + 1] = largest_sum[i] + u64::from(free);
+        }
+        let per_pod = self
+            .pods
+            .iter()
+            .zip(access)
+            .map(|(pod, &mask)| {
+                let (fitting, fitting_free) = if pod.milli == 0 || mask & every == 0 {
+                    // CPU-only classes lose everything anyway; blind classes fit nowhere.
+                    (0, 0)
+                } else if mask & every == every {
+                    let fitting = sorted.partition_point(|&free| free >= pod.milli);
+                    (fitting as u32, largest_sum[fitting])
+                } else {
+                    let mut fitting = 0u32;
+                    let mut fitting_free = 0u64;
+                    for (position, &free) in addressable.iter().enumerate() {
+                        let fits = ((mask >> position) & 1 == 1) & (free >= pod.milli);
+                        fitting += u32::from(fits);
+                        fitting_free += u64::from(fits) * u64::from(free);
+                    }
+                    (fitting, fitting_free)
+                };
+                PodCounts {
+                    fitting,
+                    stranded: total - fitting_free,
+                }
+            })
+            .collect();
+        FragState { total, per_pod }
+    }
+
+    /// [`TypicalPods::fragmentation_with`] for each of `changes` made alone, into `out`. The
+    /// candidates advance together class by class: each keeps its own sum in class order (so
+    /// every result is bit for bit the one-at-a-time value), and the sums no longer wait on one
+    /// another.
+    pub(crate) fn fragmentation_each(
+        &self,
+        state: &FragState,
+        cpu_free: CpuMilli,
+        access: &[u64],
+        changes: &[FreeChange],
+        out: &mut [f64],
+    ) {
+        out.fill(0.0);
+        for ((pod, &mask), counts) in self.pods.iter().zip(access).zip(&state.per_pod) {
+            let cpu_fits = cpu_free >= pod.cpu;
+            for (change, expected) in changes.iter().zip(out.iter_mut()) {
+                let total = state.total - u64::from(change.old) + u64::from(change.new);
+                let lost = if pod.milli == 0 {
+                    total
+                } else {
+                    // The same arithmetic as `fragmentation_with`, without branches on data.
+                    let accessible = mask & bit(change.position) != 0;
+                    let fit_before = accessible & (change.old >= pod.milli);
+                    let fit_after = accessible & (change.new >= pod.milli);
+                    let fitting = counts.fitting - u32::from(fit_before) + u32::from(fit_after);
+                    let stranded = counts.stranded - u64::from(!fit_before) * u64::from(change.old)
+                        + u64::from(!fit_after) * u64::from(change.new);
+                    if (fitting >= u32::from(pod.gpus)) & cpu_fits {
+                        stranded
+                    } else {
+                        total
+                    }
+                };
+                *expected += pod.weight * lost as f64;
+            }
+        }
+    }
+
+    /// [`TypicalPods::fragmentation`] of the node `state` describes once `changes` are made
+    /// (each at a distinct position), with `cpu_free` CPU left: the same integers per class,
+    /// summed in the same order, so the result is bit for bit the full computation's.
+    pub(crate) fn fragmentation_with(
+        &self,
+        state: &FragState,
+        cpu_free: CpuMilli,
+        access: &[u64],
+        changes: &[FreeChange],
+    ) -> f64 {
+        let total = changes.iter().fold(state.total, |total, change| {
+            total - u64::from(change.old) + u64::from(change.new)
+        });
+        let mut expected = 0.0;
+        for ((pod, &mask), counts) in self.pods.iter().zip(access).zip(&state.per_pod) {
+            let lost = if pod.milli == 0 {
+                total
+            } else {
+                let mut fitting = counts.fitting;
+                let mut stranded = counts.stranded;
+                for change in changes {
+                    let accessible = mask & bit(change.position) != 0;
+                    if accessible && change.old >= pod.milli {
+                        fitting -= 1;
+                    } else {
+                        stranded -= u64::from(change.old);
+                    }
+                    if accessible && change.new >= pod.milli {
+                        fitting += 1;
+                    } else {
+                        stranded += u64::from(change.new);
+                    }
+                }
+                if fitting >= u32::from(pod.gpus) && cpu_free >= pod.cpu {
+                    stranded
+                } else {
+                    total
+                }
+            };
+            expected += pod.weight * lost as f64;
+        }
+        expected
     }
 
     /// Expected fragmentation in milli-GPU of a node with `cpu_free` CPU and `free_milli` per GPU.
@@ -102,7 +238,7 @@ impl TypicalPods {
                 // A CPU-only pod can use none of the idle GPU capacity.
                 total
             } else {
-                let mut fitting = 0u16;
+                let mut fitting = 0u32;
                 let mut stranded = 0u64;
                 for (position, &free) in free_milli.iter().enumerate() {
                     if mask & bit(position) != 0 && free >= pod.milli {
@@ -111,7 +247,7 @@ impl TypicalPods {
                         stranded += u64::from(free);
                     }
                 }
-                if fitting >= pod.gpus && cpu_free >= pod.cpu {
+                if fitting >= u32::from(pod.gpus) && cpu_free >= pod.cpu {
                     stranded
                 } else {
                     total
@@ -121,6 +257,86 @@ impl TypicalPods {
         }
         expected
     }
+}
+
+/// What FGD derives from one node as it stands, computed once per evaluation and shared by the
+/// GPU choice and the score. Valid for one node and one [`TypicalPods`] only.
+#[derive(Debug, Default)]
+pub(crate) struct FgdCache {
+    access: Option<Vec<u64>>,
+    /// Free capacity, its state, and its fragmentation with the node's free CPU.
+    base: Option<(PerGpu<u32>, FragState, f64)>,
+    /// The last GPU choice rated against `base`: the change, the CPU left, and the resulting
+    /// fragmentation, which scoring a one-GPU placement asks for again.
+    rated: Option<(FreeChange, CpuMilli, f64)>,
+}
+
+impl FgdCache {
+    /// The class access masks of `node`, the fragmentation state of free capacity `free`, and
+    /// its fragmentation with the node's free CPU: reused when an earlier call saw the same
+    /// free capacity, computed otherwise.
+    pub(crate) fn prepare(
+        &mut self,
+        typical: &TypicalPods,
+        node: &NodeState,
+        free: &[u32],
+    ) -> (&[u64], &FragState, f64) {
+        let Self {
+            access,
+            base,
+            rated,
+        } = self;
+        let access = access.get_or_insert_with(|| typical.access_masks(node));
+        if !matches!(base, Some((seen, _, _)) if **seen == *free) {
+            *base = None;
+            *rated = None;
+        }
+        let (_, state, fragmentation) = base.get_or_insert_with(|| {
+            let state = typical.state(free, access);
+            let fragmentation = typical.fragmentation_with(&state, node.cpu_free(), access, &[]);
+            (PerGpu::copy_of(free), state, fragmentation)
+        });
+        (access, state, *fragmentation)
+    }
+
+    /// Remembers that `change` with `cpu_free` CPU left rates `fragmentation` against the state
+    /// last prepared.
+    pub(crate) fn remember(&mut self, change: FreeChange, cpu_free: CpuMilli, fragmentation: f64) {
+        self.rated = Some((change, cpu_free, fragmentation));
+    }
+
+    /// The remembered fragmentation of exactly these changes with `cpu_free` CPU left, if the
+    /// state it was rated against is still the one prepared.
+    pub(crate) fn recall(&self, changes: &[FreeChange], cpu_free: CpuMilli) -> Option<f64> {
+        match (self.rated, changes) {
+            (Some((change, cpu, fragmentation)), [only]) if change == *only && cpu == cpu_free => {
+                Some(fragmentation)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// One GPU's free milli-GPU going from `old` to `new`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct FreeChange {
+    pub(crate) position: usize,
+    pub(crate) old: u32,
+    pub(crate) new: u32,
+}
+
+/// A node's free capacity as [`TypicalPods::fragmentation`] sees it, per class.
+#[derive(Clone, Debug)]
+pub(crate) struct FragState {
+    total: u64,
+    per_pod: Vec<PodCounts>,
+}
+
+/// For one class: the accessible GPUs with room for it, and the free capacity of the others.
+#[derive(Clone, Copy, Debug, Default)]
+struct PodCounts {
+    fitting: u32,
+    stranded: u64,
 }
 
 /// FGD's score for a fragmentation change (`before - after`, milli-GPU): 50 means no change,
@@ -182,6 +398,71 @@ mod tests {
         );
         assert_eq!(typical.pods().len(), 2);
         assert!((typical.pods()[0].weight - 60.0 / 96.0).abs() < 1e-12);
+    }
+
+    /// The incremental forms must agree with the full computation bit for bit: GPU choice and
+    /// scores compare these floats, and ties are part of the behaviour.
+    #[test]
+    fn incremental_fragmentation_equals_the_full_computation() {
+        let mut seed = 7u64;
+        let mut next = move |n: u64| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) % n
+        };
+        for _ in 0..500 {
+            let classes = (0..1 + next(8))
+                .map(|_| {
+                    let gpus = next(4) as u16;
+                    let milli = if gpus == 0 {
+                        0
+                    } else {
+                        50 * (1 + next(20) as u32)
+                    };
+                    class(1000 * next(8), gpus, milli, 1.0 + next(50) as f64)
+                })
+                .collect();
+            let typical = TypicalPods::new(classes);
+            let gpus = 1 + next(8) as usize;
+            let free: Vec<u32> = (0..gpus).map(|_| 50 * next(21) as u32).collect();
+            let access: Vec<u64> = typical.pods().iter().map(|_| next(1 << gpus)).collect();
+            let cpu = CpuMilli(1000 * next(8));
+            let state = typical.state(&free, &access);
+            assert_eq!(
+                typical
+                    .fragmentation_with(&state, cpu, &access, &[])
+                    .to_bits(),
+                typical.fragmentation(cpu, &free, &access).to_bits()
+            );
+            let mut changes = Vec::new();
+            for (position, &old) in free.iter().enumerate() {
+                if next(2) == 0 {
+                    let new = 50 * next(21) as u32;
+                    changes.push(FreeChange { position, old, new });
+                }
+            }
+            let mut changed = free.clone();
+            for change in &changes {
+                changed[change.position] = change.new;
+            }
+            assert_eq!(
+                typical
+                    .fragmentation_with(&state, cpu, &access, &changes)
+                    .to_bits(),
+                typical.fragmentation(cpu, &changed, &access).to_bits()
+            );
+            let mut each = vec![0.0; changes.len()];
+            typical.fragmentation_each(&state, cpu, &access, &changes, &mut each);
+            for (change, value) in changes.iter().zip(each) {
+                let mut alone = free.clone();
+                alone[change.position] = change.new;
+                assert_eq!(
+                    value.to_bits(),
+                    typical.fragmentation(cpu, &alone, &access).to_bits()
+                );
+            }
+        }
     }
 
     #[test]

@@ -7,11 +7,12 @@ pub mod spread;
 pub mod topology;
 
 use super::allocation::PodAllocation;
-use super::fit::{RejectReason, fit};
-use super::model::{ComputeMilli, CpuMilli, GpuPlacement, MemMiB};
+use super::fit::{RejectReason, fit_with};
+use super::model::{ComputeMilli, CpuMilli, GpuPlacement, MAX_GPUS_PER_NODE, MemMiB};
 use super::request::PodRequest;
-use super::state::{GpuUsage, NodeState, gpu_free_milli};
-use fgd::TypicalPods;
+use super::state::{GpuUsage, NodeState, PerGpu};
+use super::topology::positions;
+use fgd::{FgdCache, FreeChange, TypicalPods};
 
 /// How nodes are ranked for a pod.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -128,30 +129,63 @@ impl Policy {
         ask: ShareAsk,
         choice: ShareChoice,
     ) -> Vec<usize> {
+        self.pick_shares(node, usage, pool, ask, choice, &mut FgdCache::default())
+            .to_vec()
+    }
+
+    /// [`Policy::choose_shares`] without allocating: what `fit` calls for every node. `cache`
+    /// holds what FGD derived from this node so far in this evaluation.
+    pub(crate) fn pick_shares(
+        &self,
+        node: &NodeState,
+        usage: &[GpuUsage],
+        pool: u64,
+        ask: ShareAsk,
+        choice: ShareChoice,
+        cache: &mut FgdCache,
+    ) -> Picked {
         match choice {
-            ShareChoice::Binpack => binpack::choose(node, usage, pool, ask.count),
-            ShareChoice::Spread => spread::choose(node, usage, pool, ask.count),
-            ShareChoice::Fgd => {
-                fgd_choose(node, usage, pool, ask, &self.typical, self.fgd_truncate)
-            }
+            ShareChoice::Binpack => binpack::pick(node, usage, pool, ask.count),
+            ShareChoice::Spread => spread::pick(node, usage, pool, ask.count),
+            ShareChoice::Fgd => fgd_pick(node, usage, pool, ask, self, cache),
         }
     }
 
-    /// Scores a placement that [`fit`] produced on `node`.
+    /// Scores a placement that [`fit`](super::fit::fit) produced on `node`.
     pub fn score(&self, node: &NodeState, allocation: &PodAllocation) -> f64 {
-        let before = free_milli(node, &node.gpus);
-        let after_usage = usage_after(node, allocation);
-        let after = free_milli(node, &after_usage);
+        self.score_with(node, allocation, &mut FgdCache::default())
+    }
+
+    /// [`Policy::score`], reusing what the GPU choice derived from the node.
+    fn score_with(
+        &self,
+        node: &NodeState,
+        allocation: &PodAllocation,
+        cache: &mut FgdCache,
+    ) -> f64 {
+        let mut after_usage = PerGpu::copy_of(&node.gpus);
+        add_allocation(node, &mut after_usage, allocation);
+        let after = free_milli_of(node, &after_usage);
         let base = match self.scoring {
             ScoringPolicy::Binpack => binpack::score(node, allocation, &after),
             ScoringPolicy::Spread => spread::score(node, allocation, &after),
             ScoringPolicy::Fgd => {
-                let access = self.typical.access_masks(node);
+                // One pass over the GPUs for the node as it is; the placement's effect is
+                // derived from the GPUs it changes.
+                let before = free_milli_of(node, &node.gpus);
+                let (_, _, fragmentation) = cache.prepare(&self.typical, node, &before);
+                let changes = changes_between(&before, &after);
                 let cpu_after = CpuMilli(node.cpu_free().0.saturating_sub(allocation.cpu.0));
-                let reduction = self
-                    .typical
-                    .fragmentation(node.cpu_free(), &before, &access)
-                    - self.typical.fragmentation(cpu_after, &after, &access);
+                // A one-GPU share was rated this way when its GPU was chosen.
+                let after = match cache.recall(&changes, cpu_after) {
+                    Some(after) => after,
+                    None => {
+                        let (access, state, _) = cache.prepare(&self.typical, node, &before);
+                        self.typical
+                            .fragmentation_with(state, cpu_after, access, &changes)
+                    }
+                };
+                let reduction = fragmentation - after;
                 if self.fgd_truncate {
                     fgd::reference_score(reduction)
                 } else {
@@ -168,85 +202,191 @@ impl Policy {
         node: &NodeState,
         request: &PodRequest,
     ) -> Result<Evaluation, RejectReason> {
-        let allocation = fit(node, request, self)?;
-        let score = self.score(node, &allocation);
+        let mut cache = FgdCache::default();
+        let allocation = fit_with(node, request, self, &mut cache)?;
+        let score = self.score_with(node, &allocation, &mut cache);
         Ok(Evaluation { allocation, score })
+    }
+}
+
+/// GPU positions picked for a share, in the order they were picked; on the stack, since masks
+/// address at most 64 positions.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Picked {
+    positions: [u8; MAX_GPUS_PER_NODE],
+    len: usize,
+}
+
+impl Picked {
+    pub(crate) fn new() -> Self {
+        Self {
+            positions: [0; MAX_GPUS_PER_NODE],
+            len: 0,
+        }
+    }
+
+    /// Appends a position (below 64, as every mask position is).
+    pub(crate) fn push(&mut self, position: usize) {
+        if let (Some(slot), Ok(position)) =
+            (self.positions.get_mut(self.len), u8::try_from(position))
+        {
+            *slot = position;
+            self.len += 1;
+        }
+    }
+
+    /// The picked positions, in order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = usize> + '_ {
+        self.positions[..self.len].iter().map(|&p| usize::from(p))
+    }
+
+    fn to_vec(self) -> Vec<usize> {
+        self.iter().collect()
     }
 }
 
 /// Per-GPU free milli-GPU of `node` under `usage`.
 pub fn free_milli(node: &NodeState, usage: &[GpuUsage]) -> Vec<u32> {
-    node.spec
-        .gpus
+    free_milli_of(node, usage).to_vec()
+}
+
+/// [`free_milli`] on the stack.
+fn free_milli_of(node: &NodeState, usage: &[GpuUsage]) -> PerGpu<u32> {
+    let mut free = PerGpu::defaults(usage.len().min(node.spec.gpus.len()));
+    for (position, slot) in free.iter_mut().enumerate() {
+        *slot = node.free_milli_under(position, &usage[position]);
+    }
+    free
+}
+
+/// The positions whose free capacity differs between `before` and `after`.
+fn changes_between(before: &[u32], after: &[u32]) -> PerGpu<FreeChange> {
+    let differing = before.iter().zip(after).filter(|(b, a)| b != a).count();
+    let mut changes = PerGpu::defaults(differing);
+    let found = before
         .iter()
-        .zip(usage)
-        .map(|(gpu, slot)| gpu_free_milli(gpu, slot))
-        .collect()
+        .zip(after)
+        .enumerate()
+        .filter(|(_, (b, a))| b != a)
+        .map(|(position, (&old, &new))| FreeChange { position, old, new });
+    for (slot, change) in changes.iter_mut().zip(found) {
+        *slot = change;
+    }
+    changes
 }
 
 /// The node's GPU usage once `allocation` is added.
 pub fn usage_after(node: &NodeState, allocation: &PodAllocation) -> Vec<GpuUsage> {
     let mut usage = node.gpus.clone();
-    for hold in allocation.footprint() {
-        let Some(position) = node.spec.position_of(hold.gpu) else {
-            continue;
-        };
-        let slot = &mut usage[position];
-        if hold.whole {
-            slot.whole_pods += 1;
-        } else {
-            slot.mem = MemMiB(slot.mem.0 + hold.mem.0);
-            slot.compute = ComputeMilli(slot.compute.0 + hold.compute.0);
-            slot.shares += 1;
-        }
-    }
+    add_allocation(node, &mut usage, allocation);
     usage
+}
+
+/// Adds `allocation`'s per-GPU holds to scratch `usage` (holds on GPUs the node lacks are
+/// skipped).
+fn add_allocation(node: &NodeState, usage: &mut [GpuUsage], allocation: &PodAllocation) {
+    allocation.for_each_hold(|hold| {
+        let Some(slot) = node.position_of(hold.gpu).and_then(|p| usage.get_mut(p)) else {
+            return;
+        };
+        if hold.whole {
+            slot.whole_pods = slot.whole_pods.saturating_add(1);
+        } else {
+            slot.mem = MemMiB(slot.mem.0.saturating_add(hold.mem.0));
+            slot.compute = ComputeMilli(slot.compute.0.saturating_add(hold.compute.0));
+            slot.shares = slot.shares.saturating_add(1);
+        }
+    });
 }
 
 /// FGD's GPU choice: one GPU at a time, the one whose use leaves the least expected
 /// fragmentation (lowest position on ties). With `truncate`, compares the reference's integer
 /// scores instead, reproducing its tie-breaking.
-fn fgd_choose(
+fn fgd_pick(
     node: &NodeState,
     usage: &[GpuUsage],
     pool: u64,
     ask: ShareAsk,
-    typical: &TypicalPods,
-    truncate: bool,
-) -> Vec<usize> {
+    policy: &Policy,
+    cache: &mut FgdCache,
+) -> Picked {
+    let typical = &policy.typical;
     if typical.is_empty() {
-        return binpack::choose(node, usage, pool, ask.count);
+        return binpack::pick(node, usage, pool, ask.count);
     }
-    let access = typical.access_masks(node);
-    let mut scratch = usage.to_vec();
+    let mut scratch = PerGpu::copy_of(usage);
+    let mut free = free_milli_of(node, &scratch);
+    let (_, _, before) = cache.prepare(typical, node, &free);
     let mut remaining = pool;
-    let mut chosen = Vec::with_capacity(ask.count);
-    let before_free = free_milli(node, &scratch);
-    let before = typical.fragmentation(node.cpu_free(), &before_free, &access);
+    let mut chosen = Picked::new();
+    let with_ask = |slot: GpuUsage| GpuUsage {
+        mem: MemMiB(slot.mem.0 + ask.mem.0),
+        compute: ComputeMilli(slot.compute.0 + ask.compute.0),
+        ..slot
+    };
     for _ in 0..ask.count {
-        let mut best: Option<(usize, f64)> = None;
-        for position in super::topology::positions(remaining) {
-            let mut trial = free_milli(node, &scratch);
-            let mut slot = scratch[position];
-            slot.mem = MemMiB(slot.mem.0 + ask.mem.0);
-            slot.compute = ComputeMilli(slot.compute.0 + ask.compute.0);
-            trial[position] = gpu_free_milli(&node.spec.gpus[position], &slot);
-            let reduction = before - typical.fragmentation(ask.cpu_after, &trial, &access);
-            let value = if truncate {
+        // Each candidate changes one GPU: its fragmentation is derived per typical pod from
+        // the node's current state rather than recomputed over every GPU, and all candidates
+        // are rated in one pass.
+        let (access, state, _) = cache.prepare(typical, node, &free);
+        // When every class sees all of the node's GPUs or none of them (one card model, the
+        // usual case), a candidate's rating depends only on its free capacity before and
+        // after: GPUs alike are rated once.
+        let all = node.profile.all;
+        let alike = access
+            .iter()
+            .all(|&mask| mask & all == 0 || mask & all == all);
+        let candidates = remaining.count_ones() as usize;
+        let mut changes = PerGpu::<FreeChange>::defaults(candidates);
+        let mut rated_as = PerGpu::<usize>::defaults(candidates);
+        let mut distinct = 0;
+        for (slot, position) in rated_as.iter_mut().zip(positions(remaining)) {
+            let change = FreeChange {
+                position,
+                old: free[position],
+                new: node.free_milli_under(position, &with_ask(scratch[position])),
+            };
+            let same = changes[..distinct]
+                .iter()
+                .position(|seen| alike && (seen.old, seen.new) == (change.old, change.new));
+            *slot = same.unwrap_or_else(|| {
+                changes[distinct] = change;
+                distinct += 1;
+                distinct - 1
+            });
+        }
+        let mut after = PerGpu::<f64>::defaults(distinct);
+        typical.fragmentation_each(
+            state,
+            ask.cpu_after,
+            access,
+            &changes[..distinct],
+            &mut after,
+        );
+        let mut best: Option<(usize, f64, usize)> = None;
+        for (position, &rating) in positions(remaining).zip(rated_as.iter()) {
+            let reduction = before - after[rating];
+            let value = if policy.fgd_truncate {
                 fgd::reference_score(reduction)
             } else {
                 reduction
             };
-            if best.is_none_or(|(_, best_value)| value > best_value) {
-                best = Some((position, value));
+            if best.is_none_or(|(_, best_value, _)| value > best_value) {
+                best = Some((position, value, rating));
             }
         }
-        let Some((position, _)) = best else { break };
+        let Some((position, _, rating)) = best else {
+            break;
+        };
+        let change = FreeChange {
+            position,
+            ..changes[rating]
+        };
+        cache.remember(change, ask.cpu_after, after[rating]);
         chosen.push(position);
         remaining &= !(1u64 << position);
-        let slot = &mut scratch[position];
-        slot.mem = MemMiB(slot.mem.0 + ask.mem.0);
-        slot.compute = ComputeMilli(slot.compute.0 + ask.compute.0);
+        scratch[position] = with_ask(scratch[position]);
+        free[position] = node.free_milli_under(position, &scratch[position]);
     }
     chosen
 }

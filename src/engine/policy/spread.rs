@@ -1,27 +1,26 @@
 //! Spread: put pods on the emptiest GPUs and nodes, trading packing for isolation from noisy
 //! neighbours.
 
-use crate::engine::allocation::PodAllocation;
-use crate::engine::state::{GpuUsage, NodeState, gpu_free_milli};
-use crate::engine::topology::positions;
+use std::cmp::Reverse;
 
-use super::binpack::utilisation_after;
+use crate::engine::allocation::PodAllocation;
+use crate::engine::state::{GpuUsage, NodeState};
+
+use super::Picked;
+use super::binpack::{pick_smallest, utilisation_after};
 
 /// The `count` GPUs of `pool` with the most free capacity, then the fewest pods (lowest position
 /// on ties).
 pub fn choose(node: &NodeState, usage: &[GpuUsage], pool: u64, count: usize) -> Vec<usize> {
-    let mut ranked: Vec<(std::cmp::Reverse<u32>, u16, usize)> = positions(pool)
-        .map(|position| {
-            let free = gpu_free_milli(&node.spec.gpus[position], &usage[position]);
-            (std::cmp::Reverse(free), usage[position].shares, position)
-        })
-        .collect();
-    ranked.sort_unstable();
-    ranked
-        .into_iter()
-        .take(count)
-        .map(|(_, _, position)| position)
-        .collect()
+    pick(node, usage, pool, count).iter().collect()
+}
+
+/// [`choose`] without allocating.
+pub(crate) fn pick(node: &NodeState, usage: &[GpuUsage], pool: u64, count: usize) -> Picked {
+    pick_smallest(pool, count, |position| {
+        let free = node.free_milli_under(position, &usage[position]);
+        (Reverse(free), usage[position].shares)
+    })
 }
 
 /// How empty the node stays once the pod is placed, on 0..=100.
