@@ -352,9 +352,10 @@ impl Cluster {
         }
         command
             .env(
-                "GPU_EXTENDER_LOG",
+                "RUST_LOG",
                 "info,gpu_extender=debug,kube_runtime=warn,kube_client=warn",
             )
+            .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
