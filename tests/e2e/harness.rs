@@ -276,7 +276,7 @@ impl Cluster {
         self.dir.join("kubeconfig")
     }
 
-    /// The extender's configuration file (YAML); `extra` is appended to the defaults.
+    /// Writes the extender's configuration file (YAML; empty means every key at its default).
     fn write_extender_config(&self) -> Result<PathBuf> {
         let path = self.dir.join("extender.yaml");
         std::fs::write(&path, &self.extender_config)
