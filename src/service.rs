@@ -17,8 +17,8 @@ use crate::engine::{Hold, NodeSpec, PodKey, PodRequest};
 use crate::http::server::{Adapter, AppState, admin_router, router};
 use crate::http::wire::ExtenderBindingArgs;
 use crate::k8s::bind::{BindError, BindOutcome, BindRequest, BindTime, Binder, KubeApi, PodApi};
-use crate::k8s::translate;
 use crate::k8s::watch::{self, ClusterState, Feed};
+use crate::k8s::{requeue, translate};
 use crate::telemetry::Metrics;
 
 /// Answers bind calls; provided by the cluster-state layer.
@@ -224,6 +224,16 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
     let feed = Feed::new(cluster.clone(), config.clone(), policy.clone());
     let watchers = tokio::spawn(watch::run(client.clone(), feed, epoch));
+    let requeuer = config.requeue.enabled.then(|| {
+        tokio::spawn(requeue::run(
+            cluster.clone(),
+            config.clone(),
+            policy.clone(),
+            KubeApi::new(client.clone()),
+            metrics.clone(),
+            epoch,
+        ))
+    });
 
     let binder = Binder::new(
         cluster.clone(),
@@ -273,6 +283,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     info!("shutting down: draining requests");
     drop(stop_tx);
     watchers.abort();
+    if let Some(requeuer) = requeuer {
+        requeuer.abort();
+    }
     servers.await??;
     info!("stopped");
     Ok(())

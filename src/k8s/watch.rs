@@ -16,14 +16,14 @@
 //! as deleted. The state reports ready once both initial lists are applied.
 
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::{Container, Node, Pod, PodCondition, PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, watcher as watch_stream};
@@ -36,8 +36,8 @@ use super::translate::{
 };
 use crate::config::Config;
 use crate::engine::{
-    Change, CpuMilli, MemMiB, NodeName, NodeSpec, NodeState, PodAllocation, PodKey, PodRequest,
-    Policy, Table, fit,
+    Change, CpuMilli, Hold, MemMiB, NodeName, NodeSpec, NodeState, PodAllocation, PodKey,
+    PodRequest, Policy, Table, fit,
 };
 
 /// The cluster as the extender knows it, shared by the feed (the writer), the HTTP handlers
@@ -49,6 +49,10 @@ pub struct ClusterState {
     pods: RwLock<HashMap<PodKey, Arc<Pod>>>,
     ready: AtomicBool,
     stats: Mutex<FeedStats>,
+    /// Nodes where capacity was freed since the requeue task last looked (see `requeue`).
+    freed: Mutex<BTreeSet<NodeName>>,
+    /// Wakes the requeue task when `freed` gains a node; a wake-up with no waiter is kept.
+    freed_signal: tokio::sync::Notify,
 }
 
 /// Health of the feed, for metrics and logs. Gauges describe the current state; counters only
@@ -85,6 +89,8 @@ impl ClusterState {
             pods: RwLock::new(HashMap::new()),
             ready: AtomicBool::new(false),
             stats: Mutex::new(FeedStats::default()),
+            freed: Mutex::new(BTreeSet::new()),
+            freed_signal: tokio::sync::Notify::new(),
         }
     }
 
@@ -147,7 +153,51 @@ impl ClusterState {
 
     /// Releases reservations older than their TTL; returns the pods released.
     pub fn expire_reservations(&self, now_ms: u64) -> Vec<PodKey> {
-        self.write().expire_reservations(now_ms)
+        let mut table = self.write();
+        let nodes: BTreeSet<NodeName> = table
+            .pods()
+            .filter(|(_, entry)| {
+                matches!(entry.hold, Hold::Reserved { expires_at_ms } if expires_at_ms <= now_ms)
+            })
+            .map(|(_, entry)| entry.allocation.node.clone())
+            .collect();
+        let expired = table.expire_reservations(now_ms);
+        drop(table);
+        for node in &nodes {
+            self.note_freed(node);
+        }
+        expired
+    }
+
+    /// Records that capacity was freed on `node` (a pod finished or was deleted, a reservation
+    /// lapsed or was cancelled, the node appeared or changed) and wakes the requeue task.
+    pub fn note_freed(&self, node: &NodeName) {
+        let mut freed = self.freed.lock().unwrap_or_else(PoisonError::into_inner);
+        if freed.insert(node.clone()) {
+            self.freed_signal.notify_one();
+        }
+    }
+
+    /// The nodes freed since the last call, emptied.
+    pub fn take_freed(&self) -> BTreeSet<NodeName> {
+        std::mem::take(&mut *self.freed.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Resolves when [`ClusterState::note_freed`] has recorded a node since the last wake-up.
+    pub async fn freed_wakeup(&self) {
+        self.freed_signal.notified().await;
+    }
+
+    /// Pending GPU pods that kube-scheduler has marked unschedulable (condition `PodScheduled`
+    /// `False`, reason `Unschedulable`), as the watch last saw them.
+    pub fn unschedulable_pods(&self) -> Vec<(PodKey, Arc<Pod>)> {
+        self.pods
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|(_, pod)| is_unschedulable(pod))
+            .map(|(key, pod)| (key.clone(), Arc::clone(pod)))
+            .collect()
     }
 
     fn set_ready(&self) {
@@ -378,6 +428,8 @@ impl Feed {
         let name = spec.name.clone();
         debug!(node = %name, gpus = spec.gpus.len(), mode = spec.mode.as_str(), "node upserted");
         table.apply(Change::UpsertNode(spec));
+        // New or changed capacity: pods waiting for room may fit now.
+        self.state.note_freed(&name);
         self.nodes.insert(name.clone(), memo);
         if let Some(waiting) = self.waiting.remove(&name) {
             for (key, inference) in waiting {
@@ -547,7 +599,9 @@ impl Feed {
             return;
         };
         // Whatever the pod held before (an old placement, a lapsed reservation) is replaced.
-        table.release(&key);
+        if let Some(released) = table.release(&key) {
+            self.state.note_freed(&released.node);
+        }
         let Some(state) = table.node(node) else {
             let applied = Applied::WaitingForNode {
                 node: node.clone(),
@@ -599,6 +653,9 @@ impl Feed {
             if waiting.is_empty() {
                 self.waiting.remove(node);
             }
+        }
+        if let Some(entry) = table.pod(key) {
+            self.state.note_freed(&entry.allocation.node);
         }
         table.apply(Change::PodGone(key.clone()));
         self.state.forget_pod(key);
@@ -751,6 +808,7 @@ pub fn slim_pod(pod: &Pod, cfg: &Config) -> Pod {
             name: pod.metadata.name.clone(),
             namespace: pod.metadata.namespace.clone(),
             uid: pod.metadata.uid.clone(),
+            creation_timestamp: pod.metadata.creation_timestamp.clone(),
             labels: filter(&pod.metadata.labels, &keep_label),
             annotations: filter(&pod.metadata.annotations, &keep_annotation),
             ..ObjectMeta::default()
@@ -768,9 +826,46 @@ pub fn slim_pod(pod: &Pod, cfg: &Config) -> Pod {
         }),
         status: pod.status.as_ref().map(|status| PodStatus {
             phase: status.phase.clone(),
+            // Only kube-scheduler's verdict: the requeue task looks for unschedulable pods.
+            conditions: status.conditions.as_ref().map(|conditions| {
+                conditions
+                    .iter()
+                    .filter(|c| c.type_ == POD_SCHEDULED)
+                    .map(|c| PodCondition {
+                        type_: c.type_.clone(),
+                        status: c.status.clone(),
+                        reason: c.reason.clone(),
+                        ..PodCondition::default()
+                    })
+                    .collect()
+            }),
             ..PodStatus::default()
         }),
     }
+}
+
+const POD_SCHEDULED: &str = "PodScheduled";
+
+/// Whether kube-scheduler has tried `pod` and found no node for it: not bound, and its
+/// `PodScheduled` condition is `False` with reason `Unschedulable` (a `SchedulerError` is not
+/// a capacity problem, and is retried by kube-scheduler itself).
+pub fn is_unschedulable(pod: &Pod) -> bool {
+    let bound = pod
+        .spec
+        .as_ref()
+        .is_some_and(|spec| spec.node_name.as_deref().is_some_and(|n| !n.is_empty()));
+    !bound
+        && pod
+            .status
+            .as_ref()
+            .and_then(|status| status.conditions.as_ref())
+            .is_some_and(|conditions| {
+                conditions.iter().any(|c| {
+                    c.type_ == POD_SCHEDULED
+                        && c.status == "False"
+                        && c.reason.as_deref() == Some("Unschedulable")
+                })
+            })
 }
 
 /// Milliseconds since `epoch` on the monotonic clock: the time base of reservations. Binds and

@@ -45,6 +45,9 @@ pub struct Metrics {
     /// Watch errors (each retried with backoff) and completed lists, by kind.
     pub watch_errors: IntCounter,
     pub relists: IntCounterVec,
+    /// Waiting pods touched so kube-scheduler retries them after capacity was freed, by result
+    /// (`touched`, `gone`, `error`).
+    pub requeue_touches: IntCounterVec,
 }
 
 impl Metrics {
@@ -133,6 +136,14 @@ impl Metrics {
             ),
             &["kind"],
         )?;
+        let requeue_touches = IntCounterVec::new(
+            Opts::new(
+                "gpu_extender_requeue_touches_total",
+                "Unschedulable pods touched so kube-scheduler retries them once capacity was freed.",
+            ),
+            &["result"],
+        )?;
+        registry.register(Box::new(requeue_touches.clone()))?;
         registry.register(Box::new(records_missing.clone()))?;
         registry.register(Box::new(records_corrupt.clone()))?;
         registry.register(Box::new(nodes_with_problems.clone()))?;
@@ -156,6 +167,9 @@ impl Metrics {
         for reason in RejectReason::ALL {
             rejections.with_label_values(&[reason.code()]);
         }
+        for result in ["touched", "gone", "error"] {
+            requeue_touches.with_label_values(&[result]);
+        }
         Ok(Self {
             registry,
             request_duration,
@@ -174,6 +188,7 @@ impl Metrics {
             nodes_with_problems,
             watch_errors,
             relists,
+            requeue_touches,
         })
     }
 

@@ -249,8 +249,14 @@ impl Cluster {
 
     /// Runs `scripts/control-plane.sh <args[0]> <dir> <args[1..]>`, failing with its output.
     async fn control_plane(&self, args: &[&str]) -> Result<()> {
+        self.control_plane_with_env(args, &[]).await
+    }
+
+    /// [`Cluster::control_plane`] with extra environment variables for the script.
+    async fn control_plane_with_env(&self, args: &[&str], env: &[(&str, &str)]) -> Result<()> {
         let mut command = Command::new(Path::new(ROOT).join("scripts/control-plane.sh"));
         command.arg(args[0]).arg(&self.dir).args(&args[1..]);
+        command.envs(env.iter().copied());
         command
             .env("K8S_BIN_DIR", &self.bins)
             .env("CP_OWNER_PID", std::process::id().to_string())
@@ -438,6 +444,11 @@ impl Cluster {
     /// Starts (or restarts) kube-scheduler with a shipped configuration file from the repository
     /// (e.g. [`PROFILE_CONFIG`]), pointed at this cluster's extender and kubeconfig.
     pub async fn start_scheduler(&self, shipped: &str) -> Result<()> {
+        self.start_scheduler_with_flags(shipped, &[]).await
+    }
+
+    /// [`Cluster::start_scheduler`] with extra kube-scheduler command-line flags (feature gates).
+    pub async fn start_scheduler_with_flags(&self, shipped: &str, flags: &[&str]) -> Result<()> {
         let text = std::fs::read_to_string(Path::new(ROOT).join(shipped))
             .with_context(|| format!("reading {shipped}"))?;
         let rendered = render_scheduler_config(&text, &self.extender_url())
@@ -449,8 +460,11 @@ impl Cluster {
         let path = self.dir.join(format!("rendered-{file}"));
         std::fs::write(&path, rendered)?;
         let t0 = Instant::now();
-        self.control_plane(&["scheduler", &path.to_string_lossy()])
-            .await?;
+        self.control_plane_with_env(
+            &["scheduler", &path.to_string_lossy()],
+            &[("CP_SCHEDULER_EXTRA_ARGS", &flags.join(" "))],
+        )
+        .await?;
         eprintln!(
             "e2e {}: kube-scheduler up with {shipped} in {:.1}s",
             self.name,
