@@ -18,6 +18,7 @@ mod modes;
 mod preemption;
 mod rejections;
 mod restart;
+mod state;
 
 use std::time::Duration;
 
