@@ -79,6 +79,30 @@ pub struct FeedStats {
     pub pod_lists: u64,
     /// Watch errors reported by the runner (each is retried with backoff).
     pub watch_errors: u64,
+    /// Watch events applied, per kind.
+    pub node_events: EventCounts,
+    pub pod_events: EventCounts,
+}
+
+/// Watch events of one kind, by type. Counters: they only grow.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EventCounts {
+    pub apply: u64,
+    pub delete: u64,
+    /// Objects delivered by a full list (initial or relist).
+    pub listed: u64,
+}
+
+impl EventCounts {
+    /// Counts `event` (`Init` and `InitDone` carry no object and are not counted).
+    fn count<K>(&mut self, event: &Event<K>) {
+        match event {
+            Event::Apply(_) => self.apply += 1,
+            Event::Delete(_) => self.delete += 1,
+            Event::InitApply(_) => self.listed += 1,
+            Event::Init | Event::InitDone => {}
+        }
+    }
 }
 
 impl ClusterState {
@@ -317,6 +341,7 @@ impl Feed {
     /// Applies one Node watch event.
     pub fn apply_node_event(&mut self, event: &Event<Node>) {
         let state = Arc::clone(&self.state);
+        state.update_stats(|s| s.node_events.count(event));
         match event {
             Event::Init => self.node_buffer = Some(Vec::new()),
             Event::InitApply(node) => match self.node_buffer.as_mut() {
@@ -355,6 +380,7 @@ impl Feed {
     /// Applies one Pod watch event.
     pub fn apply_pod_event(&mut self, event: &Event<Pod>) {
         let state = Arc::clone(&self.state);
+        state.update_stats(|s| s.pod_events.count(event));
         match event {
             Event::Init => self.pod_buffer = Some(Vec::new()),
             Event::InitApply(pod) => match self.pod_buffer.as_mut() {

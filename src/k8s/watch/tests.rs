@@ -529,3 +529,30 @@ fn freed_capacity_and_unschedulable_pods_are_recorded_for_the_requeue_task() {
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].0, key("w"));
 }
+
+#[test]
+fn watch_events_are_counted_by_kind_and_type() {
+    let mut feed = feed();
+    list_nodes(&mut feed, &[share_node("a"), whole_node("b")]);
+    feed.apply_node_event(&Event::Apply(share_node("a")));
+    feed.apply_node_event(&Event::Delete(whole_node("b")));
+    list_pods(&mut feed, &[]);
+    feed.apply_pod_event(&Event::Apply(share_pod("p", "u1", Some("a"), 2)));
+    let stats = feed.state().stats();
+    assert_eq!(
+        stats.node_events,
+        EventCounts {
+            apply: 1,
+            delete: 1,
+            listed: 2
+        }
+    );
+    assert_eq!(
+        stats.pod_events,
+        EventCounts {
+            apply: 1,
+            delete: 0,
+            listed: 0
+        }
+    );
+}
