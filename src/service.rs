@@ -18,6 +18,7 @@ use crate::http::server::{Adapter, AppState, admin_router, router};
 use crate::http::wire::ExtenderBindingArgs;
 use crate::inspect::{self, ClusterReport};
 use crate::k8s::bind::{BindError, BindOutcome, BindRequest, BindTime, Binder, KubeApi, PodApi};
+use crate::k8s::events::{BindEvents, KubeEvents};
 use crate::k8s::watch::{self, ClusterState, Feed};
 use crate::k8s::{requeue, translate};
 use crate::telemetry::Metrics;
@@ -82,6 +83,8 @@ impl Adapter for KubeAdapter {
 /// `Error` before kube-scheduler's `httpTimeout` beats a late success it has stopped waiting for.
 pub struct MeteredBinder<A> {
     binder: Binder<A>,
+    /// Told of every successful bind (an Event on the pod); never fails the bind.
+    events: Option<Arc<dyn BindEvents>>,
     cluster: Arc<ClusterState>,
     metrics: Metrics,
     epoch: Instant,
@@ -107,11 +110,18 @@ impl<A: PodApi + 'static> MeteredBinder<A> {
     ) -> Self {
         Self {
             binder,
+            events: None,
             cluster,
             metrics,
             epoch,
             budget,
         }
+    }
+
+    /// Records an event for each successful bind through `events`.
+    pub fn with_events(mut self, events: Arc<dyn BindEvents>) -> Self {
+        self.events = Some(events);
+        self
     }
 }
 
@@ -139,7 +149,12 @@ impl<A: PodApi + 'static> Bind for MeteredBinder<A> {
             let time = BindTime::now(self.epoch);
             let outcome = tokio::time::timeout(self.budget, self.binder.bind(&request, time)).await;
             let (label, result) = match outcome {
-                Ok(Ok(BindOutcome::Bound(_))) => ("bound", Ok(())),
+                Ok(Ok(BindOutcome::Bound(allocation))) => {
+                    if let Some(events) = &self.events {
+                        events.bound(&request, &allocation);
+                    }
+                    ("bound", Ok(()))
+                }
                 Ok(Ok(BindOutcome::AlreadyBound)) => ("already_bound", Ok(())),
                 Ok(Err(error)) => (bind_error_label(&error), Err(error.to_string())),
                 Err(_) => (
@@ -321,10 +336,11 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         cluster.clone(),
         config.clone(),
         policy.clone(),
-        KubeApi::new(client),
+        KubeApi::new(client.clone()),
     );
     let budget = Duration::from_millis(config.server.request_timeout_ms);
-    let metered = MeteredBinder::new(binder, cluster.clone(), metrics.clone(), epoch, budget);
+    let metered = MeteredBinder::new(binder, cluster.clone(), metrics.clone(), epoch, budget)
+        .with_events(Arc::new(KubeEvents::new(client, metrics.clone())));
     let state = AppState {
         cluster: cluster.clone(),
         policy,
