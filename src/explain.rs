@@ -210,8 +210,14 @@ fn closest_share(node: &NodeState, request: &PodRequest, demand: GpuDemand, usab
     else {
         return format!("the pod asks for {}", describe_demand(demand));
     };
-    let candidates = positions(usable & node.profile.healthy).filter(|&p| p < node.gpus.len());
-    let best = candidates.max_by_key(|&p| (node.gpu_mem_free(p), node.gpu_compute_free(p)));
+    let candidates: Vec<usize> = positions(usable & node.profile.healthy)
+        .filter(|&p| p < node.gpus.len())
+        .collect();
+    // Reversed so that among equals the lowest index is named, as `inspect` lists them first.
+    let best = candidates
+        .into_iter()
+        .rev()
+        .max_by_key(|&p| (node.gpu_mem_free(p), node.gpu_compute_free(p)));
     let Some(best) = best else {
         return "no healthy GPU the pod may use".to_owned();
     };
@@ -278,9 +284,11 @@ fn models(node: &NodeState) -> String {
     format!("GPU model(s) {}", models.join(", "))
 }
 
-/// MiB in GiB, without decimals when whole.
+/// MiB in GiB, without decimals when whole; below 1 GiB in MiB.
 fn gib(mib: u64) -> String {
-    if mib.is_multiple_of(1024) {
+    if mib > 0 && mib < 1024 {
+        format!("{mib} MiB")
+    } else if mib.is_multiple_of(1024) {
         format!("{} GiB", mib / 1024)
     } else {
         format!("{:.1} GiB", mib as f64 / 1024.0)

@@ -15,6 +15,7 @@ mod configs;
 mod lifecycle;
 mod models;
 mod modes;
+mod observe;
 mod preemption;
 mod rejections;
 mod restart;
