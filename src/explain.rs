@@ -330,41 +330,32 @@ mod tests {
     #![allow(clippy::unwrap_used, reason = "tests fail loudly on a broken fixture")]
 
     use super::*;
-    use crate::engine::{Change, CpuMilli, GpuMode, MemMiB, NodeSpec, PodKey};
+    use crate::engine::{CpuMilli, GpuMode, MemMiB};
+    use crate::inspect::fixtures::{add_node, bind};
 
     fn table() -> Table {
         let mut table = Table::new(20);
-        table.apply(Change::UpsertNode(NodeSpec::uniform(
-            "t4",
-            GpuMode::ShareMemory,
-            2,
-            "Tesla-T4",
-            MemMiB(16 * 1024),
-        )));
-        table.apply(Change::UpsertNode(NodeSpec::uniform(
+        add_node(&mut table, "t4", GpuMode::ShareMemory, 2, "Tesla-T4", 16);
+        add_node(
+            &mut table,
             "whole",
             GpuMode::Exclusive,
             1,
             "NVIDIA-A100",
-            MemMiB(40 * 1024),
-        )));
-        for (name, gib) in [("a", 10), ("b", 12)] {
-            let request = PodRequest::single(
-                CpuMilli(0),
-                MemMiB(0),
-                GpuDemand::share(gib, 1, None).unwrap(),
-            );
-            let allocation = fit(
-                table.node_by_str("t4").unwrap(),
-                &request,
-                &Policy::default(),
-            )
-            .unwrap();
-            table.apply(Change::PodBound {
-                pod: PodKey::new("ns", name),
-                allocation,
-            });
-        }
+            40,
+        );
+        bind(
+            &mut table,
+            "t4",
+            "a",
+            GpuDemand::share(10, 1, None).unwrap(),
+        );
+        bind(
+            &mut table,
+            "t4",
+            "b",
+            GpuDemand::share(12, 1, None).unwrap(),
+        );
         table
     }
 
@@ -411,17 +402,8 @@ mod tests {
     #[test]
     fn whole_gpus_report_how_many_are_free() {
         let mut table = table();
+        bind(&mut table, "whole", "w", GpuDemand::whole(1).unwrap());
         let request = PodRequest::single(CpuMilli(0), MemMiB(0), GpuDemand::whole(1).unwrap());
-        let allocation = fit(
-            table.node_by_str("whole").unwrap(),
-            &request,
-            &Policy::default(),
-        )
-        .unwrap();
-        table.apply(Change::PodBound {
-            pod: PodKey::new("ns", "w"),
-            allocation,
-        });
         let verdicts = explain(&table, &request, &Policy::default());
         let whole = &verdicts[1];
         assert_eq!(whole.reason.as_deref(), Some("no_free_whole_gpus"));

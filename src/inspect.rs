@@ -394,56 +394,68 @@ fn node_report(table: &Table, node: &NodeState) -> NodeReport {
     }
 }
 
+/// Table fixtures shared by the unit tests of the report, the explanation and the metrics.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    #![allow(clippy::unwrap_used, reason = "tests fail loudly on a broken fixture")]
+
+    use crate::engine::{
+        Change, CpuMilli, GpuDemand, GpuMode, MemMiB, NodeSpec, PodKey, PodRequest, Policy, Table,
+        fit,
+    };
+
+    /// Adds a node of `count` GPUs of `model` with `gib` GiB each.
+    pub(crate) fn add_node(
+        table: &mut Table,
+        name: &str,
+        mode: GpuMode,
+        count: u16,
+        model: &str,
+        gib: u64,
+    ) {
+        table.apply(Change::UpsertNode(NodeSpec::uniform(
+            name,
+            mode,
+            count,
+            model,
+            MemMiB(gib * 1024),
+        )));
+    }
+
+    /// Places a one-container pod `ns/name` asking `demand` on `node` with the default policy,
+    /// and records it bound.
+    pub(crate) fn bind(table: &mut Table, node: &str, name: &str, demand: GpuDemand) {
+        let request = PodRequest::single(CpuMilli(0), MemMiB(0), demand);
+        let allocation = fit(
+            table.node_by_str(node).unwrap(),
+            &request,
+            &Policy::default(),
+        )
+        .unwrap();
+        table.apply(Change::PodBound {
+            pod: PodKey::new("ns", name),
+            allocation,
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, reason = "tests fail loudly on a broken fixture")]
 
+    use super::fixtures::{add_node, bind};
     use super::*;
-    use crate::engine::{
-        Change, GpuDemand, GpuMode, MemMiB, NodeSpec, PodKey, PodRequest, Policy, fit,
-    };
+    use crate::engine::{GpuDemand, GpuMode};
 
     /// Two 16 GiB T4s sharing by memory and one A100 node for whole GPUs; 8 GiB on T4 GPU0 and
     /// the first A100 held whole.
     fn table() -> Table {
         let mut table = Table::new(20);
-        table.apply(Change::UpsertNode(NodeSpec::uniform(
-            "t4",
-            GpuMode::ShareMemory,
-            2,
-            "Tesla-T4",
-            MemMiB(16 * 1024),
-        )));
-        table.apply(Change::UpsertNode(NodeSpec::uniform(
-            "a100",
-            GpuMode::Exclusive,
-            2,
-            "NVIDIA-A100",
-            MemMiB(40 * 1024),
-        )));
-        table.apply(Change::UpsertNode(NodeSpec::uniform(
-            "idle",
-            GpuMode::Exclusive,
-            1,
-            "NVIDIA-A100",
-            MemMiB(40 * 1024),
-        )));
-        let share = GpuDemand::share(8, 1, None).unwrap();
-        let whole = GpuDemand::whole(1).unwrap();
-        for (pod, node, demand) in [("default/s", "t4", share), ("default/w", "a100", whole)] {
-            let request = PodRequest::single(CpuMilli(0), MemMiB(0), demand);
-            let allocation = fit(
-                table.node_by_str(node).unwrap(),
-                &request,
-                &Policy::default(),
-            )
-            .unwrap();
-            let (namespace, name) = pod.split_once('/').unwrap();
-            table.apply(Change::PodBound {
-                pod: PodKey::new(namespace, name),
-                allocation,
-            });
-        }
+        add_node(&mut table, "t4", GpuMode::ShareMemory, 2, "Tesla-T4", 16);
+        add_node(&mut table, "a100", GpuMode::Exclusive, 2, "NVIDIA-A100", 40);
+        add_node(&mut table, "idle", GpuMode::Exclusive, 1, "NVIDIA-A100", 40);
+        bind(&mut table, "t4", "s", GpuDemand::share(8, 1, None).unwrap());
+        bind(&mut table, "a100", "w", GpuDemand::whole(1).unwrap());
         table
     }
 
@@ -458,7 +470,7 @@ mod tests {
         assert_eq!(totals.idle_gpus, 3);
         assert_eq!(totals.idle_gpu_nodes, 1);
         let t4 = report.nodes.iter().find(|n| n.name == "t4").unwrap();
-        assert_eq!(t4.gpus[0].pods, vec!["default/s".to_owned()]);
+        assert_eq!(t4.gpus[0].pods, vec!["ns/s".to_owned()]);
         assert!((t4.occupancy() - 0.25).abs() < 1e-9);
     }
 
@@ -496,7 +508,7 @@ mod tests {
         assert!(t4.contains("8/16"), "{t4}");
         let a100 = lines.iter().find(|l| l.starts_with("a100 ")).unwrap();
         assert!(a100.contains("40/40*"), "{a100}");
-        assert!(text.contains("t4 GPU0: default/s"), "{text}");
+        assert!(text.contains("t4 GPU0: ns/s"), "{text}");
         assert!(
             text.contains("Allocated/Total GPU Memory In Cluster:\n48/152 (32%)"),
             "{text}"

@@ -443,35 +443,16 @@ mod tests {
     #![allow(clippy::unwrap_used, reason = "tests fail loudly on a broken fixture")]
 
     use super::*;
-    use crate::engine::{Change, CpuMilli, GpuDemand, GpuMode, MemMiB, NodeName, Table, fit};
+    use crate::engine::{Change, GpuDemand, GpuMode, NodeName, Table};
+    use crate::inspect::fixtures::{add_node, bind};
 
     #[test]
     fn scrape_sets_capacity_gauges_from_the_table_and_drops_removed_nodes() {
         let mut table = Table::new(20);
         for name in ["t4", "spare"] {
-            table.apply(Change::UpsertNode(NodeSpec::uniform(
-                name,
-                GpuMode::ShareMemory,
-                2,
-                "Tesla-T4",
-                MemMiB(16 * 1024),
-            )));
+            add_node(&mut table, name, GpuMode::ShareMemory, 2, "Tesla-T4", 16);
         }
-        let request = PodRequest::single(
-            CpuMilli(0),
-            MemMiB(0),
-            GpuDemand::share(4, 1, None).unwrap(),
-        );
-        let allocation = fit(
-            table.node_by_str("t4").unwrap(),
-            &request,
-            &Policy::default(),
-        )
-        .unwrap();
-        table.apply(Change::PodBound {
-            pod: PodKey::new("ns", "p"),
-            allocation,
-        });
+        bind(&mut table, "t4", "p", GpuDemand::share(4, 1, None).unwrap());
         let cluster = ClusterState::with_table(table);
         let metrics = Metrics::new().unwrap();
         let policy = Policy::default();

@@ -45,6 +45,12 @@ fn cli_ok(c: &Cluster, args: &[&str]) -> Result<String> {
     Ok(stdout)
 }
 
+/// `gpu-extender ARGS` that must succeed, its stdout decoded as JSON.
+fn cli_json(c: &Cluster, args: &[&str]) -> Result<Value> {
+    let stdout = cli_ok(c, args)?;
+    serde_json::from_str(&stdout).with_context(|| format!("{args:?}: not JSON:\n{stdout}"))
+}
+
 /// `gpu-extender ARGS` that must fail; returns stderr.
 fn cli_err(c: &Cluster, args: &[&str]) -> Result<String> {
     let (ok, stdout, stderr) = run_cli(Path::new(EXTENDER_BIN), args, &c.kubeconfig())?;
@@ -232,7 +238,7 @@ fn metrics_events_inspect_and_explain_tell_the_story() {
             t4.contains("closest is GPU0"),
             "equals name the lowest index: {t4}"
         );
-        let json: Value = serde_json::from_str(&cli_ok(
+        let json: Value = cli_json(
             c,
             &[
                 "explain",
@@ -242,7 +248,7 @@ fn metrics_events_inspect_and_explain_tell_the_story() {
                 "--kubeconfig",
                 &kubeconfig,
             ],
-        )?)?;
+        )?;
         ensure!(
             json["nodes"][1]["reason"] == "insufficient_gpu_memory",
             "{json}"
@@ -268,11 +274,8 @@ fn metrics_events_inspect_and_explain_tell_the_story() {
             "{text}"
         );
         // The same report from the extender's /inspect, filtered by model, as JSON.
-        let from_api: Value = serde_json::from_str(&cli_ok(
-            c,
-            &["inspect", "-o", "json", "--kubeconfig", &kubeconfig],
-        )?)?;
-        let from_extender: Value = serde_json::from_str(&cli_ok(
+        let from_api: Value = cli_json(c, &["inspect", "-o", "json", "--kubeconfig", &kubeconfig])?;
+        let from_extender: Value = cli_json(
             c,
             &[
                 "inspect",
@@ -281,12 +284,12 @@ fn metrics_events_inspect_and_explain_tell_the_story() {
                 "--from",
                 &format!("http://{}", c.admin_addr),
             ],
-        )?)?;
+        )?;
         ensure!(
             from_api == from_extender,
             "the API server's and the extender's reports differ:\n{from_api}\n{from_extender}"
         );
-        let t4_only: Value = serde_json::from_str(&cli_ok(
+        let t4_only: Value = cli_json(
             c,
             &[
                 "inspect",
@@ -297,7 +300,7 @@ fn metrics_events_inspect_and_explain_tell_the_story() {
                 "--kubeconfig",
                 &kubeconfig,
             ],
-        )?)?;
+        )?;
         ensure!(
             t4_only["nodes"].as_array().map(Vec::len) == Some(1) && t4_only["totals"]["gpus"] == 2,
             "{t4_only}"
