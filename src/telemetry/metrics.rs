@@ -1,5 +1,6 @@
 //! The metric families, built once in a registry owned by the caller (no global registry), with
-//! bounded label sets: verbs, outcomes and reason codes, never pod names.
+//! bounded label sets: verbs, outcomes and reason codes, and node names and GPU indices for the
+//! allocation gauges (bounded by the cluster's size); never pod names.
 
 use std::sync::{Arc, Mutex, PoisonError};
 

@@ -704,3 +704,54 @@ fn racing_binds_for_the_last_capacity_exactly_fill_it() {
     );
     assert_consistent(&table, "race");
 }
+
+/// Bind decisions the metered binder reports, as event notes.
+#[derive(Debug, Default)]
+struct RecordedEvents(Mutex<Vec<String>>);
+
+impl crate::k8s::events::BindEvents for RecordedEvents {
+    fn bound(&self, request: &BindRequest, allocation: &PodAllocation) {
+        let note = crate::k8s::events::bound_note(request, allocation);
+        self.0.lock().unwrap().push(note);
+    }
+}
+
+#[tokio::test]
+async fn the_service_binder_reports_new_bindings_only() {
+    use crate::service::{Bind, MeteredBinder};
+
+    let World {
+        mut feed,
+        binder,
+        api,
+    } = world(&[share("p", 4), share("q", 4)]);
+    let events = Arc::new(RecordedEvents::default());
+    let metered = MeteredBinder::new(
+        binder,
+        Arc::clone(feed.state()),
+        crate::telemetry::Metrics::new().unwrap(),
+        Instant::now(),
+        std::time::Duration::from_secs(5),
+    )
+    .with_events(events.clone());
+    let args = |name: &str| crate::http::wire::ExtenderBindingArgs {
+        pod_name: name.into(),
+        pod_namespace: "ns".into(),
+        pod_uid: format!("uid-{name}"),
+        node: "gpu-a".into(),
+    };
+    api.answer(Err(ApiError::Other {
+        code: Some(500),
+        message: "etcd is slow".into(),
+    }));
+    assert!(metered.bind(args("q")).await.is_err());
+    metered.bind(args("p")).await.unwrap();
+    // Once the watch has seen the pod bound, a retried bind writes and reports nothing.
+    feed.apply_pod_event(&Event::Apply(api.stored("ns/p").unwrap()));
+    metered.bind(args("p")).await.unwrap();
+    assert_eq!(api.writes().len(), 2, "the failed write and the binding");
+    assert_eq!(
+        *events.0.lock().unwrap(),
+        ["bound to node gpu-a: GPU0 (4 GiB)"]
+    );
+}
