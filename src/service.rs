@@ -200,6 +200,10 @@ pub fn refresh_metrics(metrics: &Metrics, cluster: &ClusterState, policy: &Polic
         .nodes_with_problems
         .set(stats.nodes_with_problems as i64);
     raise_to(&metrics.watch_errors, stats.watch_errors);
+    raise_to(&metrics.reservations_expired, stats.reservations_expired);
+    for took in cluster.take_rebuild_times() {
+        metrics.table_rebuild_duration.observe(took.as_secs_f64());
+    }
     raise_to(
         &metrics.relists.with_label_values(&["node"]),
         stats.node_lists,
@@ -483,6 +487,11 @@ mod tests {
         let text = scrape();
         assert!(!text.contains(r#"node="spare""#), "{text}");
         assert!(text.contains("gpu_extender_idle_gpu_nodes 0"), "{text}");
+        // The table was given whole, not listed: no rebuild observed.
+        assert!(
+            text.contains("gpu_extender_table_rebuild_duration_seconds_count 0"),
+            "{text}"
+        );
     }
 
     #[test]

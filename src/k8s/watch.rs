@@ -53,7 +53,13 @@ pub struct ClusterState {
     freed: Mutex<BTreeSet<NodeName>>,
     /// Wakes the requeue task when `freed` gains a node; a wake-up with no waiter is kept.
     freed_signal: tokio::sync::Notify,
+    /// Times to apply full lists not yet taken by a metrics scrape (at most
+    /// [`MAX_PENDING_REBUILDS`], the newest kept).
+    rebuilds: Mutex<Vec<Duration>>,
 }
+
+/// Rebuild times kept for the next scrape; older ones are dropped if nobody scrapes.
+const MAX_PENDING_REBUILDS: usize = 64;
 
 /// Health of the feed, for metrics and logs. Gauges describe the current state; counters only
 /// grow.
@@ -79,6 +85,8 @@ pub struct FeedStats {
     pub pod_lists: u64,
     /// Watch errors reported by the runner (each is retried with backoff).
     pub watch_errors: u64,
+    /// Reservations released because the watch never saw their pod bound.
+    pub reservations_expired: u64,
     /// Watch events applied, per kind.
     pub node_events: EventCounts,
     pub pod_events: EventCounts,
@@ -115,6 +123,7 @@ impl ClusterState {
             stats: Mutex::new(FeedStats::default()),
             freed: Mutex::new(BTreeSet::new()),
             freed_signal: tokio::sync::Notify::new(),
+            rebuilds: Mutex::new(Vec::new()),
         }
     }
 
@@ -187,10 +196,27 @@ impl ClusterState {
             .collect();
         let expired = table.expire_reservations(now_ms);
         drop(table);
+        if !expired.is_empty() {
+            self.update_stats(|s| s.reservations_expired += expired.len() as u64);
+        }
         for node in &nodes {
             self.note_freed(node);
         }
         expired
+    }
+
+    /// Records how long applying one full list (nodes or pods) to the table took.
+    fn note_rebuild(&self, took: Duration) {
+        let mut rebuilds = self.rebuilds.lock().unwrap_or_else(PoisonError::into_inner);
+        if rebuilds.len() >= MAX_PENDING_REBUILDS {
+            rebuilds.remove(0);
+        }
+        rebuilds.push(took);
+    }
+
+    /// The list application times recorded since the last call (for the metrics scrape).
+    pub fn take_rebuild_times(&self) -> Vec<Duration> {
+        std::mem::take(&mut *self.rebuilds.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
     /// Records that capacity was freed on `node` (a pod finished or was deleted, a reservation
@@ -350,6 +376,7 @@ impl Feed {
                 None => self.upsert_node(&mut state.write(), node),
             },
             Event::InitDone => {
+                let started = Instant::now();
                 let listed = self.node_buffer.take().unwrap_or_default();
                 let mut table = state.write();
                 let names: HashSet<NodeName> = listed.iter().map(node_name).collect();
@@ -366,6 +393,7 @@ impl Feed {
                     self.remove_node(&mut table, &name);
                 }
                 drop(table);
+                state.note_rebuild(started.elapsed());
                 self.nodes_listed = true;
                 self.state.update_stats(|s| s.node_lists += 1);
                 info!(nodes = names.len(), "node list applied");
@@ -388,6 +416,7 @@ impl Feed {
                 None => self.apply_pod(&mut state.write(), pod),
             },
             Event::InitDone => {
+                let started = Instant::now();
                 let listed = self.pod_buffer.take().unwrap_or_default();
                 let mut table = state.write();
                 let keys: HashSet<PodKey> = listed.iter().map(pod_key).collect();
@@ -404,6 +433,7 @@ impl Feed {
                     self.pod_gone(&mut table, &key);
                 }
                 drop(table);
+                state.note_rebuild(started.elapsed());
                 self.pods_listed = true;
                 self.state.update_stats(|s| s.pod_lists += 1);
                 info!(pods = keys.len(), "pod list applied");

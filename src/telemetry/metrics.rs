@@ -271,7 +271,7 @@ impl Metrics {
         )?;
         let table_rebuild_duration = Histogram::with_opts(HistogramOpts::new(
             "gpu_extender_table_rebuild_duration_seconds",
-            "Time to rebuild the allocation table from a full list of nodes and pods.",
+            "Time to apply one full list of nodes or of pods to the allocation table.",
         ))?;
         let records_missing = IntGauge::new(
             "gpu_extender_records_missing",

@@ -121,6 +121,13 @@ fn metrics_events_inspect_and_explain_tell_the_story() {
             )
         })
         .await?;
+        // The node list and the pod list were each applied once at start.
+        let rebuilds = metric_sum(
+            &before,
+            "gpu_extender_table_rebuild_duration_seconds_count",
+            &[],
+        );
+        ensure!(rebuilds >= 2.0, "table rebuilds observed: {rebuilds}");
         let pod_applies = |m: &str| {
             metric_sum(
                 m,

@@ -510,6 +510,7 @@ fn freed_capacity_and_unschedulable_pods_are_recorded_for_the_requeue_task() {
     assert!(feed.state().take_freed().is_empty());
     assert_eq!(feed.state().expire_reservations(100), [key("r")]);
     assert_eq!(names(feed.state().take_freed()), ["gpu-a"]);
+    assert_eq!(feed.state().stats().reservations_expired, 1);
 
     // Pending pods: only those with kube-scheduler's Unschedulable verdict are listed, and the
     // slimmed cache keeps that verdict.
@@ -538,6 +539,9 @@ fn watch_events_are_counted_by_kind_and_type() {
     feed.apply_node_event(&Event::Delete(whole_node("b")));
     list_pods(&mut feed, &[]);
     feed.apply_pod_event(&Event::Apply(share_pod("p", "u1", Some("a"), 2)));
+    // One node list and one pod list applied: two rebuild times, taken once.
+    assert_eq!(feed.state().take_rebuild_times().len(), 2);
+    assert!(feed.state().take_rebuild_times().is_empty());
     let stats = feed.state().stats();
     assert_eq!(
         stats.node_events,
