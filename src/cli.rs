@@ -192,6 +192,9 @@ async fn load(
     Ok((config, state, client))
 }
 
+/// The largest response `--from` reads.
+const MAX_RESPONSE_BYTES: u64 = 256 * 1024 * 1024;
+
 /// GETs an extender's `/inspect` (plain HTTP, as its admin listener serves) and decodes it.
 pub fn fetch_report(url: &str) -> anyhow::Result<ClusterReport> {
     let body = http_get(url)?;
@@ -251,7 +254,9 @@ fn http_get(url: &str) -> anyhow::Result<String> {
     )
     .with_context(|| format!("{url}: sending the request"))?;
     let mut response = Vec::new();
+    // A report is kilobytes per node; the cap keeps a wrong URL from filling memory.
     stream
+        .take(MAX_RESPONSE_BYTES)
         .read_to_end(&mut response)
         .with_context(|| format!("{url}: reading the response"))?;
     let response = String::from_utf8_lossy(&response);
