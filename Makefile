@@ -5,7 +5,7 @@ export GPU_EXTENDER_CACHE ?= $(HOME)/.cache/gpu-extender
 export CARGO_TARGET_DIR ?= $(GPU_EXTENDER_CACHE)/target
 CARGO ?= cargo
 
-.PHONY: demo test lint unit e2e k8s-bins build bench
+.PHONY: demo test lint unit e2e k8s-bins build bench fuzz
 
 ## demo: local control plane + extender + kube-scheduler + sample GPU pods; prints placements.
 demo: build k8s-bins
@@ -32,3 +32,7 @@ k8s-bins:
 
 bench:
 	$(CARGO) bench --locked
+
+## fuzz: every cargo-fuzz target for FUZZ_SECONDS (default 60) each, on nightly (scripts/fuzz.sh).
+fuzz:
+	scripts/fuzz.sh

@@ -207,6 +207,31 @@ async fn filter_non_cache_mode_returns_the_objects_it_was_given() {
     );
 }
 
+/// Found by the `extender_filter` fuzz target: a node object that does not decode (here a
+/// malformed timestamp) is rejected under its own name, never under an empty one.
+#[tokio::test]
+async fn filter_non_cache_mode_names_an_unreadable_node_object() {
+    let harness = Harness::new(false);
+    let mut body = fixture("filter-nocache.json");
+    let name = body["Nodes"]["items"][0]["metadata"]["name"].clone();
+    body["Nodes"]["items"][0]["metadata"]["creationTimestamp"] = json!("2026-11-:2T00:00:00Z");
+    let answer = harness.post_json("filter", &body).await;
+    let unresolvable = answer["FailedAndUnresolvableNodes"].as_object().unwrap();
+    let reason = unresolvable[name.as_str().unwrap()].as_str().unwrap();
+    assert!(reason.contains("unreadable"), "{reason}");
+    assert!(!unresolvable.contains_key(""), "{answer}");
+    let passed: Vec<&Value> = answer["Nodes"]["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| &item["metadata"]["name"])
+        .collect();
+    assert!(
+        !passed.contains(&&name),
+        "an unreadable node passed: {answer}"
+    );
+}
+
 #[tokio::test]
 async fn filter_rejects_a_malformed_gpu_request_on_every_node_with_its_reason() {
     let harness = Harness::new(true);

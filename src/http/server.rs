@@ -165,6 +165,26 @@ enum Candidates {
     },
 }
 
+/// The name of a node object that does not decode as a `Node` (a malformed timestamp or
+/// quantity somewhere in it), read on its own so that its rejection is reported against that
+/// node rather than an empty name kube-scheduler cannot place. Found by the `extender_filter`
+/// fuzz target.
+fn raw_node_name(raw: &str) -> String {
+    #[derive(serde::Deserialize)]
+    struct Metadata {
+        name: Option<String>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Named {
+        metadata: Option<Metadata>,
+    }
+    serde_json::from_str::<Named>(raw)
+        .ok()
+        .and_then(|named| named.metadata)
+        .and_then(|metadata| metadata.name)
+        .unwrap_or_default()
+}
+
 fn candidates(args: &mut ExtenderArgs, adapter: &dyn Adapter) -> Candidates {
     if let Some(list) = args.nodes.take() {
         let mut names = Vec::with_capacity(list.items.len());
@@ -176,7 +196,7 @@ fn candidates(args: &mut ExtenderArgs, adapter: &dyn Adapter) -> Candidates {
                     states.push(adapter.node_spec(&node).map(NodeState::new));
                 }
                 Err(error) => {
-                    names.push(String::new());
+                    names.push(raw_node_name(raw.get()));
                     states.push(Err(format!("node object unreadable: {error}")));
                 }
             }

@@ -1,0 +1,7 @@
+//! Fuzz target: arbitrary bodies POSTed to the extender's `prioritize` verb (see `fuzz/harness.rs`).
+#![no_main]
+
+#[path = "../harness.rs"]
+mod harness;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| harness::extender_verb(harness::Verb::Prioritize, data));
