@@ -40,7 +40,8 @@ pub fn filter<'a>(
             verdict.unknown += 1;
             continue;
         };
-        match crate::engine::fit(node, request, policy) {
+        // Only the verdict matters here; bind builds the placement for the chosen node.
+        match policy.evaluate_score(node, request) {
             Ok(_) => verdict.passed.push(position),
             Err(reason) => {
                 let target = if reason.is_resolvable() {
@@ -80,8 +81,7 @@ pub fn prioritize<'a>(
         .map(|(name, node)| {
             (
                 name,
-                node.and_then(|n| policy.evaluate(n, request).ok())
-                    .map(|e| e.score),
+                node.and_then(|n| policy.evaluate_score(n, request).ok()),
             )
         })
         .collect();
