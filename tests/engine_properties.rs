@@ -770,14 +770,9 @@ fn resized(
         .collect()
 }
 
-fn run(
-    nodes: &[NodeDesc],
-    classes: &[ClassDesc],
-    max_shares: u16,
-    truncate: bool,
-    ops: &[Op],
-) -> Result<(), TestCaseError> {
-    let policies = [
+/// Binpack, Spread and Fgd with the same limits and typical pods.
+fn policies(classes: &[ClassDesc], max_shares: u16, truncate: bool) -> [Policy; 3] {
+    [
         ScoringPolicy::Binpack,
         ScoringPolicy::Spread,
         ScoringPolicy::Fgd,
@@ -787,7 +782,17 @@ fn run(
         max_shares_per_gpu: max_shares,
         typical: typical(classes),
         fgd_truncate: truncate,
-    });
+    })
+}
+
+fn run(
+    nodes: &[NodeDesc],
+    classes: &[ClassDesc],
+    max_shares: u16,
+    truncate: bool,
+    ops: &[Op],
+) -> Result<(), TestCaseError> {
+    let policies = policies(classes, max_shares, truncate);
     let mut specs: Vec<NodeSpec> = nodes
         .iter()
         .enumerate()
@@ -937,17 +942,7 @@ proptest! {
         max_shares in 1u16..=4,
         truncate in any::<bool>(),
     ) {
-        let policies = [
-            ScoringPolicy::Binpack,
-            ScoringPolicy::Spread,
-            ScoringPolicy::Fgd,
-        ]
-        .map(|scoring| Policy {
-            scoring,
-            max_shares_per_gpu: max_shares,
-            typical: typical(&classes),
-            fgd_truncate: truncate,
-        });
+        let policies = policies(&classes, max_shares, truncate);
         let spec = node_spec(0, &node);
         let mut state = NodeState::new(spec.clone());
         for (pod, policy) in &fill {
