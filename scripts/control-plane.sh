@@ -126,8 +126,14 @@ wait_ok() { # <name> <pidfile> <logfile> <url> [curl args...]
     local name=$1 pidf=$2 logf=$3 url=$4 deadline body
     shift 4
     deadline=$((SECONDS + ${CP_START_TIMEOUT:-90}))
+    # The process was started a moment ago by this script, so its PID is ours: test only that
+    # it runs. pid_alive's command-line check can fail on a live process while it is in execve
+    # (/proc/PID/cmdline reads empty then; seen in 2 of 320 reads on a loaded machine), which
+    # made a starting kube-apiserver look "exited" with an empty log.
+    local pid
+    pid=$(<"$pidf")
     while ((SECONDS < deadline)); do
-        if ! pid_alive "$pidf"; then
+        if ! proc_running "$pid"; then
             log "$name exited; last lines of $logf:"
             tail -n 30 "$logf" >&2 || true
             return 1
