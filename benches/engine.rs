@@ -347,18 +347,18 @@ fn policy(scoring: ScoringPolicy) -> Policy {
     Policy::scoring(scoring).with_typical(typical_pods())
 }
 
-/// What filter plus prioritize do for one pod: evaluate every node of the table, keep the
-/// feasible ones with their scores and count the rejections by reason.
+/// What filter plus prioritize do for one pod: judge every node of the table, keep the
+/// feasible ones with their scores and count the rejections by reason. `judge` is
+/// `Policy::evaluate_score` (what the extender calls) or the full `Policy::evaluate`.
 fn filter_and_score(
-    policy: &Policy,
     table: &Table,
-    request: &PodRequest,
+    judge: impl Fn(&NodeState) -> Result<f64, RejectReason>,
 ) -> (Vec<(usize, f64)>, [u32; RejectReason::ALL.len()]) {
     let mut feasible = Vec::with_capacity(table.node_count());
     let mut rejected = [0u32; RejectReason::ALL.len()];
     for (index, node) in table.nodes().enumerate() {
-        match policy.evaluate(node, request) {
-            Ok(evaluation) => feasible.push((index, evaluation.score)),
+        match judge(node) {
+            Ok(score) => feasible.push((index, score)),
             Err(reason) => rejected[reason as usize] += 1,
         }
     }
@@ -389,7 +389,31 @@ fn bench_evaluate(c: &mut Criterion<Clock>) {
             ] {
                 let id = BenchmarkId::new(format!("{}/{label}", scoring.as_str()), size);
                 group.bench_with_input(id, table, |b, table| {
-                    b.iter(|| filter_and_score(&policy, black_box(table), black_box(pod)))
+                    b.iter(|| {
+                        filter_and_score(black_box(table), |node| {
+                            policy.evaluate_score(node, black_box(pod))
+                        })
+                    })
+                });
+            }
+        }
+        // The full evaluation (placement built for every node), for comparison: what filter and
+        // prioritize called before the score-only path.
+        if size == 5000 {
+            let policy = policy(ScoringPolicy::Binpack);
+            for (label, table, pod) in [
+                ("share", &shared.table, &share_pod),
+                ("whole2", &whole.table, &whole_pod),
+            ] {
+                let id = BenchmarkId::new(format!("binpack/{label}/full"), size);
+                group.bench_with_input(id, table, |b, table| {
+                    b.iter(|| {
+                        filter_and_score(black_box(table), |node| {
+                            policy
+                                .evaluate(node, black_box(pod))
+                                .map(|evaluation| evaluation.score)
+                        })
+                    })
                 });
             }
         }

@@ -25,9 +25,9 @@
 use std::collections::BTreeMap;
 
 use gpu_extender::engine::{
-    Change, CpuMilli, Gpu, GpuConstraints, GpuDemand, GpuMode, GpuPlacement, Grant, Hold, Link,
-    LinkMatrix, MemMiB, ModelPattern, NodeName, NodeSpec, NodeState, PodAllocation, PodKey,
-    PodRequest, Policy, RejectReason, ScoringPolicy, Table, TopologyPreference, TypicalPod,
+    Change, CpuMilli, Evaluation, Gpu, GpuConstraints, GpuDemand, GpuMode, GpuPlacement, Grant,
+    Hold, Link, LinkMatrix, MemMiB, ModelPattern, NodeName, NodeSpec, NodeState, PodAllocation,
+    PodKey, PodRequest, Policy, RejectReason, ScoringPolicy, Table, TopologyPreference, TypicalPod,
     TypicalPods, fit,
 };
 use proptest::prelude::*;
@@ -611,6 +611,7 @@ fn evaluate_all(
             fitted.as_ref(),
             "evaluate and fit disagree"
         );
+        check_fast_path(policy, &node, request, &outcome)?;
         match outcome {
             Ok(evaluation) => {
                 prop_assert!(
@@ -652,6 +653,29 @@ fn evaluate_all(
         }
     }
     Ok(kept)
+}
+
+/// The score-only path that filter and prioritize use must give exactly the verdict and score
+/// of the full evaluation (placement built, then scored): the same reason on rejection, the
+/// same bits on success.
+fn check_fast_path(
+    policy: &Policy,
+    node: &NodeState,
+    request: &PodRequest,
+    full: &Result<Evaluation, RejectReason>,
+) -> Result<(), TestCaseError> {
+    let fast = policy.evaluate_score(node, request);
+    prop_assert_eq!(
+        fast.map(f64::to_bits),
+        full.as_ref()
+            .map(|e| e.score.to_bits())
+            .map_err(|reason| *reason),
+        "{:?}: evaluate_score {:?} differs from evaluate {:?}",
+        policy.scoring,
+        fast,
+        full.as_ref().map(|e| e.score)
+    );
+    Ok(())
 }
 
 /// The score as its definition reads, from the public building blocks and full recomputation:
@@ -746,14 +770,9 @@ fn resized(
         .collect()
 }
 
-fn run(
-    nodes: &[NodeDesc],
-    classes: &[ClassDesc],
-    max_shares: u16,
-    truncate: bool,
-    ops: &[Op],
-) -> Result<(), TestCaseError> {
-    let policies = [
+/// Binpack, Spread and Fgd with the same limits and typical pods.
+fn policies(classes: &[ClassDesc], max_shares: u16, truncate: bool) -> [Policy; 3] {
+    [
         ScoringPolicy::Binpack,
         ScoringPolicy::Spread,
         ScoringPolicy::Fgd,
@@ -763,7 +782,17 @@ fn run(
         max_shares_per_gpu: max_shares,
         typical: typical(classes),
         fgd_truncate: truncate,
-    });
+    })
+}
+
+fn run(
+    nodes: &[NodeDesc],
+    classes: &[ClassDesc],
+    max_shares: u16,
+    truncate: bool,
+    ops: &[Op],
+) -> Result<(), TestCaseError> {
+    let policies = policies(classes, max_shares, truncate);
     let mut specs: Vec<NodeSpec> = nodes
         .iter()
         .enumerate()
@@ -899,5 +928,33 @@ proptest! {
         ops in prop::collection::vec(op(), 1..=30),
     ) {
         run(&nodes, &classes, max_shares, truncate, &ops)?;
+    }
+
+    /// Filter and prioritize judge every candidate through `evaluate_score`, bind through `fit`:
+    /// on busy nodes (filled by the engine itself with random pods) and random requests, under
+    /// every policy, the two paths agree on every verdict and every score bit.
+    #[test]
+    fn the_score_only_path_decides_exactly_as_the_full_evaluation(
+        node in node_desc(),
+        fill in prop::collection::vec((pod_desc(), 0usize..3), 0..=24),
+        probes in prop::collection::vec(pod_desc(), 1..=12),
+        classes in prop::collection::vec(class_desc(), 1..=6),
+        max_shares in 1u16..=4,
+        truncate in any::<bool>(),
+    ) {
+        let policies = policies(&classes, max_shares, truncate);
+        let spec = node_spec(0, &node);
+        let mut state = NodeState::new(spec.clone());
+        for (pod, policy) in &fill {
+            if let Ok(allocation) = fit(&state, &pod_request(pod, spec.mode), &policies[*policy]) {
+                state.add(&allocation);
+            }
+        }
+        for probe in &probes {
+            let request = pod_request(probe, spec.mode);
+            for policy in &policies {
+                check_fast_path(policy, &state, &request, &policy.evaluate(&state, &request))?;
+            }
+        }
     }
 }

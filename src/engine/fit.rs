@@ -6,8 +6,9 @@ use std::fmt;
 use super::allocation::{ContainerAllocation, GpuGrant, Grant, PodAllocation};
 use super::model::{ComputeMilli, CpuMilli, MemMiB};
 use super::policy::fgd::FgdCache;
-use super::policy::{Policy, ShareAsk, ShareChoice};
-use super::request::{GpuConstraints, GpuDemand, PodRequest, TopologyPreference};
+use super::policy::topology::group_quality;
+use super::policy::{Picked, Policy, ShareAsk, ShareChoice};
+use super::request::{ContainerRequest, GpuConstraints, GpuDemand, PodRequest, TopologyPreference};
 use super::state::{GpuUsage, NodeState, PerGpu, gpu_compute_free, mem_free};
 use super::topology::{bit, lowest_bits, positions};
 
@@ -135,6 +136,156 @@ pub(crate) fn fit_with(
     policy: &Policy,
     cache: &mut FgdCache,
 ) -> Result<PodAllocation, RejectReason> {
+    let mut containers = Vec::with_capacity(request.containers.len());
+    let mut init_containers = Vec::with_capacity(request.init_containers.len());
+    place(
+        node,
+        request,
+        policy,
+        cache,
+        &mut |role, container, placed| {
+            let allocation = ContainerAllocation {
+                name: container.name.clone(),
+                gpus: placed.grants(node).collect(),
+            };
+            match role {
+                Role::App => containers.push(allocation),
+                Role::Init => init_containers.push(allocation),
+            }
+        },
+    )?;
+    Ok(PodAllocation {
+        node: node.spec.name.clone(),
+        cpu: request.cpu,
+        memory: request.memory,
+        containers,
+        init_containers,
+    })
+}
+
+/// What placing `request` on `node` does to the node, without building the [`PodAllocation`]:
+/// the node's GPU usage once the pod's footprint is added, and the topology quality of the
+/// placement. Filter and prioritize ask only this of every candidate; the allocation itself is
+/// built by [`fit`] at bind, for the chosen node alone.
+///
+/// Exactly what [`fit`] followed by `add_allocation` and `topology::quality` give, because the
+/// same placement code runs and only the recording differs, provided GPU indices map to
+/// positions one to one: [`Policy::evaluate_score`] takes this path only on nodes whose GPU
+/// indices are their positions (`GpuProfile::contiguous`).
+pub(crate) fn footprint_with(
+    node: &NodeState,
+    request: &PodRequest,
+    policy: &Policy,
+    cache: &mut FgdCache,
+) -> Result<Footprint, RejectReason> {
+    // Per position, what the app containers hold together and the most any single init
+    // container holds: the pod's footprint is their larger (Kubernetes' init-container rule,
+    // as `PodAllocation::footprint` applies it GPU by GPU).
+    let mut apps = PerGpu::<Take>::defaults(node.gpus.len());
+    let mut inits = PerGpu::<Take>::defaults(node.gpus.len());
+    let mut touched = 0u64;
+    let mut quality: f64 = 1.0;
+    place(node, request, policy, cache, &mut |role, _, placed| {
+        let takes = match role {
+            Role::App => &mut apps,
+            Role::Init => &mut inits,
+        };
+        for position in placed.positions.iter() {
+            touched |= bit(position);
+            let take = &mut takes[position];
+            match placed.grant {
+                Grant::Whole => take.whole = true,
+                Grant::Share { mem, compute } if role == Role::App => {
+                    take.mem = MemMiB(take.mem.0.saturating_add(mem.0));
+                    take.compute = ComputeMilli(take.compute.0.saturating_add(compute.0));
+                }
+                // An init container holds each of its GPUs through one grant.
+                Grant::Share { mem, compute } => {
+                    take.mem = take.mem.max(mem);
+                    take.compute = take.compute.max(compute);
+                }
+            }
+        }
+        if role == Role::App && placed.grant == Grant::Whole {
+            quality = quality.min(group_quality(node, placed.positions.mask()));
+        }
+    })?;
+    let mut after = PerGpu::copy_of(&node.gpus);
+    for position in positions(touched) {
+        let (app, init) = (apps[position], inits[position]);
+        let slot = &mut after[position];
+        if app.whole || init.whole {
+            slot.whole_pods = slot.whole_pods.saturating_add(1);
+        } else {
+            slot.mem = MemMiB(slot.mem.0.saturating_add(app.mem.max(init.mem).0));
+            slot.compute = ComputeMilli(
+                slot.compute
+                    .0
+                    .saturating_add(app.compute.max(init.compute).0),
+            );
+            slot.shares = slot.shares.saturating_add(1);
+        }
+    }
+    Ok(Footprint { after, quality })
+}
+
+/// What [`footprint_with`] finds: the node's GPU usage with the pod added, and the placement's
+/// topology quality (`policy::topology::quality` of the allocation [`fit`] would build).
+#[derive(Debug)]
+pub(crate) struct Footprint {
+    pub(crate) after: PerGpu<GpuUsage>,
+    pub(crate) quality: f64,
+}
+
+/// What one pod's containers of one kind take from one GPU.
+#[derive(Clone, Copy, Debug, Default)]
+struct Take {
+    whole: bool,
+    mem: MemMiB,
+    compute: ComputeMilli,
+}
+
+/// Which list of the pod a container belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    App,
+    Init,
+}
+
+/// The GPUs one container got: positions in the order they were chosen, all with one grant.
+#[derive(Clone, Copy, Debug)]
+struct Placed {
+    positions: Picked,
+    grant: Grant,
+}
+
+impl Placed {
+    /// A container that holds no GPU.
+    fn none() -> Self {
+        Self {
+            positions: Picked::new(),
+            grant: Grant::Whole,
+        }
+    }
+
+    /// The grants, as the allocation names them.
+    fn grants<'a>(&'a self, node: &'a NodeState) -> impl Iterator<Item = GpuGrant> + 'a {
+        self.positions.iter().map(move |position| GpuGrant {
+            gpu: node.index_at(position),
+            grant: self.grant,
+        })
+    }
+}
+
+/// Decides where every container of `request` goes on `node` and hands each placed container to
+/// `record`: the one placement procedure behind both [`fit`] and [`footprint_with`].
+fn place(
+    node: &NodeState,
+    request: &PodRequest,
+    policy: &Policy,
+    cache: &mut FgdCache,
+    record: &mut impl FnMut(Role, &ContainerRequest, &Placed),
+) -> Result<(), RejectReason> {
     let eligible = check_capability(node, request)?;
     let placer = Placer {
         node,
@@ -147,17 +298,9 @@ pub(crate) fn fit_with(
     if let Err(reason) = check_host(node, request) {
         return Err(placer.confirm_resolvable(request, reason));
     }
-    let (containers, init_containers) = match placer.place_pod(request, &node.gpus, cache) {
-        Ok(placed) => placed,
-        Err(reason) => return Err(placer.confirm_resolvable(request, reason)),
-    };
-    Ok(PodAllocation {
-        node: node.spec.name.clone(),
-        cpu: request.cpu,
-        memory: request.memory,
-        containers,
-        init_containers,
-    })
+    placer
+        .place_pod(request, &node.gpus, cache, record)
+        .map_err(|reason| placer.confirm_resolvable(request, reason))
 }
 
 /// The GPU positions of `node` that `constraints` allow, healthy or not.
@@ -269,19 +412,19 @@ struct Placer<'a> {
 
 impl Placer<'_> {
     /// Places every container of the pod on top of `base` usage: app containers together, each
-    /// init container alone.
+    /// init container alone. Each placed container goes to `record` as soon as it is placed.
     fn place_pod(
         &self,
         request: &PodRequest,
         base: &[GpuUsage],
         cache: &mut FgdCache,
-    ) -> Result<(Vec<ContainerAllocation>, Vec<ContainerAllocation>), RejectReason> {
+        record: &mut impl FnMut(Role, &ContainerRequest, &Placed),
+    ) -> Result<(), RejectReason> {
         let mut usage = PerGpu::copy_of(base);
         let mut pod_shares = 0u64;
         let mut held_by_apps = 0u64;
-        let mut containers = Vec::with_capacity(request.containers.len());
         for container in &request.containers {
-            let gpus = self.place(
+            let placed = self.place(
                 &mut usage,
                 &mut pod_shares,
                 container.gpu,
@@ -289,19 +432,15 @@ impl Placer<'_> {
                 &mut held_by_apps,
                 cache,
             )?;
-            containers.push(ContainerAllocation {
-                name: container.name.clone(),
-                gpus,
-            });
+            record(Role::App, container, &placed);
         }
-        let mut init_containers = Vec::with_capacity(request.init_containers.len());
         for container in &request.init_containers {
             // An init container runs alone, before the app containers: it competes only with the
             // other pods on the node, and prefers the GPUs the app containers will use, so the
             // pod's footprint (the per-GPU larger of the two) grows as little as possible.
             let mut alone = PerGpu::copy_of(base);
             let mut alone_shares = 0u64;
-            let gpus = self.place(
+            let placed = self.place(
                 &mut alone,
                 &mut alone_shares,
                 container.gpu,
@@ -309,12 +448,9 @@ impl Placer<'_> {
                 &mut 0,
                 cache,
             )?;
-            init_containers.push(ContainerAllocation {
-                name: container.name.clone(),
-                gpus,
-            });
+            record(Role::Init, container, &placed);
         }
-        Ok((containers, init_containers))
+        Ok(())
     }
 
     /// `reason` says the node is only full right now. That is true when the pod's GPUs would fit
@@ -339,8 +475,8 @@ impl Placer<'_> {
             ..*self
         };
         let idle = PerGpu::<GpuUsage>::defaults(self.node.gpus.len());
-        match placer.place_pod(request, &idle, &mut FgdCache::default()) {
-            Ok(_) => reason,
+        match placer.place_pod(request, &idle, &mut FgdCache::default(), &mut |_, _, _| {}) {
+            Ok(()) => reason,
             Err(RejectReason::InsufficientGpuMemory) => RejectReason::GpuMemoryTooSmall,
             Err(_) => RejectReason::TooFewGpus,
         }
@@ -357,10 +493,10 @@ impl Placer<'_> {
         prefer: u64,
         taken: &mut u64,
         cache: &mut FgdCache,
-    ) -> Result<Vec<GpuGrant>, RejectReason> {
+    ) -> Result<Placed, RejectReason> {
         let node = self.node;
         match demand {
-            GpuDemand::None => Ok(Vec::new()),
+            GpuDemand::None => Ok(Placed::none()),
             GpuDemand::Whole { count } | GpuDemand::Topology { count } => {
                 let count = usize::from(count);
                 let free = self.eligible & idle_positions(usage);
@@ -441,7 +577,6 @@ impl Placer<'_> {
                 let chosen = self
                     .policy
                     .pick_shares(node, usage, pool, ask, self.choice, cache);
-                let mut grants = Vec::with_capacity(count);
                 for position in chosen.iter() {
                     *taken |= 1u64 << position;
                     let slot = &mut usage[position];
@@ -451,31 +586,30 @@ impl Placer<'_> {
                         slot.shares += 1;
                         *pod_shares |= 1u64 << position;
                     }
-                    grants.push(GpuGrant {
-                        gpu: node.index_at(position),
-                        grant: Grant::Share {
-                            mem: mem_per_gpu,
-                            compute: compute_per_gpu,
-                        },
-                    });
                 }
-                Ok(grants)
+                Ok(Placed {
+                    positions: chosen,
+                    grant: Grant::Share {
+                        mem: mem_per_gpu,
+                        compute: compute_per_gpu,
+                    },
+                })
             }
         }
     }
 
     /// Gives the GPUs of `group` whole, recording them on `usage` and in `taken`.
-    fn grant_whole(&self, usage: &mut [GpuUsage], group: u64, taken: &mut u64) -> Vec<GpuGrant> {
-        let mut grants = Vec::with_capacity(group.count_ones() as usize);
+    fn grant_whole(&self, usage: &mut [GpuUsage], group: u64, taken: &mut u64) -> Placed {
         *taken |= group;
+        let mut placed = Placed {
+            positions: Picked::new(),
+            grant: Grant::Whole,
+        };
         for position in positions(group) {
             usage[position].whole_pods += 1;
-            grants.push(GpuGrant {
-                gpu: self.node.index_at(position),
-                grant: Grant::Whole,
-            });
+            placed.positions.push(position);
         }
-        grants
+        placed
     }
 }
 

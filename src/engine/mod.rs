@@ -32,6 +32,6 @@ pub use request::{
     ContainerRequest, GpuConstraints, GpuDemand, ModelPattern, PodRequest, RequestError,
     TopologyPreference,
 };
-pub use state::{GpuUsage, NodeState};
+pub use state::{GpuUsage, NodeState, PerGpu};
 pub use table::{Change, Hold, PodEntry, Table, TableError};
 pub use topology::TopologyIndex;

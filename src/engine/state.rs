@@ -33,8 +33,8 @@ impl GpuUsage {
 #[derive(Clone, Debug)]
 pub struct NodeState {
     pub spec: NodeSpec,
-    /// Same order as `spec.gpus`.
-    pub gpus: Vec<GpuUsage>,
+    /// Same order as `spec.gpus`; inline in the node for up to 8 GPUs.
+    pub gpus: PerGpu<GpuUsage>,
     pub cpu_used: CpuMilli,
     pub mem_used: MemMiB,
     pub pods: u32,
@@ -139,7 +139,7 @@ impl GpuProfile {
 impl NodeState {
     /// An empty node.
     pub fn new(spec: NodeSpec) -> Self {
-        let gpus = vec![GpuUsage::default(); spec.gpus.len()];
+        let gpus = PerGpu::defaults(spec.gpus.len());
         let normalized_models: Vec<String> = spec
             .gpus
             .iter()
@@ -305,11 +305,17 @@ pub(crate) fn free_milli(memory: MemMiB, usage: &GpuUsage) -> u32 {
     compute.min(by_mem)
 }
 
-/// Per-GPU scratch values for one decision: on the stack for nodes of up to 8 GPUs (nearly all
-/// of them), so that filtering a node allocates nothing it does not return. Larger nodes get a
-/// heap buffer.
-#[derive(Clone, Debug)]
-pub(crate) enum PerGpu<T> {
+/// Per-GPU values of one node, read as a slice: inline for nodes of up to 8 GPUs (nearly all of
+/// them), on the heap beyond. [`NodeState::gpus`] is one, so that a node's usage lies in the
+/// node's own memory (filtering thousands of nodes otherwise pays a cache miss per node for a
+/// separate heap block), and the engine's per-decision scratch values are too, so that judging a
+/// node allocates nothing.
+#[derive(Clone)]
+pub struct PerGpu<T>(Repr<T>);
+
+#[derive(Clone)]
+enum Repr<T> {
+    /// The values, followed by unused defaults; the count of values.
     Inline([T; INLINE_GPUS], usize),
     Heap(Vec<T>),
 }
@@ -318,22 +324,32 @@ const INLINE_GPUS: usize = 8;
 
 impl<T: Copy + Default> PerGpu<T> {
     /// A copy of `values`.
-    pub(crate) fn copy_of(values: &[T]) -> Self {
+    pub fn copy_of(values: &[T]) -> Self {
         if values.len() <= INLINE_GPUS {
             let mut inline = [T::default(); INLINE_GPUS];
             inline[..values.len()].copy_from_slice(values);
-            Self::Inline(inline, values.len())
+            Self(Repr::Inline(inline, values.len()))
         } else {
-            Self::Heap(values.to_vec())
+            Self(Repr::Heap(values.to_vec()))
         }
     }
 
     /// `len` default values.
-    pub(crate) fn defaults(len: usize) -> Self {
+    pub fn defaults(len: usize) -> Self {
         if len <= INLINE_GPUS {
-            Self::Inline([T::default(); INLINE_GPUS], len)
+            Self(Repr::Inline([T::default(); INLINE_GPUS], len))
         } else {
-            Self::Heap(vec![T::default(); len])
+            Self(Repr::Heap(vec![T::default(); len]))
+        }
+    }
+}
+
+impl<T: Copy + Default> From<Vec<T>> for PerGpu<T> {
+    fn from(values: Vec<T>) -> Self {
+        if values.len() <= INLINE_GPUS {
+            Self::copy_of(&values)
+        } else {
+            Self(Repr::Heap(values))
         }
     }
 }
@@ -342,18 +358,60 @@ impl<T> std::ops::Deref for PerGpu<T> {
     type Target = [T];
 
     fn deref(&self) -> &[T] {
-        match self {
-            Self::Inline(values, len) => &values[..*len],
-            Self::Heap(values) => values,
+        match &self.0 {
+            Repr::Inline(values, len) => &values[..*len],
+            Repr::Heap(values) => values,
         }
     }
 }
 
 impl<T> std::ops::DerefMut for PerGpu<T> {
     fn deref_mut(&mut self) -> &mut [T] {
-        match self {
-            Self::Inline(values, len) => &mut values[..*len],
-            Self::Heap(values) => values,
+        match &mut self.0 {
+            Repr::Inline(values, len) => &mut values[..*len],
+            Repr::Heap(values) => values,
         }
+    }
+}
+
+// Iterated like the `Vec` it replaces, so that `zip(&node.gpus)` and `for usage in &node.gpus`
+// keep working.
+impl<'a, T> IntoIterator for &'a PerGpu<T> {
+    type Item = &'a T;
+    type IntoIter = std::slice::Iter<'a, T>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+impl<'a, T> IntoIterator for &'a mut PerGpu<T> {
+    type Item = &'a mut T;
+    type IntoIter = std::slice::IterMut<'a, T>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter_mut()
+    }
+}
+
+// Compared, hashed and printed as the slice of values, whichever way they are stored: a node's
+// usage prints as the `Vec` it used to be.
+impl<T: PartialEq> PartialEq for PerGpu<T> {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl<T: Eq> Eq for PerGpu<T> {}
+
+impl<T: std::hash::Hash> std::hash::Hash for PerGpu<T> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (**self).hash(state);
+    }
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for PerGpu<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).fmt(f)
     }
 }

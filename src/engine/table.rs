@@ -298,7 +298,7 @@ impl PartialEq for Table {
                 .map(|(name, n)| {
                     (
                         name.clone(),
-                        (n.gpus.clone(), n.cpu_used.0, n.mem_used.0, n.pods),
+                        (n.gpus.to_vec(), n.cpu_used.0, n.mem_used.0, n.pods),
                     )
                 })
                 .collect()

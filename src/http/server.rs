@@ -16,7 +16,9 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::de::DeserializeOwned;
 use tracing::{Instrument, info_span, warn};
 
-use crate::engine::{NodeSpec, NodeState, PodAllocation, PodKey, PodRequest, Policy, Table};
+use crate::engine::{
+    NodeSpec, NodeState, PodAllocation, PodKey, PodRequest, Policy, RejectReason, Table,
+};
 use crate::k8s::watch::ClusterState;
 use crate::telemetry::Metrics;
 
@@ -280,10 +282,12 @@ fn filter_decision(state: &AppState, args: &mut ExtenderArgs) -> ExtenderFilterR
             );
             drop(table);
             record_verdict(&state.metrics, &verdict);
+            // Each candidate is listed once, so the passed names move out of the request.
+            let mut names = names;
             let passed = verdict
                 .passed
                 .iter()
-                .filter_map(|&i| names.get(i).cloned())
+                .filter_map(|&i| names.get_mut(i).map(std::mem::take))
                 .collect();
             ExtenderFilterResult {
                 node_names: Some(passed),
@@ -355,8 +359,19 @@ fn record_verdict(metrics: &Metrics, verdict: &verbs::FilterVerdict) {
             .with_label_values(&[label])
             .inc_by(count as u64);
     }
+    // One counter update per reason, not per rejected node: a filter over 500 candidates would
+    // otherwise look the label up hundreds of times.
+    let mut by_reason = [0u64; RejectReason::ALL.len()];
     for reason in &verdict.reasons {
-        metrics.rejections.with_label_values(&[reason.code()]).inc();
+        by_reason[*reason as usize] += 1;
+    }
+    for (reason, count) in RejectReason::ALL.iter().zip(by_reason) {
+        if count > 0 {
+            metrics
+                .rejections
+                .with_label_values(&[reason.code()])
+                .inc_by(count);
+        }
     }
 }
 
@@ -392,26 +407,29 @@ fn prioritize_decision(state: &AppState, args: &mut ExtenderArgs) -> HostPriorit
                 return verbs::prioritize_none(&names);
             };
             let table = state.snapshot();
-            verbs::prioritize(
+            let scores = verbs::prioritize(
                 names
                     .iter()
                     .map(|name| (name.as_str(), table.node_by_str(name))),
                 &request,
                 &state.policy,
-            )
+            );
+            drop(table);
+            verbs::host_priorities(names, scores)
         }
         Candidates::Objects { names, states, .. } => {
             let Some(request) = request else {
                 return verbs::prioritize_none(&names);
             };
-            verbs::prioritize(
+            let scores = verbs::prioritize(
                 names
                     .iter()
                     .zip(&states)
                     .map(|(name, node)| (name.as_str(), node.as_ref().ok())),
                 &request,
                 &state.policy,
-            )
+            );
+            verbs::host_priorities(names, scores)
         }
     }
 }

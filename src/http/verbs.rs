@@ -40,7 +40,8 @@ pub fn filter<'a>(
             verdict.unknown += 1;
             continue;
         };
-        match crate::engine::fit(node, request, policy) {
+        // Only the verdict matters here; bind builds the placement for the chosen node.
+        match policy.evaluate_score(node, request) {
             Ok(_) => verdict.passed.push(position),
             Err(reason) => {
                 let target = if reason.is_resolvable() {
@@ -66,34 +67,35 @@ pub fn reject_all<'a>(names: impl IntoIterator<Item = &'a str>, message: &str) -
         .collect()
 }
 
-/// Scores candidates on the extender's 0..=10 scale. Nodes that do not fit (or are unknown) get
-/// 0. The engine's 0..=100 scores are stretched over the candidates (best 10, worst 0) because
-/// ten buckets would otherwise merge placements the policy tells apart; when all are equal every
-/// node gets 10 so the extender expresses no preference.
+/// Scores candidates on the extender's 0..=10 scale, in candidate order. Nodes that do not fit
+/// (or are unknown) get 0. The engine's 0..=100 scores are stretched over the candidates (best
+/// 10, worst 0) because ten buckets would otherwise merge placements the policy tells apart;
+/// when all are equal every node gets 10 so the extender expresses no preference. Names are
+/// paired with the scores by [`host_priorities`], which moves them rather than copying.
 pub fn prioritize<'a>(
     candidates: impl IntoIterator<Item = (&'a str, Option<&'a NodeState>)>,
     request: &PodRequest,
     policy: &Policy,
-) -> HostPriorityList {
-    let scored: Vec<(&str, Option<f64>)> = candidates
+) -> Vec<i64> {
+    let scored: Vec<Option<f64>> = candidates
         .into_iter()
-        .map(|(name, node)| {
-            (
-                name,
-                node.and_then(|n| policy.evaluate(n, request).ok())
-                    .map(|e| e.score),
-            )
-        })
+        .map(|(_, node)| node.and_then(|n| policy.evaluate_score(n, request).ok()))
         .collect();
-    let raw: Vec<f64> = scored.iter().filter_map(|(_, score)| *score).collect();
-    let low = raw.iter().copied().fold(f64::INFINITY, f64::min);
-    let high = raw.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let raw = scored.iter().flatten();
+    let low = raw.clone().copied().fold(f64::INFINITY, f64::min);
+    let high = raw.copied().fold(f64::NEG_INFINITY, f64::max);
     scored
         .into_iter()
-        .map(|(name, score)| HostPriority {
-            host: name.to_owned(),
-            score: to_extender_score(score, low, high),
-        })
+        .map(|score| to_extender_score(score, low, high))
+        .collect()
+}
+
+/// The prioritize answer: each candidate name with its score, in order.
+pub fn host_priorities(names: Vec<String>, scores: Vec<i64>) -> HostPriorityList {
+    names
+        .into_iter()
+        .zip(scores)
+        .map(|(host, score)| HostPriority { host, score })
         .collect()
 }
 
@@ -228,10 +230,13 @@ mod tests {
             MemMiB(16 * 1024),
         )));
         let names = ["share", "idle", "whole"];
-        let scores = prioritize(
-            names.map(|n| (n, table.node_by_str(n))),
-            &share(4),
-            &Policy::default(),
+        let scores = host_priorities(
+            names.map(String::from).to_vec(),
+            prioritize(
+                names.map(|n| (n, table.node_by_str(n))),
+                &share(4),
+                &Policy::default(),
+            ),
         );
         assert_eq!(
             scores,

@@ -2,7 +2,7 @@
 //! large pods and for scale-down.
 
 use crate::engine::allocation::PodAllocation;
-use crate::engine::model::MAX_GPUS_PER_NODE;
+use crate::engine::model::{CpuMilli, MAX_GPUS_PER_NODE};
 use crate::engine::state::{GpuUsage, NodeState};
 use crate::engine::topology::positions;
 
@@ -52,17 +52,27 @@ pub(crate) fn pick_smallest<K: Ord + Copy + Default>(
 /// How full the node's healthy GPUs are once the pod is placed, on 0..=100; nodes without GPUs
 /// are ranked by CPU instead.
 pub fn score(node: &NodeState, allocation: &PodAllocation, free_after: &[u32]) -> f64 {
-    utilisation_after(node, allocation, free_after) * 100.0
+    score_taking(node, allocation.cpu, free_after)
+}
+
+/// [`score`] of a placement that takes `cpu`: all of the allocation a score reads.
+pub(crate) fn score_taking(node: &NodeState, cpu: CpuMilli, free_after: &[u32]) -> f64 {
+    utilisation_taking(node, cpu, free_after) * 100.0
 }
 
 /// Fraction of the node's GPU capacity (or CPU, for GPU-less nodes) in use after the placement.
 pub fn utilisation_after(node: &NodeState, allocation: &PodAllocation, free_after: &[u32]) -> f64 {
+    utilisation_taking(node, allocation.cpu, free_after)
+}
+
+/// [`utilisation_after`] of a placement that takes `cpu`.
+pub(crate) fn utilisation_taking(node: &NodeState, cpu: CpuMilli, free_after: &[u32]) -> f64 {
     let healthy = node.profile.healthy_count as f64;
     if healthy == 0.0 {
         if node.spec.cpu.0 == 0 {
             return 0.0;
         }
-        let used = node.cpu_used.0.saturating_add(allocation.cpu.0) as f64;
+        let used = node.cpu_used.0.saturating_add(cpu.0) as f64;
         return (used / node.spec.cpu.0 as f64).clamp(0.0, 1.0);
     }
     let free: f64 = free_after

@@ -7,11 +7,11 @@ pub mod spread;
 pub mod topology;
 
 use super::allocation::PodAllocation;
-use super::fit::{RejectReason, fit_with};
+use super::fit::{RejectReason, fit_with, footprint_with};
 use super::model::{ComputeMilli, CpuMilli, GpuPlacement, MAX_GPUS_PER_NODE, MemMiB};
 use super::request::PodRequest;
 use super::state::{GpuUsage, NodeState, PerGpu};
-use super::topology::positions;
+use super::topology::{bit, positions};
 use fgd::{FgdCache, FreeChange, TypicalPods};
 
 /// How nodes are ranked for a pod.
@@ -165,17 +165,32 @@ impl Policy {
     ) -> f64 {
         let mut after_usage = PerGpu::copy_of(&node.gpus);
         add_allocation(node, &mut after_usage, allocation);
-        let after = free_milli_of(node, &after_usage);
+        let quality = topology::quality(node, allocation);
+        self.score_after(node, &after_usage, allocation.cpu, quality, cache)
+    }
+
+    /// The score of a placement that leaves `node` with GPU usage `after_usage`, takes `cpu`
+    /// from it, and has topology quality `quality`: everything a score depends on, whether it
+    /// comes from an allocation or straight from the placement.
+    fn score_after(
+        &self,
+        node: &NodeState,
+        after_usage: &[GpuUsage],
+        cpu: CpuMilli,
+        quality: f64,
+        cache: &mut FgdCache,
+    ) -> f64 {
+        let after = free_milli_of(node, after_usage);
         let base = match self.scoring {
-            ScoringPolicy::Binpack => binpack::score(node, allocation, &after),
-            ScoringPolicy::Spread => spread::score(node, allocation, &after),
+            ScoringPolicy::Binpack => binpack::score_taking(node, cpu, &after),
+            ScoringPolicy::Spread => spread::score_taking(node, cpu, &after),
             ScoringPolicy::Fgd => {
                 // One pass over the GPUs for the node as it is; the placement's effect is
                 // derived from the GPUs it changes.
                 let before = free_milli_of(node, &node.gpus);
                 let (_, _, fragmentation) = cache.prepare(&self.typical, node, &before);
                 let changes = changes_between(&before, &after);
-                let cpu_after = CpuMilli(node.cpu_free().0.saturating_sub(allocation.cpu.0));
+                let cpu_after = CpuMilli(node.cpu_free().0.saturating_sub(cpu.0));
                 // A one-GPU share was rated this way when its GPU was chosen.
                 let after = match cache.recall(&changes, cpu_after) {
                     Some(after) => after,
@@ -193,10 +208,10 @@ impl Policy {
                 }
             }
         };
-        (base * topology::quality(node, allocation)).clamp(0.0, 100.0)
+        (base * quality).clamp(0.0, 100.0)
     }
 
-    /// Fit and score in one call: what filter and prioritize ask of every candidate node.
+    /// Fit and score in one call, with the placement: what bind asks of the chosen node.
     pub fn evaluate(
         &self,
         node: &NodeState,
@@ -206,6 +221,34 @@ impl Policy {
         let allocation = fit_with(node, request, self, &mut cache)?;
         let score = self.score_with(node, &allocation, &mut cache);
         Ok(Evaluation { allocation, score })
+    }
+
+    /// The verdict and score of [`Policy::evaluate`] (equal to
+    /// `evaluate(node, request).map(|e| e.score)`, bit for bit) without building the placement:
+    /// what filter and prioritize ask of every candidate node. The same placement procedure runs,
+    /// but what it chooses is recorded on the stack as the node's usage afterwards instead of as
+    /// a [`PodAllocation`] (a few heap blocks and the node name's reference count per node).
+    pub fn evaluate_score(
+        &self,
+        node: &NodeState,
+        request: &PodRequest,
+    ) -> Result<f64, RejectReason> {
+        // Allocations name GPUs by index and scores read them back by index: the footprint,
+        // which works on positions, gives the same usage only when indices are positions.
+        if !node.profile.contiguous {
+            return self
+                .evaluate(node, request)
+                .map(|evaluation| evaluation.score);
+        }
+        let mut cache = FgdCache::default();
+        let footprint = footprint_with(node, request, self, &mut cache)?;
+        Ok(self.score_after(
+            node,
+            &footprint.after,
+            request.cpu,
+            footprint.quality,
+            &mut cache,
+        ))
     }
 }
 
@@ -238,6 +281,12 @@ impl Picked {
     /// The picked positions, in order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = usize> + '_ {
         self.positions[..self.len].iter().map(|&p| usize::from(p))
+    }
+
+    /// The picked positions as a mask.
+    pub(crate) fn mask(&self) -> u64 {
+        self.iter()
+            .fold(0u64, |mask, position| mask | bit(position))
     }
 
     fn to_vec(self) -> Vec<usize> {
@@ -277,7 +326,7 @@ fn changes_between(before: &[u32], after: &[u32]) -> PerGpu<FreeChange> {
 
 /// The node's GPU usage once `allocation` is added.
 pub fn usage_after(node: &NodeState, allocation: &PodAllocation) -> Vec<GpuUsage> {
-    let mut usage = node.gpus.clone();
+    let mut usage = node.gpus.to_vec();
     add_allocation(node, &mut usage, allocation);
     usage
 }

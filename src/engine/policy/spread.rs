@@ -4,10 +4,11 @@
 use std::cmp::Reverse;
 
 use crate::engine::allocation::PodAllocation;
+use crate::engine::model::CpuMilli;
 use crate::engine::state::{GpuUsage, NodeState};
 
 use super::Picked;
-use super::binpack::{pick_smallest, utilisation_after};
+use super::binpack::{pick_smallest, utilisation_taking};
 
 /// The `count` GPUs of `pool` with the most free capacity, then the fewest pods (lowest position
 /// on ties).
@@ -25,5 +26,10 @@ pub(crate) fn pick(node: &NodeState, usage: &[GpuUsage], pool: u64, count: usize
 
 /// How empty the node stays once the pod is placed, on 0..=100.
 pub fn score(node: &NodeState, allocation: &PodAllocation, free_after: &[u32]) -> f64 {
-    (1.0 - utilisation_after(node, allocation, free_after)) * 100.0
+    score_taking(node, allocation.cpu, free_after)
+}
+
+/// [`score`] of a placement that takes `cpu`: all of the allocation a score reads.
+pub(crate) fn score_taking(node: &NodeState, cpu: CpuMilli, free_after: &[u32]) -> f64 {
+    (1.0 - utilisation_taking(node, cpu, free_after)) * 100.0
 }

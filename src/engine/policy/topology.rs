@@ -22,33 +22,45 @@ pub fn quality(node: &NodeState, allocation: &PodAllocation) -> f64 {
     if !has_group {
         return 1.0;
     }
+    allocation
+        .containers
+        .iter()
+        .map(|container| {
+            container
+                .gpus
+                .iter()
+                .filter(|grant| grant.grant == Grant::Whole)
+                .filter_map(|grant| node.position_of(grant.gpu))
+                .fold(0u64, |mask, position| mask | bit(position))
+        })
+        .fold(1.0, |quality: f64, group| {
+            quality.min(group_quality(node, group))
+        })
+}
+
+/// The quality of one container's group of whole GPUs (a position mask): 1.0 when it is as well
+/// connected as the best group of its size on the node, or has fewer than two GPUs, or the node
+/// connects every pair alike; the ratio of its weakest link to the best group's otherwise.
+pub(crate) fn group_quality(node: &NodeState, group: u64) -> f64 {
+    let size = group.count_ones() as usize;
+    if size < 2 {
+        return 1.0;
+    }
     let topology = &node.spec.topology;
     if topology.is_uniform() {
         // Every group of a size is connected alike: each is as good as the best.
         return 1.0;
     }
-    let mut quality: f64 = 1.0;
-    for container in &allocation.containers {
-        let group = container
-            .gpus
-            .iter()
-            .filter(|grant| grant.grant == Grant::Whole)
-            .filter_map(|grant| node.position_of(grant.gpu))
-            .fold(0u64, |mask, position| mask | bit(position));
-        let size = group.count_ones() as usize;
-        if size < 2 {
-            continue;
-        }
-        let (Some((_, chosen)), Some(best)) = (
-            topology.best_group(group, size),
-            topology.best_possible(size),
-        ) else {
-            continue;
-        };
-        let weakest = |conn: u64| (conn >> 32) as f64;
-        if weakest(best) > 0.0 {
-            quality = quality.min(weakest(chosen) / weakest(best));
-        }
+    let (Some((_, chosen)), Some(best)) = (
+        topology.best_group(group, size),
+        topology.best_possible(size),
+    ) else {
+        return 1.0;
+    };
+    let weakest = |conn: u64| (conn >> 32) as f64;
+    if weakest(best) > 0.0 {
+        weakest(chosen) / weakest(best)
+    } else {
+        1.0
     }
-    quality
 }
