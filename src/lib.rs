@@ -20,6 +20,7 @@
 //! - [`k8s`]: translation of Nodes and Pods, the allocation record, watchers and the binder.
 //! - [`service`]: composition of the running service (adapter between http and k8s).
 //! - [`inspect`]: the per-node, per-GPU allocation report.
+//! - [`sim`]: the trace-replay simulator behind `gpu-extender simulate` (seeded, with I/O).
 //! - [`telemetry`]: Prometheus metric families and tracing setup.
 
 pub mod config;
@@ -28,4 +29,5 @@ pub mod http;
 pub mod inspect;
 pub mod k8s;
 pub mod service;
+pub mod sim;
 pub mod telemetry;

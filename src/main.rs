@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use gpu_extender::config::ConfigFlags;
 use gpu_extender::service::{ServeArgs, serve};
+use gpu_extender::sim::{SimArgs, run_cli};
 use gpu_extender::telemetry::tracing_setup::{self, LogFormat};
 
 /// GPU-aware placement for Kubernetes: a kube-scheduler extender.
@@ -31,6 +32,8 @@ enum Command {
     Serve(ServeArgs),
     /// Validate a configuration file (and flags and environment) and print the result.
     CheckConfig(ConfigFlags),
+    /// Replay a GPU workload trace under placement policies (no arguments: a built-in example).
+    Simulate(SimArgs),
 }
 
 fn main() -> ExitCode {
@@ -65,6 +68,13 @@ fn main() -> ExitCode {
             Err(error) => {
                 eprintln!("{error}");
                 ExitCode::from(2)
+            }
+        },
+        Command::Simulate(args) => match run_cli(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("gpu-extender simulate: {error:#}");
+                ExitCode::FAILURE
             }
         },
     }

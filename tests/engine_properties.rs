@@ -474,6 +474,7 @@ fn typical(classes: &[ClassDesc]) -> TypicalPods {
             .iter()
             .map(|c| TypicalPod {
                 cpu: CpuMilli(c.cpu),
+                memory: MemMiB(0),
                 gpus: c.gpus,
                 milli: c.milli,
                 models: c.model.map(pattern).into_iter().collect(),
@@ -676,6 +677,17 @@ fn reference_score(policy: &Policy, node: &NodeState, allocation: &PodAllocation
                 fgd::score_from_reduction(reduction)
             }
         }
+        ScoringPolicy::FgdPlus => {
+            let before = free_milli(node, &node.gpus);
+            gpu_extender::engine::policy::fgd_plus::score(
+                &policy.typical,
+                &policy.fgd_plus,
+                node,
+                allocation,
+                &before,
+                &after,
+            )
+        }
     };
     (base * topology::quality(node, allocation)).clamp(0.0, 100.0)
 }
@@ -763,6 +775,7 @@ fn run(
         max_shares_per_gpu: max_shares,
         typical: typical(classes),
         fgd_truncate: truncate,
+        ..Policy::default()
     });
     let mut specs: Vec<NodeSpec> = nodes
         .iter()

@@ -124,22 +124,35 @@ pub fn fit(
     request: &PodRequest,
     policy: &Policy,
 ) -> Result<PodAllocation, RejectReason> {
-    fit_with(node, request, policy, &mut FgdCache::default())
+    let choice = policy.share_choice(node, request);
+    fit_with(node, request, policy, choice, &mut FgdCache::default())
 }
 
-/// [`fit`], keeping in `cache` what FGD derives from the node so that scoring the placement
-/// right after reuses it.
+/// [`fit`] with the GPU choice for shares given by the caller instead of derived from the
+/// policy: the simulator replays reference rules (a drawn GPU) through the same placement code.
+pub fn fit_choosing(
+    node: &NodeState,
+    request: &PodRequest,
+    policy: &Policy,
+    choice: ShareChoice,
+) -> Result<PodAllocation, RejectReason> {
+    fit_with(node, request, policy, choice, &mut FgdCache::default())
+}
+
+/// [`fit_choosing`], keeping in `cache` what FGD derives from the node so that scoring the
+/// placement right after reuses it.
 pub(crate) fn fit_with(
     node: &NodeState,
     request: &PodRequest,
     policy: &Policy,
+    choice: ShareChoice,
     cache: &mut FgdCache,
 ) -> Result<PodAllocation, RejectReason> {
     let eligible = check_capability(node, request)?;
     let placer = Placer {
         node,
         eligible,
-        choice: policy.share_choice(node, request),
+        choice,
         policy,
         require_connected: request.constraints.topology == TopologyPreference::Required,
         cpu_after: CpuMilli(node.cpu_free().0.saturating_sub(request.cpu.0)),
@@ -559,6 +572,7 @@ mod tests {
         let fgd = Policy::scoring(crate::engine::ScoringPolicy::Fgd).with_typical(
             crate::engine::TypicalPods::new(vec![crate::engine::TypicalPod {
                 cpu: CpuMilli(0),
+                memory: crate::engine::MemMiB(0),
                 gpus: 1,
                 milli: 500,
                 models: Vec::new(),

@@ -3,6 +3,8 @@
 
 pub mod binpack;
 pub mod fgd;
+pub mod fgd_plus;
+pub mod reference;
 pub mod spread;
 pub mod topology;
 
@@ -24,15 +26,28 @@ pub enum ScoringPolicy {
     Spread,
     /// Prefer the placement that grows expected fragmentation least.
     Fgd,
+    /// FGD plus host stranding and a look-ahead value of slivers, untruncated (see
+    /// [`fgd_plus`]).
+    FgdPlus,
 }
 
 impl ScoringPolicy {
+    /// Every policy, for configuration parsing and documentation.
+    pub const ALL: [ScoringPolicy; 4] = [Self::Binpack, Self::Spread, Self::Fgd, Self::FgdPlus];
+
+    /// Whether the policy measures fragmentation against typical pods (and picks share GPUs by
+    /// it).
+    pub fn uses_typical(self) -> bool {
+        matches!(self, Self::Fgd | Self::FgdPlus)
+    }
+
     /// The configuration name.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Binpack => "binpack",
             Self::Spread => "spread",
             Self::Fgd => "fgd",
+            Self::FgdPlus => "fgd-plus",
         }
     }
 }
@@ -46,6 +61,9 @@ pub enum ShareChoice {
     Spread,
     /// The GPU whose use grows fragmentation least.
     Fgd,
+    /// The GPU picked by a uniform draw the caller made (the simulator's random baseline; the
+    /// engine itself never draws).
+    Drawn(u32),
 }
 
 /// Everything the engine needs to decide, built once from configuration.
@@ -59,6 +77,8 @@ pub struct Policy {
     /// Truncate FGD scores to integers before comparing, as the reference implementation does
     /// (its many ties are part of its published behaviour).
     pub fgd_truncate: bool,
+    /// The knobs of [`ScoringPolicy::FgdPlus`] (its defaults are the measured best).
+    pub fgd_plus: fgd_plus::Tuning,
 }
 
 impl Default for Policy {
@@ -68,6 +88,7 @@ impl Default for Policy {
             max_shares_per_gpu: 20,
             typical: TypicalPods::default(),
             fgd_truncate: false,
+            fgd_plus: fgd_plus::Tuning::default(),
         }
     }
 }
@@ -110,9 +131,7 @@ impl Policy {
         match request.constraints.placement {
             Some(GpuPlacement::Binpack) => ShareChoice::Binpack,
             Some(GpuPlacement::Spread) => ShareChoice::Spread,
-            None if self.scoring == ScoringPolicy::Fgd && !self.typical.is_empty() => {
-                ShareChoice::Fgd
-            }
+            None if self.scoring.uses_typical() && !self.typical.is_empty() => ShareChoice::Fgd,
             None => match node.spec.placement {
                 GpuPlacement::Binpack => ShareChoice::Binpack,
                 GpuPlacement::Spread => ShareChoice::Spread,
@@ -147,7 +166,11 @@ impl Policy {
         match choice {
             ShareChoice::Binpack => binpack::pick(node, usage, pool, ask.count),
             ShareChoice::Spread => spread::pick(node, usage, pool, ask.count),
+            ShareChoice::Fgd if self.scoring == ScoringPolicy::FgdPlus => {
+                fgd_plus::pick(node, usage, pool, ask, self)
+            }
             ShareChoice::Fgd => fgd_pick(node, usage, pool, ask, self, cache),
+            ShareChoice::Drawn(draw) => reference::drawn_pick(pool, ask.count, draw),
         }
     }
 
@@ -192,6 +215,17 @@ impl Policy {
                     fgd::score_from_reduction(reduction)
                 }
             }
+            ScoringPolicy::FgdPlus => {
+                let before = free_milli_of(node, &node.gpus);
+                fgd_plus::score(
+                    &self.typical,
+                    &self.fgd_plus,
+                    node,
+                    allocation,
+                    &before,
+                    &after,
+                )
+            }
         };
         (base * topology::quality(node, allocation)).clamp(0.0, 100.0)
     }
@@ -203,7 +237,8 @@ impl Policy {
         request: &PodRequest,
     ) -> Result<Evaluation, RejectReason> {
         let mut cache = FgdCache::default();
-        let allocation = fit_with(node, request, self, &mut cache)?;
+        let choice = self.share_choice(node, request);
+        let allocation = fit_with(node, request, self, choice, &mut cache)?;
         let score = self.score_with(node, &allocation, &mut cache);
         Ok(Evaluation { allocation, score })
     }
