@@ -577,9 +577,7 @@ impl Config {
             format!("{} is out of range 1..=1000", p.max_pods_per_shared_gpu),
         );
         check(
-            !p.scoring.uses_typical()
-                || p.typical_pods.learn
-                || !p.typical_pods.pods.is_empty(),
+            !p.scoring.uses_typical() || p.typical_pods.learn || !p.typical_pods.pods.is_empty(),
             "policy.typicalPods",
             "scoring fgd needs typical pods: list them under pods, or set learn: true".into(),
         );

@@ -509,7 +509,8 @@ pub fn run(
         }
         let placed = scorer.choose(&feasible, &priority, &mut rng).and_then(|n| {
             let choice = scorer.share_choice(&nodes[n], class, &mut rng);
-            let allocation = fit_choosing(&nodes[n], &class.request, &scorer.engine, choice).ok()?;
+            let allocation =
+                fit_choosing(&nodes[n], &class.request, &scorer.engine, choice).ok()?;
             Some((n, allocation))
         });
         match placed {

@@ -122,8 +122,7 @@ pub(crate) fn pick(
         for position in positions(remaining) {
             trial.copy_from_slice(&free);
             trial[position] = node.free_milli_under(position, &with_ask(scratch[position]));
-            let reduction =
-                before - fragmentation(typical, tuning, ask.cpu_after, &trial, &access);
+            let reduction = before - fragmentation(typical, tuning, ask.cpu_after, &trial, &access);
             let value = if tuning.quantum > 0 {
                 fgd::reference_score(reduction)
             } else {
