@@ -361,14 +361,16 @@ struct ScenarioFile {
     #[serde(default)]
     name: Option<String>,
     #[serde(default)]
-    nodes: Option<Vec<NodeGroup>>,
+    nodes: Option<Vec<Group>>,
     #[serde(default)]
-    pods: Option<Vec<PodGroup>>,
+    pods: Option<Vec<Group>>,
 }
 
+/// One entry of `nodes` or `pods`: `count` copies of a node or a pod. `model` belongs to nodes,
+/// `gpu_milli` and `models` to pods; the section reader rejects the other side's keys.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct NodeGroup {
+struct Group {
     name: String,
     #[serde(default = "one")]
     count: u32,
@@ -377,23 +379,11 @@ struct NodeGroup {
     #[serde(default)]
     gpus: u64,
     #[serde(default)]
-    model: String,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PodGroup {
-    name: String,
-    #[serde(default = "one")]
-    count: u32,
-    cpu_milli: u64,
-    memory_mib: u64,
-    #[serde(default)]
-    gpus: u64,
+    model: Option<String>,
     #[serde(default)]
     gpu_milli: Option<u32>,
     #[serde(default)]
-    models: Vec<String>,
+    models: Option<Vec<String>>,
 }
 
 fn one() -> u32 {
@@ -434,8 +424,14 @@ pub fn parse_scenario(path: &Path, text: &str) -> Result<Scenario, LoadError> {
                 if group.name.trim().is_empty() {
                     return Err(fail("the name is empty".to_owned()));
                 }
+                if group.gpu_milli.is_some() || group.models.is_some() {
+                    return Err(fail(
+                        "gpu_milli and models belong to pods, not nodes".to_owned(),
+                    ));
+                }
+                let model = group.model.as_deref().unwrap_or_default().trim();
                 let gpus = gpu_count(group.gpus, "gpus").map_err(fail)?;
-                if gpus > 0 && group.model.trim().is_empty() {
+                if gpus > 0 && model.is_empty() {
                     return Err(fail("a GPU node needs a model".to_owned()));
                 }
                 for node_name in copy_names(group.name.trim(), group.count) {
@@ -447,7 +443,7 @@ pub fn parse_scenario(path: &Path, text: &str) -> Result<Scenario, LoadError> {
                         cpu: CpuMilli(group.cpu_milli),
                         memory: MemMiB(group.memory_mib),
                         gpus,
-                        model: group.model.trim().to_owned(),
+                        model: model.to_owned(),
                     });
                 }
             }
@@ -469,6 +465,11 @@ pub fn parse_scenario(path: &Path, text: &str) -> Result<Scenario, LoadError> {
                 if group.name.trim().is_empty() {
                     return Err(fail("the name is empty".to_owned()));
                 }
+                if group.model.is_some() {
+                    return Err(fail(
+                        "model belongs to nodes; pods list acceptable models".to_owned(),
+                    ));
+                }
                 let gpus = gpu_count(group.gpus, "gpus").map_err(fail)?;
                 let milli = match (gpus, group.gpu_milli) {
                     (0, None | Some(0)) => 0,
@@ -479,13 +480,13 @@ pub fn parse_scenario(path: &Path, text: &str) -> Result<Scenario, LoadError> {
                     }
                     (_, Some(m)) => m,
                 };
-                let models = group
-                    .models
+                let listed = group.models.unwrap_or_default();
+                let models = listed
                     .iter()
                     .map(|m| ModelPattern::parse(m).map_err(|e| e.to_string()))
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(fail)?;
-                let gpu_spec = group.models.join("|");
+                let gpu_spec = listed.join("|");
                 for pod_name in copy_names(group.name.trim(), group.count) {
                     pods.push(SimPod {
                         name: pod_name,

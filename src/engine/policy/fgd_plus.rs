@@ -42,7 +42,7 @@ impl Default for Tuning {
     fn default() -> Self {
         Self {
             demand_weighted: false,
-            host_weight: 200,
+            host_weight: 1000,
             lookahead: 1600,
             idle_node_penalty: 100,
             quantum: 0,
