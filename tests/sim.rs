@@ -114,3 +114,18 @@ fn the_default_trace_replays_like_the_paper_for_fgd() {
     let at_50 = result.curves.alloc[50].unwrap();
     assert!((49.0..=51.0).contains(&at_50), "alloc at 50%: {at_50}");
 }
+
+#[test]
+fn fgd_plus_allocates_more_than_fgd_on_the_default_trace() {
+    let Some(dir) = openb() else { return };
+    let cluster = load_cluster(&dir.join("openb_node_list_gpu_node.csv")).unwrap();
+    let workload = load_workload(&dir.join("openb_pod_list_default.csv")).unwrap();
+    let prepared = Prepared::new(&cluster, &workload);
+    let at_130 = |policy: &str| {
+        let policy = SimPolicy::parse(policy).unwrap();
+        run(&prepared, policy, 42, 1.3, false, &|_| {}).curves.alloc[130].unwrap()
+    };
+    let (fgd, ours) = (at_130("fgd"), at_130("fgd-plus"));
+    // docs/policies.md: 95.4 vs 96.0 over seeds 42..51; one seed keeps a clear gap.
+    assert!(ours > fgd + 0.2, "fgd-plus {ours} vs fgd {fgd}");
+}
