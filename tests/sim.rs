@@ -76,7 +76,7 @@ fn openb() -> Option<PathBuf> {
         Some(dir)
     } else {
         println!(
-            "skipped: no openb traces at {} (see docs/simulation.md)",
+            "skipped: no openb traces at {} (see docs/simulate.md)",
             dir.display()
         );
         None

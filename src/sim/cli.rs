@@ -37,7 +37,7 @@ pub struct SimArgs {
     #[arg(long, value_name = "FILE")]
     pub nodes: Option<PathBuf>,
 
-    /// A YAML scenario with both nodes and pods (see docs/simulation.md).
+    /// A YAML scenario with both nodes and pods (see docs/simulate.md).
     #[arg(long, value_name = "FILE", conflicts_with_all = ["trace_dir", "nodes"])]
     pub scenario: Option<PathBuf>,
 

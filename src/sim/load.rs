@@ -400,7 +400,7 @@ fn copy_names(name: &str, count: u32) -> Vec<String> {
     (0..count).map(|i| format!("{name}-{i:0width$}")).collect()
 }
 
-/// Parses our YAML scenario format (see `docs/simulation.md`).
+/// Parses our YAML scenario format (see `docs/simulate.md`).
 pub fn parse_scenario(path: &Path, text: &str) -> Result<Scenario, LoadError> {
     let file: ScenarioFile = serde_yaml_ng::from_str(text).map_err(|source| LoadError::Yaml {
         path: path.to_owned(),

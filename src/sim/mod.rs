@@ -1,5 +1,6 @@
-//! The trace-replay simulator: the FGD paper's reference experiment (docs/simulation.md) run
-//! through the same engine the extender uses. Loading (`load`, `trace`), the seeded protocol
+//! The trace-replay simulator: the FGD paper's reference experiment (specified in
+//! `../shared/docs/simulation.md`; usage in `docs/simulate.md`) run through the same engine the
+//! extender uses. Loading (`load`, `trace`), the seeded protocol
 //! (`protocol`), one run (`replay`), measurements (`metrics`), and outputs (`report`, `cli`).
 //! Randomness lives here, never in the engine: draws are passed into engine functions.
 
