@@ -68,6 +68,7 @@ pub const KEYS: &[&str] = &[
     "annotations.minGpuMemory",
     "annotations.placement",
     "annotations.topology",
+    "annotations.requeue",
     "gpushare.enabled",
     "policy.scoring",
     "policy.maxPodsPerSharedGpu",
@@ -81,6 +82,9 @@ pub const KEYS: &[&str] = &[
     "server.tls.keyFile",
     "server.requestTimeoutMs",
     "bind.reservationTtlSeconds",
+    "requeue.enabled",
+    "requeue.maxPodsPerNode",
+    "requeue.minIntervalSeconds",
     "limits.maxConcurrentRequests",
 ];
 
@@ -128,6 +132,7 @@ pub struct Config {
     pub policy: PolicyConfig,
     pub server: ServerConfig,
     pub bind: BindConfig,
+    pub requeue: RequeueConfig,
     pub limits: Limits,
 }
 
@@ -216,6 +221,8 @@ pub struct Annotations {
     pub placement: String,
     /// Pod: `required` or `preferred` interconnect quality for multi-GPU requests.
     pub topology: String,
+    /// Pod (written by the extender): when it last asked kube-scheduler to retry the pod.
+    pub requeue: String,
 }
 
 impl Default for Annotations {
@@ -228,6 +235,7 @@ impl Default for Annotations {
             min_gpu_memory: "gpu-extender.io/min-gpu-memory".into(),
             placement: "gpu-extender.io/placement".into(),
             topology: "gpu-extender.io/topology".into(),
+            requeue: "gpu-extender.io/requeue".into(),
         }
     }
 }
@@ -347,6 +355,28 @@ impl Default for BindConfig {
     fn default() -> Self {
         Self {
             reservation_ttl_seconds: 120,
+        }
+    }
+}
+
+/// Asking kube-scheduler to retry pods it gave up on once capacity frees (`src/k8s/requeue.rs`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct RequeueConfig {
+    /// Touch unschedulable pods that now fit a node whose capacity was freed.
+    pub enabled: bool,
+    /// At most this many pods touched per freed node and round (oldest first).
+    pub max_pods_per_node: u16,
+    /// A pod is touched at most once in this many seconds.
+    pub min_interval_seconds: u64,
+}
+
+impl Default for RequeueConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_pods_per_node: 4,
+            min_interval_seconds: 10,
         }
     }
 }
@@ -556,6 +586,7 @@ impl Config {
             ("annotations.minGpuMemory", &a.min_gpu_memory),
             ("annotations.placement", &a.placement),
             ("annotations.topology", &a.topology),
+            ("annotations.requeue", &a.requeue),
         ];
         for (key, name) in annotation_keys {
             check(
@@ -649,6 +680,22 @@ impl Config {
             format!(
                 "{} is out of range 1..=86400",
                 self.bind.reservation_ttl_seconds
+            ),
+        );
+        check(
+            (1..=1000).contains(&self.requeue.max_pods_per_node),
+            "requeue.maxPodsPerNode",
+            format!(
+                "{} is out of range 1..=1000",
+                self.requeue.max_pods_per_node
+            ),
+        );
+        check(
+            (1..=3600).contains(&self.requeue.min_interval_seconds),
+            "requeue.minIntervalSeconds",
+            format!(
+                "{} is out of range 1..=3600",
+                self.requeue.min_interval_seconds
             ),
         );
         check(

@@ -1,10 +1,14 @@
 //! The inspection report: per node and per GPU, what is allocated out of what, and which pods
 //! hold it, in the shape `kubectl inspect cgpu` users expect. Built from a table snapshot; shared
-//! by the `/inspect` endpoint and the `inspect` command.
+//! by the `/inspect` endpoint, the `inspect` command and the capacity metrics.
+
+use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{NodeState, Table, WHOLE_GPU_COMPUTE};
+use crate::engine::{
+    CpuMilli, MemMiB, NodeState, Table, TypicalPod, TypicalPods, WHOLE_GPU_COMPUTE,
+};
 
 /// The whole cluster.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -56,30 +60,298 @@ pub struct GpuReport {
     pub pods: Vec<String>,
 }
 
+impl GpuReport {
+    /// Memory taken from the card: all of it when a pod holds it whole.
+    pub fn memory_in_use_mib(&self) -> u64 {
+        if self.whole {
+            self.memory_mib
+        } else {
+            self.memory_allocated_mib
+        }
+    }
+
+    /// The larger of the memory and compute fractions allocated, 0..=1.
+    pub fn occupancy(&self) -> f64 {
+        let memory = if self.memory_mib == 0 {
+            0.0
+        } else {
+            self.memory_in_use_mib() as f64 / self.memory_mib as f64
+        };
+        memory
+            .max(f64::from(self.compute_allocated_milli) / 1000.0)
+            .min(1.0)
+    }
+
+    /// Whether nothing is allocated on the card.
+    pub fn is_idle(&self) -> bool {
+        self.pods.is_empty()
+    }
+}
+
+impl NodeReport {
+    /// How full the node's GPUs are, 0..=1: per GPU the larger of the memory and compute
+    /// fractions allocated (memory-sharing modes allocate no compute), averaged over the GPUs;
+    /// 0 for a node without GPUs.
+    pub fn occupancy(&self) -> f64 {
+        if self.gpus.is_empty() {
+            return 0.0;
+        }
+        let sum: f64 = self.gpus.iter().map(GpuReport::occupancy).sum();
+        sum / self.gpus.len() as f64
+    }
+}
+
+impl Totals {
+    /// The sums over `nodes`.
+    pub fn of(nodes: &[NodeReport]) -> Self {
+        let mut totals = Totals::default();
+        for node in nodes {
+            let mut node_idle = !node.gpus.is_empty();
+            for gpu in &node.gpus {
+                totals.gpus += 1;
+                totals.gpu_memory_mib += gpu.memory_mib;
+                totals.gpu_memory_allocated_mib += gpu.memory_in_use_mib();
+                totals.gpu_compute_allocated += f64::from(gpu.compute_allocated_milli) / 1000.0;
+                totals.idle_gpus += u64::from(gpu.is_idle());
+                node_idle &= gpu.is_idle();
+            }
+            totals.idle_gpu_nodes += u64::from(node_idle);
+        }
+        totals
+    }
+}
+
 /// The report for every node of the table, sorted by node name.
 pub fn report(table: &Table) -> ClusterReport {
     let mut nodes: Vec<NodeReport> = table.nodes().map(|node| node_report(table, node)).collect();
     nodes.sort_by(|a, b| a.name.cmp(&b.name));
-    let mut totals = Totals::default();
-    for node in &nodes {
-        let mut node_idle = !node.gpus.is_empty();
-        for gpu in &node.gpus {
-            totals.gpus += 1;
-            totals.gpu_memory_mib += gpu.memory_mib;
-            let memory_allocated = if gpu.whole {
-                gpu.memory_mib
-            } else {
-                gpu.memory_allocated_mib
-            };
-            totals.gpu_memory_allocated_mib += memory_allocated;
-            totals.gpu_compute_allocated += f64::from(gpu.compute_allocated_milli) / 1000.0;
-            let idle = gpu.pods.is_empty();
-            totals.idle_gpus += u64::from(idle);
-            node_idle &= idle;
-        }
-        totals.idle_gpu_nodes += u64::from(node_idle);
-    }
+    let totals = Totals::of(&nodes);
     ClusterReport { nodes, totals }
+}
+
+/// Which part of a report to show.
+#[derive(Clone, Debug, Default)]
+pub struct Filter {
+    /// Only the node of this exact name.
+    pub node: Option<String>,
+    /// Only nodes with a GPU whose model contains this text (case-insensitive), and only
+    /// those GPUs.
+    pub model: Option<String>,
+}
+
+impl ClusterReport {
+    /// The part of the report `filter` selects, with totals over that part only.
+    pub fn filtered(&self, filter: &Filter) -> ClusterReport {
+        let nodes: Vec<NodeReport> = self
+            .nodes
+            .iter()
+            .filter(|node| filter.node.as_ref().is_none_or(|name| node.name == *name))
+            .filter_map(|node| match &filter.model {
+                None => Some(node.clone()),
+                Some(text) => {
+                    let text = text.to_lowercase();
+                    let gpus: Vec<GpuReport> = node
+                        .gpus
+                        .iter()
+                        .filter(|gpu| gpu.model.to_lowercase().contains(&text))
+                        .cloned()
+                        .collect();
+                    (!gpus.is_empty()).then(|| NodeReport {
+                        gpus,
+                        ..node.clone()
+                    })
+                }
+            })
+            .collect();
+        let totals = Totals::of(&nodes);
+        ClusterReport { nodes, totals }
+    }
+
+    /// The report as a table in the style of `kubectl inspect cgpu`: one row per node, one
+    /// column per GPU index with allocated/total memory in GiB and the compute allocated,
+    /// then, with `details`, the pods on each GPU; cluster totals last.
+    pub fn to_text(&self, details: bool) -> String {
+        let columns = self
+            .nodes
+            .iter()
+            .flat_map(|node| node.gpus.iter().map(|gpu| gpu.index))
+            .max()
+            .map_or(0, |max| usize::from(max) + 1);
+        let mut header = vec!["NAME".to_owned(), "MODE".to_owned(), "MODEL".to_owned()];
+        header.extend((0..columns).map(|i| format!("GPU{i}(Allocated/Total)")));
+        header.push("GPU Memory(GiB)".to_owned());
+        header.push("GPU Compute".to_owned());
+        let mut rows = vec![header];
+        for node in &self.nodes {
+            let mut row = vec![node.name.clone(), node.mode.clone(), node_models(node)];
+            for index in 0..columns {
+                let cell = node
+                    .gpus
+                    .iter()
+                    .find(|gpu| usize::from(gpu.index) == index)
+                    .map_or_else(|| "-".to_owned(), gpu_cell);
+                row.push(cell);
+            }
+            let totals = Totals::of(std::slice::from_ref(node));
+            row.push(format!(
+                "{}/{}",
+                gib(totals.gpu_memory_allocated_mib),
+                gib(totals.gpu_memory_mib)
+            ));
+            row.push(format!(
+                "{:.2}/{}",
+                totals.gpu_compute_allocated, totals.gpus
+            ));
+            rows.push(row);
+        }
+        let mut out = String::new();
+        write_aligned(&mut out, &rows);
+        if details {
+            for node in &self.nodes {
+                for gpu in &node.gpus {
+                    if gpu.pods.is_empty() {
+                        continue;
+                    }
+                    let _ = writeln!(
+                        out,
+                        "{} GPU{}: {}",
+                        node.name,
+                        gpu.index,
+                        gpu.pods.join(", ")
+                    );
+                }
+            }
+        }
+        let totals = &self.totals;
+        let _ = writeln!(out, "{}", "-".repeat(86));
+        let _ = writeln!(out, "Allocated/Total GPU Memory In Cluster:");
+        let _ = writeln!(
+            out,
+            "{}/{} ({})",
+            gib(totals.gpu_memory_allocated_mib),
+            gib(totals.gpu_memory_mib),
+            percent(
+                totals.gpu_memory_allocated_mib as f64,
+                totals.gpu_memory_mib as f64
+            )
+        );
+        let _ = writeln!(out, "Allocated/Total GPU Compute In Cluster:");
+        let _ = writeln!(
+            out,
+            "{:.2}/{} ({})",
+            totals.gpu_compute_allocated,
+            totals.gpus,
+            percent(totals.gpu_compute_allocated, totals.gpus as f64)
+        );
+        let _ = writeln!(
+            out,
+            "Idle GPUs: {}/{}  Idle GPU nodes: {}",
+            totals.idle_gpus, totals.gpus, totals.idle_gpu_nodes
+        );
+        out
+    }
+}
+
+/// The distinct models of a node, `/`-joined.
+fn node_models(node: &NodeReport) -> String {
+    let mut models: Vec<&str> = node.gpus.iter().map(|gpu| gpu.model.as_str()).collect();
+    models.dedup();
+    if models.is_empty() {
+        return "-".to_owned();
+    }
+    models.join("/")
+}
+
+/// One GPU's cell: memory allocated/total in GiB, `*` for a card held whole, `!` unhealthy.
+fn gpu_cell(gpu: &GpuReport) -> String {
+    let mut cell = format!("{}/{}", gib(gpu.memory_in_use_mib()), gib(gpu.memory_mib));
+    if gpu.whole {
+        cell.push('*');
+    }
+    if !gpu.healthy {
+        cell.push('!');
+    }
+    cell
+}
+
+/// MiB as GiB, without decimals when whole.
+fn gib(mib: u64) -> String {
+    if mib.is_multiple_of(1024) {
+        (mib / 1024).to_string()
+    } else {
+        format!("{:.1}", mib as f64 / 1024.0)
+    }
+}
+
+fn percent(part: f64, whole: f64) -> String {
+    if whole <= 0.0 {
+        return "0%".to_owned();
+    }
+    format!("{:.0}%", 100.0 * part / whole)
+}
+
+/// Writes `rows` as space-aligned columns.
+fn write_aligned(out: &mut String, rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = Vec::new();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            if widths.len() <= i {
+                widths.push(0);
+            }
+            widths[i] = widths[i].max(cell.chars().count());
+        }
+    }
+    for row in rows {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            let _ = write!(line, "{cell:<width$}  ", width = widths[i]);
+        }
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
+}
+
+/// Free and stranded GPU capacity of the whole table, in milli-GPU.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Capacity {
+    /// Free capacity of healthy GPUs (per GPU, the scarcer of free memory and compute).
+    pub free_milli: u64,
+    /// The part of it the typical pods could not use: the FGD policy's fragmentation measure,
+    /// summed over nodes.
+    pub fragmented_milli: f64,
+}
+
+/// Free and fragmented capacity of `table`, measured against `typical`; with no typical pods
+/// configured, against one class asking for a single whole GPU, so that what counts as
+/// fragmented is the free capacity of partly used GPUs (and all of a node's when its CPU is
+/// gone).
+pub fn capacity(table: &Table, typical: &TypicalPods) -> Capacity {
+    let fallback;
+    let typical = if typical.is_empty() {
+        fallback = TypicalPods::new(vec![TypicalPod {
+            cpu: CpuMilli(0),
+            memory: MemMiB(0),
+            gpus: 1,
+            milli: WHOLE_GPU_COMPUTE.0,
+            models: Vec::new(),
+            weight: 1.0,
+        }]);
+        &fallback
+    } else {
+        typical
+    };
+    let mut capacity = Capacity::default();
+    for node in table.nodes() {
+        if node.spec.gpus.is_empty() {
+            continue;
+        }
+        let free: Vec<u32> = (0..node.gpus.len())
+            .map(|position| node.gpu_free_milli(position))
+            .collect();
+        capacity.free_milli += free.iter().map(|&milli| u64::from(milli)).sum::<u64>();
+        let access = typical.access_masks(node);
+        capacity.fragmented_milli += typical.fragmentation(node.cpu_free(), &free, &access);
+    }
+    capacity
 }
 
 fn node_report(table: &Table, node: &NodeState) -> NodeReport {
@@ -122,5 +394,136 @@ fn node_report(table: &Table, node: &NodeState) -> NodeReport {
         placement: node.spec.placement.as_str().to_owned(),
         gpus,
         pods,
+    }
+}
+
+/// Table fixtures shared by the unit tests of the report, the explanation and the metrics.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    #![allow(clippy::unwrap_used, reason = "tests fail loudly on a broken fixture")]
+
+    use crate::engine::{
+        Change, CpuMilli, GpuDemand, GpuMode, MemMiB, NodeSpec, PodKey, PodRequest, Policy, Table,
+        fit,
+    };
+
+    /// Adds a node of `count` GPUs of `model` with `gib` GiB each.
+    pub(crate) fn add_node(
+        table: &mut Table,
+        name: &str,
+        mode: GpuMode,
+        count: u16,
+        model: &str,
+        gib: u64,
+    ) {
+        table.apply(Change::UpsertNode(NodeSpec::uniform(
+            name,
+            mode,
+            count,
+            model,
+            MemMiB(gib * 1024),
+        )));
+    }
+
+    /// Places a one-container pod `ns/name` asking `demand` on `node` with the default policy,
+    /// and records it bound.
+    pub(crate) fn bind(table: &mut Table, node: &str, name: &str, demand: GpuDemand) {
+        let request = PodRequest::single(CpuMilli(0), MemMiB(0), demand);
+        let allocation = fit(
+            table.node_by_str(node).unwrap(),
+            &request,
+            &Policy::default(),
+        )
+        .unwrap();
+        table.apply(Change::PodBound {
+            pod: PodKey::new("ns", name),
+            allocation,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests fail loudly on a broken fixture")]
+
+    use super::fixtures::{add_node, bind};
+    use super::*;
+    use crate::engine::{GpuDemand, GpuMode};
+
+    /// Two 16 GiB T4s sharing by memory and one A100 node for whole GPUs; 8 GiB on T4 GPU0 and
+    /// the first A100 held whole.
+    fn table() -> Table {
+        let mut table = Table::new(20);
+        add_node(&mut table, "t4", GpuMode::ShareMemory, 2, "Tesla-T4", 16);
+        add_node(&mut table, "a100", GpuMode::Exclusive, 2, "NVIDIA-A100", 40);
+        add_node(&mut table, "idle", GpuMode::Exclusive, 1, "NVIDIA-A100", 40);
+        bind(&mut table, "t4", "s", GpuDemand::share(8, 1, None).unwrap());
+        bind(&mut table, "a100", "w", GpuDemand::whole(1).unwrap());
+        table
+    }
+
+    #[test]
+    fn totals_count_whole_gpus_as_fully_allocated() {
+        let report = report(&table());
+        let totals = &report.totals;
+        assert_eq!(totals.gpus, 5);
+        assert_eq!(totals.gpu_memory_allocated_mib, (8 + 40) * 1024);
+        // Memory shares allocate no compute: only the whole A100 counts.
+        assert!((totals.gpu_compute_allocated - 1.0).abs() < 1e-9);
+        assert_eq!(totals.idle_gpus, 3);
+        assert_eq!(totals.idle_gpu_nodes, 1);
+        let t4 = report.nodes.iter().find(|n| n.name == "t4").unwrap();
+        assert_eq!(t4.gpus[0].pods, vec!["ns/s".to_owned()]);
+        assert!((t4.occupancy() - 0.25).abs() < 1e-9);
+    }
+
+    #[test]
+    fn filters_select_nodes_and_gpus_and_recompute_totals() {
+        let report = report(&table());
+        let by_node = report.filtered(&Filter {
+            node: Some("t4".into()),
+            model: None,
+        });
+        assert_eq!(by_node.nodes.len(), 1);
+        assert_eq!(by_node.totals.gpus, 2);
+        let by_model = report.filtered(&Filter {
+            node: None,
+            model: Some("a100".into()),
+        });
+        let names: Vec<&str> = by_model.nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["a100", "idle"]);
+        assert_eq!(by_model.totals.gpus, 3);
+        let none = report.filtered(&Filter {
+            node: Some("nope".into()),
+            model: None,
+        });
+        assert!(none.nodes.is_empty());
+        assert_eq!(none.totals, Totals::default());
+    }
+
+    #[test]
+    fn text_has_a_column_per_gpu_and_cluster_totals() {
+        let text = report(&table()).to_text(true);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].starts_with("NAME"), "{text}");
+        assert!(lines[0].contains("GPU1(Allocated/Total)"), "{text}");
+        let t4 = lines.iter().find(|l| l.starts_with("t4 ")).unwrap();
+        assert!(t4.contains("8/16"), "{t4}");
+        let a100 = lines.iter().find(|l| l.starts_with("a100 ")).unwrap();
+        assert!(a100.contains("40/40*"), "{a100}");
+        assert!(text.contains("t4 GPU0: ns/s"), "{text}");
+        assert!(
+            text.contains("Allocated/Total GPU Memory In Cluster:\n48/152 (32%)"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn fragmentation_without_typical_pods_is_the_free_part_of_used_gpus() {
+        let capacity = capacity(&table(), &TypicalPods::default());
+        // Free: 8 GiB of a 16 GiB T4 (500), one idle T4, one idle A100 on each A100 node.
+        assert_eq!(capacity.free_milli, 500 + 1000 + 1000 + 1000);
+        // Only the half-used T4 cannot take a whole-GPU pod.
+        assert!((capacity.fragmented_milli - 500.0).abs() < 1e-9);
     }
 }

@@ -20,11 +20,15 @@
 //! - [`k8s`]: translation of Nodes and Pods, the allocation record, watchers and the binder.
 //! - [`service`]: composition of the running service (adapter between http and k8s).
 //! - [`inspect`]: the per-node, per-GPU allocation report.
+//! - [`explain`]: why a pod fits or does not fit each node now.
+//! - [`cli`]: the `inspect` and `explain` commands (reading the cluster or an extender).
 //! - [`sim`]: the trace-replay simulator behind `gpu-extender simulate` (seeded, with I/O).
 //! - [`telemetry`]: Prometheus metric families and tracing setup.
 
+pub mod cli;
 pub mod config;
 pub mod engine;
+pub mod explain;
 pub mod http;
 pub mod inspect;
 pub mod k8s;

@@ -4,6 +4,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use gpu_extender::cli::{self, ExplainArgs, InspectArgs};
 use gpu_extender::config::ConfigFlags;
 use gpu_extender::service::{ServeArgs, serve};
 use gpu_extender::sim::{SimArgs, run_cli};
@@ -32,33 +33,37 @@ enum Command {
     Serve(ServeArgs),
     /// Validate a configuration file (and flags and environment) and print the result.
     CheckConfig(ConfigFlags),
+    /// Show GPU allocation per node and per GPU, with the pods on each GPU and cluster totals
+    /// (also `kubectl inspect gpu`, see docs/operations.md).
+    Inspect(InspectArgs),
+    /// Explain, for every node, whether a pod fits now and if not exactly why.
+    Explain(ExplainArgs),
     /// Replay a GPU workload trace under placement policies (no arguments: a built-in example).
     Simulate(SimArgs),
 }
 
+/// Installed as `kubectl-inspect-gpu`, the binary is the kubectl plugin `kubectl inspect gpu`:
+/// kubectl runs it with the plugin's own arguments only.
+const KUBECTL_PLUGIN: &str = "kubectl-inspect-gpu";
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let invoked_as = args
+        .first()
+        .and_then(|arg0| std::path::Path::new(arg0).file_name())
+        .and_then(|name| name.to_str())
+        .map(str::to_owned);
+    if invoked_as.as_deref() == Some(KUBECTL_PLUGIN) {
+        args.insert(1, "inspect".into());
+    }
+    let cli = Cli::parse_from(args);
     tracing_setup::init(cli.log_format);
     match cli.command {
         Command::Serve(args) => {
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(runtime) => runtime,
-                Err(error) => {
-                    eprintln!("cannot start the async runtime: {error}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            match runtime.block_on(serve(args)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(error) => {
-                    eprintln!("gpu-extender: {error:#}");
-                    ExitCode::FAILURE
-                }
-            }
+            block_on(serve(args)).map_or(ExitCode::FAILURE, |()| ExitCode::SUCCESS)
         }
+        Command::Inspect(args) => print(block_on(cli::inspect(args))),
+        Command::Explain(args) => print(block_on(cli::explain(args))),
         Command::CheckConfig(flags) => match flags.load() {
             Ok(config) => {
                 println!("{config}");
@@ -77,5 +82,40 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+    }
+}
+
+/// Runs `future` to completion on a new runtime; errors are printed and give `None`.
+fn block_on<T>(future: impl std::future::Future<Output = anyhow::Result<T>>) -> Option<T> {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("cannot start the async runtime: {error}");
+            return None;
+        }
+    };
+    match runtime.block_on(future) {
+        Ok(value) => Some(value),
+        Err(error) => {
+            eprintln!("gpu-extender: {error:#}");
+            None
+        }
+    }
+}
+
+/// Prints a command's output; a failed command exits 1 (its error is already printed).
+fn print(output: Option<String>) -> ExitCode {
+    match output {
+        Some(text) => {
+            print!("{text}");
+            if !text.ends_with('\n') {
+                println!();
+            }
+            ExitCode::SUCCESS
+        }
+        None => ExitCode::FAILURE,
     }
 }

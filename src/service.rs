@@ -13,13 +13,16 @@ use tokio::net::TcpListener;
 use tracing::info;
 
 use crate::config::{Config, ConfigFlags};
-use crate::engine::{Hold, NodeSpec, PodKey, PodRequest};
+use crate::engine::{Hold, NodeSpec, PodKey, PodRequest, Policy};
 use crate::http::server::{Adapter, AppState, admin_router, router};
 use crate::http::wire::ExtenderBindingArgs;
+use crate::inspect::{self, ClusterReport};
 use crate::k8s::bind::{BindError, BindOutcome, BindRequest, BindTime, Binder, KubeApi, PodApi};
-use crate::k8s::translate;
+use crate::k8s::events::{BindEvents, KubeEvents};
 use crate::k8s::watch::{self, ClusterState, Feed};
+use crate::k8s::{requeue, translate};
 use crate::telemetry::Metrics;
+use crate::telemetry::metrics::CapacityGauges;
 
 /// Answers bind calls; provided by the cluster-state layer.
 pub trait Bind: Send + Sync + 'static {
@@ -80,6 +83,8 @@ impl Adapter for KubeAdapter {
 /// `Error` before kube-scheduler's `httpTimeout` beats a late success it has stopped waiting for.
 pub struct MeteredBinder<A> {
     binder: Binder<A>,
+    /// Told of every successful bind (an Event on the pod); never fails the bind.
+    events: Option<Arc<dyn BindEvents>>,
     cluster: Arc<ClusterState>,
     metrics: Metrics,
     epoch: Instant,
@@ -105,11 +110,18 @@ impl<A: PodApi + 'static> MeteredBinder<A> {
     ) -> Self {
         Self {
             binder,
+            events: None,
             cluster,
             metrics,
             epoch,
             budget,
         }
+    }
+
+    /// Records an event for each successful bind through `events`.
+    pub fn with_events(mut self, events: Arc<dyn BindEvents>) -> Self {
+        self.events = Some(events);
+        self
     }
 }
 
@@ -137,7 +149,12 @@ impl<A: PodApi + 'static> Bind for MeteredBinder<A> {
             let time = BindTime::now(self.epoch);
             let outcome = tokio::time::timeout(self.budget, self.binder.bind(&request, time)).await;
             let (label, result) = match outcome {
-                Ok(Ok(BindOutcome::Bound(_))) => ("bound", Ok(())),
+                Ok(Ok(BindOutcome::Bound(allocation))) => {
+                    if let Some(events) = &self.events {
+                        events.bound(&request, &allocation);
+                    }
+                    ("bound", Ok(()))
+                }
                 Ok(Ok(BindOutcome::AlreadyBound)) => ("already_bound", Ok(())),
                 Ok(Err(error)) => (bind_error_label(&error), Err(error.to_string())),
                 Err(_) => (
@@ -160,8 +177,10 @@ impl<A: PodApi + 'static> Bind for MeteredBinder<A> {
     }
 }
 
-/// Copies the feed's health and the table's size into the metrics, at scrape time.
-pub fn refresh_metrics(metrics: &Metrics, cluster: &ClusterState) {
+/// Copies the feed's health, the table's size and its allocation gauges into the metrics, at
+/// scrape time: everything table-derived comes from one read snapshot, and nothing is computed
+/// per watch event.
+pub fn refresh_metrics(metrics: &Metrics, cluster: &ClusterState, policy: &Policy) {
     let stats = cluster.stats();
     let table = cluster.read();
     let reserved = table
@@ -170,7 +189,10 @@ pub fn refresh_metrics(metrics: &Metrics, cluster: &ClusterState) {
         .count();
     metrics.table_nodes.set(table.node_count() as i64);
     metrics.table_pods.set(table.pod_count() as i64);
+    let report = inspect::report(&table);
+    let capacity = inspect::capacity(&table, &policy.typical);
     drop(table);
+    set_capacity(&metrics.capacity, &report, capacity);
     metrics.reservations_outstanding.set(reserved as i64);
     metrics.records_missing.set(stats.records_missing as i64);
     metrics.records_corrupt.set(stats.records_corrupt as i64);
@@ -178,6 +200,10 @@ pub fn refresh_metrics(metrics: &Metrics, cluster: &ClusterState) {
         .nodes_with_problems
         .set(stats.nodes_with_problems as i64);
     raise_to(&metrics.watch_errors, stats.watch_errors);
+    raise_to(&metrics.reservations_expired, stats.reservations_expired);
+    for took in cluster.take_rebuild_times() {
+        metrics.table_rebuild_duration.observe(took.as_secs_f64());
+    }
     raise_to(
         &metrics.relists.with_label_values(&["node"]),
         stats.node_lists,
@@ -186,6 +212,81 @@ pub fn refresh_metrics(metrics: &Metrics, cluster: &ClusterState) {
         &metrics.relists.with_label_values(&["pod"]),
         stats.pod_lists,
     );
+    for (kind, counts) in [("node", stats.node_events), ("pod", stats.pod_events)] {
+        for (event, total) in [
+            ("apply", counts.apply),
+            ("delete", counts.delete),
+            ("listed", counts.listed),
+        ] {
+            raise_to(
+                &metrics.watch_events.with_label_values(&[kind, event]),
+                total,
+            );
+        }
+    }
+}
+
+/// Sets the allocation gauges from `report`, dropping series of nodes no longer in it.
+fn set_capacity(gauges: &CapacityGauges, report: &ClusterReport, capacity: inspect::Capacity) {
+    gauges.reset();
+    for node in &report.nodes {
+        let name = node.name.as_str();
+        for gpu in &node.gpus {
+            let index = gpu.index.to_string();
+            let labels = [name, index.as_str()];
+            gauges
+                .gpu_memory_total_mib
+                .with_label_values(&labels)
+                .set(saturating_i64(gpu.memory_mib));
+            gauges
+                .gpu_memory_allocated_mib
+                .with_label_values(&labels)
+                .set(saturating_i64(gpu.memory_in_use_mib()));
+            gauges
+                .gpu_compute_allocated
+                .with_label_values(&labels)
+                .set(f64::from(gpu.compute_allocated_milli) / 1000.0);
+            gauges
+                .gpu_pods
+                .with_label_values(&labels)
+                .set(saturating_i64(gpu.pods.len() as u64));
+            gauges
+                .gpu_healthy
+                .with_label_values(&[name, index.as_str(), gpu.model.as_str()])
+                .set(i64::from(gpu.healthy));
+        }
+        let in_use = node.gpus.iter().filter(|gpu| !gpu.is_idle()).count();
+        gauges
+            .node_gpus
+            .with_label_values(&[name])
+            .set(saturating_i64(node.gpus.len() as u64));
+        gauges
+            .node_gpus_in_use
+            .with_label_values(&[name])
+            .set(saturating_i64(in_use as u64));
+        gauges
+            .node_gpu_occupancy
+            .with_label_values(&[name])
+            .set(node.occupancy());
+    }
+    let totals = &report.totals;
+    gauges.cluster_gpus.set(saturating_i64(totals.gpus));
+    gauges
+        .cluster_idle_gpus
+        .set(saturating_i64(totals.idle_gpus));
+    gauges
+        .idle_gpu_nodes
+        .set(saturating_i64(totals.idle_gpu_nodes));
+    gauges
+        .cluster_gpu_free
+        .set(capacity.free_milli as f64 / 1000.0);
+    gauges
+        .cluster_gpu_fragmented
+        .set(capacity.fragmented_milli / 1000.0);
+}
+
+fn saturating_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
 }
 
 /// Advances a counter to a total kept elsewhere (counters only go up).
@@ -224,15 +325,26 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
     let feed = Feed::new(cluster.clone(), config.clone(), policy.clone());
     let watchers = tokio::spawn(watch::run(client.clone(), feed, epoch));
+    let requeuer = config.requeue.enabled.then(|| {
+        tokio::spawn(requeue::run(
+            cluster.clone(),
+            config.clone(),
+            policy.clone(),
+            KubeApi::new(client.clone()),
+            metrics.clone(),
+            epoch,
+        ))
+    });
 
     let binder = Binder::new(
         cluster.clone(),
         config.clone(),
         policy.clone(),
-        KubeApi::new(client),
+        KubeApi::new(client.clone()),
     );
     let budget = Duration::from_millis(config.server.request_timeout_ms);
-    let metered = MeteredBinder::new(binder, cluster.clone(), metrics.clone(), epoch, budget);
+    let metered = MeteredBinder::new(binder, cluster.clone(), metrics.clone(), epoch, budget)
+        .with_events(Arc::new(KubeEvents::new(client, metrics.clone())));
     let state = AppState {
         cluster: cluster.clone(),
         policy,
@@ -273,6 +385,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     info!("shutting down: draining requests");
     drop(stop_tx);
     watchers.abort();
+    if let Some(requeuer) = requeuer {
+        requeuer.abort();
+    }
     servers.await??;
     info!("stopped");
     Ok(())
@@ -325,4 +440,69 @@ pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result
             .context("finding a kubeconfig or in-cluster config")?,
     };
     kube::Client::try_from(config).context("building the API client")
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests fail loudly on a broken fixture")]
+
+    use super::*;
+    use crate::engine::{Change, GpuDemand, GpuMode, NodeName, Table};
+    use crate::inspect::fixtures::{add_node, bind};
+
+    #[test]
+    fn scrape_sets_capacity_gauges_from_the_table_and_drops_removed_nodes() {
+        let mut table = Table::new(20);
+        for name in ["t4", "spare"] {
+            add_node(&mut table, name, GpuMode::ShareMemory, 2, "Tesla-T4", 16);
+        }
+        bind(&mut table, "t4", "p", GpuDemand::share(4, 1, None).unwrap());
+        let cluster = ClusterState::with_table(table);
+        let metrics = Metrics::new().unwrap();
+        let policy = Policy::default();
+        let scrape = || {
+            metrics
+                .render_after(|m| refresh_metrics(m, &cluster, &policy))
+                .unwrap()
+        };
+        let text = scrape();
+        for line in [
+            r#"gpu_extender_gpu_memory_total_mib{gpu="0",node="t4"} 16384"#,
+            r#"gpu_extender_gpu_memory_allocated_mib{gpu="0",node="t4"} 4096"#,
+            r#"gpu_extender_gpu_pods{gpu="0",node="t4"} 1"#,
+            r#"gpu_extender_gpu_healthy{gpu="1",model="Tesla-T4",node="spare"} 1"#,
+            r#"gpu_extender_node_gpus_in_use{node="t4"} 1"#,
+            r#"gpu_extender_node_gpu_occupancy{node="t4"} 0.125"#,
+            "gpu_extender_cluster_gpus 4",
+            "gpu_extender_cluster_idle_gpus 3",
+            "gpu_extender_idle_gpu_nodes 1",
+            "gpu_extender_cluster_gpu_free 3.75",
+            "gpu_extender_cluster_gpu_fragmented 0.75",
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+        cluster
+            .write()
+            .apply(Change::RemoveNode(NodeName::new("spare")));
+        let text = scrape();
+        assert!(!text.contains(r#"node="spare""#), "{text}");
+        assert!(text.contains("gpu_extender_idle_gpu_nodes 0"), "{text}");
+        // The table was given whole, not listed: no rebuild observed.
+        assert!(
+            text.contains("gpu_extender_table_rebuild_duration_seconds_count 0"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn every_family_is_named() {
+        let metrics = Metrics::new().unwrap();
+        let names = metrics.names();
+        assert!(
+            names
+                .iter()
+                .any(|n| n == "gpu_extender_gpu_memory_total_mib")
+        );
+        assert!(names.iter().any(|n| n == "gpu_extender_binds_total"));
+    }
 }

@@ -521,8 +521,10 @@ async fn readyz(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
-    crate::service::refresh_metrics(&state.metrics, &state.cluster);
-    match state.metrics.render() {
+    let rendered = state.metrics.render_after(|metrics| {
+        crate::service::refresh_metrics(metrics, &state.cluster, &state.policy);
+    });
+    match rendered {
         Ok(text) => (
             [(
                 header::CONTENT_TYPE,

@@ -14,11 +14,12 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 use thiserror::Error;
 use tracing::{debug, warn};
 
 use super::record;
+use super::requeue::PodTouch;
 use super::translate::{TranslateError, pod_host_request, pod_request};
 use super::watch::{ClusterState, monotonic_ms};
 use crate::config::Config;
@@ -49,8 +50,8 @@ pub struct BindTime {
 impl BindTime {
     /// Now, for the service (tests build `BindTime` from plain numbers).
     pub fn now(epoch: Instant) -> Self {
-        // The one read of the wall clock, for the device plugin's annotation only; decisions
-        // use the monotonic clock.
+        // The one read of the wall clock, for the device plugin's annotation and the requeue
+        // stamp only; decisions use the monotonic clock.
         #[allow(
             clippy::disallowed_methods,
             reason = "the gpushare assume time is wall-clock by definition"
@@ -285,7 +286,9 @@ impl<A: PodApi> Binder<A> {
                 }
                 // A previous attempt for this pod that never completed: decide afresh.
                 Hold::Reserved { .. } => {
-                    table.release(key);
+                    if let Some(released) = table.release(key) {
+                        self.state.note_freed(&released.node);
+                    }
                 }
             }
         }
@@ -337,8 +340,8 @@ impl<A: PodApi> Binder<A> {
         let ours = table.pod(key).is_some_and(|entry| {
             matches!(entry.hold, Hold::Reserved { .. }) && entry.allocation == *allocation
         });
-        if ours {
-            table.release(key);
+        if ours && let Some(released) = table.release(key) {
+            self.state.note_freed(&released.node);
         }
     }
 
@@ -378,8 +381,8 @@ impl<A: PodApi> Binder<A> {
         let ours = table.pod(key).is_some_and(|entry| {
             matches!(entry.hold, Hold::Reserved { .. }) && entry.allocation == *allocation
         });
-        if ours {
-            table.release(key);
+        if ours && let Some(released) = table.release(key) {
+            self.state.note_freed(&released.node);
         }
         let conflict = || BindError::Api {
             pod: key.clone(),
@@ -499,6 +502,23 @@ impl PodApi for KubeApi {
         Api::<Pod>::namespaced(self.client.clone(), namespace)
             .get_opt(name)
             .await
+            .map_err(api_error)
+    }
+}
+
+impl PodTouch for KubeApi {
+    async fn touch_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        annotation: &str,
+        value: &str,
+    ) -> Result<(), ApiError> {
+        let patch = serde_json::json!({ "metadata": { "annotations": { annotation: value } } });
+        Api::<Pod>::namespaced(self.client.clone(), namespace)
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(|_| ())
             .map_err(api_error)
     }
 }

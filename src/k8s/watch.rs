@@ -16,14 +16,14 @@
 //! as deleted. The state reports ready once both initial lists are applied.
 
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::{Container, Node, Pod, PodCondition, PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, watcher as watch_stream};
@@ -36,8 +36,8 @@ use super::translate::{
 };
 use crate::config::Config;
 use crate::engine::{
-    Change, CpuMilli, MemMiB, NodeName, NodeSpec, NodeState, PodAllocation, PodKey, PodRequest,
-    Policy, Table, fit,
+    Change, CpuMilli, Hold, MemMiB, NodeName, NodeSpec, NodeState, PodAllocation, PodKey,
+    PodRequest, Policy, Table, fit,
 };
 
 /// The cluster as the extender knows it, shared by the feed (the writer), the HTTP handlers
@@ -49,7 +49,17 @@ pub struct ClusterState {
     pods: RwLock<HashMap<PodKey, Arc<Pod>>>,
     ready: AtomicBool,
     stats: Mutex<FeedStats>,
+    /// Nodes where capacity was freed since the requeue task last looked (see `requeue`).
+    freed: Mutex<BTreeSet<NodeName>>,
+    /// Wakes the requeue task when `freed` gains a node; a wake-up with no waiter is kept.
+    freed_signal: tokio::sync::Notify,
+    /// Times to apply full lists not yet taken by a metrics scrape (at most
+    /// [`MAX_PENDING_REBUILDS`], the newest kept).
+    rebuilds: Mutex<Vec<Duration>>,
 }
+
+/// Rebuild times kept for the next scrape; older ones are dropped if nobody scrapes.
+const MAX_PENDING_REBUILDS: usize = 64;
 
 /// Health of the feed, for metrics and logs. Gauges describe the current state; counters only
 /// grow.
@@ -75,6 +85,32 @@ pub struct FeedStats {
     pub pod_lists: u64,
     /// Watch errors reported by the runner (each is retried with backoff).
     pub watch_errors: u64,
+    /// Reservations released because the watch never saw their pod bound.
+    pub reservations_expired: u64,
+    /// Watch events applied, per kind.
+    pub node_events: EventCounts,
+    pub pod_events: EventCounts,
+}
+
+/// Watch events of one kind, by type. Counters: they only grow.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EventCounts {
+    pub apply: u64,
+    pub delete: u64,
+    /// Objects delivered by a full list (initial or relist).
+    pub listed: u64,
+}
+
+impl EventCounts {
+    /// Counts `event` (`Init` and `InitDone` carry no object and are not counted).
+    fn count<K>(&mut self, event: &Event<K>) {
+        match event {
+            Event::Apply(_) => self.apply += 1,
+            Event::Delete(_) => self.delete += 1,
+            Event::InitApply(_) => self.listed += 1,
+            Event::Init | Event::InitDone => {}
+        }
+    }
 }
 
 impl ClusterState {
@@ -85,6 +121,9 @@ impl ClusterState {
             pods: RwLock::new(HashMap::new()),
             ready: AtomicBool::new(false),
             stats: Mutex::new(FeedStats::default()),
+            freed: Mutex::new(BTreeSet::new()),
+            freed_signal: tokio::sync::Notify::new(),
+            rebuilds: Mutex::new(Vec::new()),
         }
     }
 
@@ -147,7 +186,68 @@ impl ClusterState {
 
     /// Releases reservations older than their TTL; returns the pods released.
     pub fn expire_reservations(&self, now_ms: u64) -> Vec<PodKey> {
-        self.write().expire_reservations(now_ms)
+        let mut table = self.write();
+        let nodes: BTreeSet<NodeName> = table
+            .pods()
+            .filter(|(_, entry)| {
+                matches!(entry.hold, Hold::Reserved { expires_at_ms } if expires_at_ms <= now_ms)
+            })
+            .map(|(_, entry)| entry.allocation.node.clone())
+            .collect();
+        let expired = table.expire_reservations(now_ms);
+        drop(table);
+        if !expired.is_empty() {
+            self.update_stats(|s| s.reservations_expired += expired.len() as u64);
+        }
+        for node in &nodes {
+            self.note_freed(node);
+        }
+        expired
+    }
+
+    /// Records how long applying one full list (nodes or pods) to the table took.
+    fn note_rebuild(&self, took: Duration) {
+        let mut rebuilds = self.rebuilds.lock().unwrap_or_else(PoisonError::into_inner);
+        if rebuilds.len() >= MAX_PENDING_REBUILDS {
+            rebuilds.remove(0);
+        }
+        rebuilds.push(took);
+    }
+
+    /// The list application times recorded since the last call (for the metrics scrape).
+    pub fn take_rebuild_times(&self) -> Vec<Duration> {
+        std::mem::take(&mut *self.rebuilds.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Records that capacity was freed on `node` (a pod finished or was deleted, a reservation
+    /// lapsed or was cancelled, the node appeared or changed) and wakes the requeue task.
+    pub fn note_freed(&self, node: &NodeName) {
+        let mut freed = self.freed.lock().unwrap_or_else(PoisonError::into_inner);
+        if freed.insert(node.clone()) {
+            self.freed_signal.notify_one();
+        }
+    }
+
+    /// The nodes freed since the last call, emptied.
+    pub fn take_freed(&self) -> BTreeSet<NodeName> {
+        std::mem::take(&mut *self.freed.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Resolves when [`ClusterState::note_freed`] has recorded a node since the last wake-up.
+    pub async fn freed_wakeup(&self) {
+        self.freed_signal.notified().await;
+    }
+
+    /// Pending GPU pods that kube-scheduler has marked unschedulable (condition `PodScheduled`
+    /// `False`, reason `Unschedulable`), as the watch last saw them.
+    pub fn unschedulable_pods(&self) -> Vec<(PodKey, Arc<Pod>)> {
+        self.pods
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|(_, pod)| is_unschedulable(pod))
+            .map(|(key, pod)| (key.clone(), Arc::clone(pod)))
+            .collect()
     }
 
     fn set_ready(&self) {
@@ -267,6 +367,7 @@ impl Feed {
     /// Applies one Node watch event.
     pub fn apply_node_event(&mut self, event: &Event<Node>) {
         let state = Arc::clone(&self.state);
+        state.update_stats(|s| s.node_events.count(event));
         match event {
             Event::Init => self.node_buffer = Some(Vec::new()),
             Event::InitApply(node) => match self.node_buffer.as_mut() {
@@ -275,6 +376,7 @@ impl Feed {
                 None => self.upsert_node(&mut state.write(), node),
             },
             Event::InitDone => {
+                let started = Instant::now();
                 let listed = self.node_buffer.take().unwrap_or_default();
                 let mut table = state.write();
                 let names: HashSet<NodeName> = listed.iter().map(node_name).collect();
@@ -291,6 +393,7 @@ impl Feed {
                     self.remove_node(&mut table, &name);
                 }
                 drop(table);
+                state.note_rebuild(started.elapsed());
                 self.nodes_listed = true;
                 self.state.update_stats(|s| s.node_lists += 1);
                 info!(nodes = names.len(), "node list applied");
@@ -305,6 +408,7 @@ impl Feed {
     /// Applies one Pod watch event.
     pub fn apply_pod_event(&mut self, event: &Event<Pod>) {
         let state = Arc::clone(&self.state);
+        state.update_stats(|s| s.pod_events.count(event));
         match event {
             Event::Init => self.pod_buffer = Some(Vec::new()),
             Event::InitApply(pod) => match self.pod_buffer.as_mut() {
@@ -312,6 +416,7 @@ impl Feed {
                 None => self.apply_pod(&mut state.write(), pod),
             },
             Event::InitDone => {
+                let started = Instant::now();
                 let listed = self.pod_buffer.take().unwrap_or_default();
                 let mut table = state.write();
                 let keys: HashSet<PodKey> = listed.iter().map(pod_key).collect();
@@ -328,6 +433,7 @@ impl Feed {
                     self.pod_gone(&mut table, &key);
                 }
                 drop(table);
+                state.note_rebuild(started.elapsed());
                 self.pods_listed = true;
                 self.state.update_stats(|s| s.pod_lists += 1);
                 info!(pods = keys.len(), "pod list applied");
@@ -378,6 +484,8 @@ impl Feed {
         let name = spec.name.clone();
         debug!(node = %name, gpus = spec.gpus.len(), mode = spec.mode.as_str(), "node upserted");
         table.apply(Change::UpsertNode(spec));
+        // New or changed capacity: pods waiting for room may fit now.
+        self.state.note_freed(&name);
         self.nodes.insert(name.clone(), memo);
         if let Some(waiting) = self.waiting.remove(&name) {
             for (key, inference) in waiting {
@@ -547,7 +655,9 @@ impl Feed {
             return;
         };
         // Whatever the pod held before (an old placement, a lapsed reservation) is replaced.
-        table.release(&key);
+        if let Some(released) = table.release(&key) {
+            self.state.note_freed(&released.node);
+        }
         let Some(state) = table.node(node) else {
             let applied = Applied::WaitingForNode {
                 node: node.clone(),
@@ -599,6 +709,9 @@ impl Feed {
             if waiting.is_empty() {
                 self.waiting.remove(node);
             }
+        }
+        if let Some(entry) = table.pod(key) {
+            self.state.note_freed(&entry.allocation.node);
         }
         table.apply(Change::PodGone(key.clone()));
         self.state.forget_pod(key);
@@ -751,6 +864,7 @@ pub fn slim_pod(pod: &Pod, cfg: &Config) -> Pod {
             name: pod.metadata.name.clone(),
             namespace: pod.metadata.namespace.clone(),
             uid: pod.metadata.uid.clone(),
+            creation_timestamp: pod.metadata.creation_timestamp.clone(),
             labels: filter(&pod.metadata.labels, &keep_label),
             annotations: filter(&pod.metadata.annotations, &keep_annotation),
             ..ObjectMeta::default()
@@ -768,9 +882,46 @@ pub fn slim_pod(pod: &Pod, cfg: &Config) -> Pod {
         }),
         status: pod.status.as_ref().map(|status| PodStatus {
             phase: status.phase.clone(),
+            // Only kube-scheduler's verdict: the requeue task looks for unschedulable pods.
+            conditions: status.conditions.as_ref().map(|conditions| {
+                conditions
+                    .iter()
+                    .filter(|c| c.type_ == POD_SCHEDULED)
+                    .map(|c| PodCondition {
+                        type_: c.type_.clone(),
+                        status: c.status.clone(),
+                        reason: c.reason.clone(),
+                        ..PodCondition::default()
+                    })
+                    .collect()
+            }),
             ..PodStatus::default()
         }),
     }
+}
+
+const POD_SCHEDULED: &str = "PodScheduled";
+
+/// Whether kube-scheduler has tried `pod` and found no node for it: not bound, and its
+/// `PodScheduled` condition is `False` with reason `Unschedulable` (a `SchedulerError` is not
+/// a capacity problem, and is retried by kube-scheduler itself).
+pub fn is_unschedulable(pod: &Pod) -> bool {
+    let bound = pod
+        .spec
+        .as_ref()
+        .is_some_and(|spec| spec.node_name.as_deref().is_some_and(|n| !n.is_empty()));
+    !bound
+        && pod
+            .status
+            .as_ref()
+            .and_then(|status| status.conditions.as_ref())
+            .is_some_and(|conditions| {
+                conditions.iter().any(|c| {
+                    c.type_ == POD_SCHEDULED
+                        && c.status == "False"
+                        && c.reason.as_deref() == Some("Unschedulable")
+                })
+            })
 }
 
 /// Milliseconds since `epoch` on the monotonic clock: the time base of reservations. Binds and

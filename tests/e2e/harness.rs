@@ -249,8 +249,14 @@ impl Cluster {
 
     /// Runs `scripts/control-plane.sh <args[0]> <dir> <args[1..]>`, failing with its output.
     async fn control_plane(&self, args: &[&str]) -> Result<()> {
+        self.control_plane_with_env(args, &[]).await
+    }
+
+    /// [`Cluster::control_plane`] with extra environment variables for the script.
+    async fn control_plane_with_env(&self, args: &[&str], env: &[(&str, &str)]) -> Result<()> {
         let mut command = Command::new(Path::new(ROOT).join("scripts/control-plane.sh"));
         command.arg(args[0]).arg(&self.dir).args(&args[1..]);
+        command.envs(env.iter().copied());
         command
             .env("K8S_BIN_DIR", &self.bins)
             .env("CP_OWNER_PID", std::process::id().to_string())
@@ -438,6 +444,11 @@ impl Cluster {
     /// Starts (or restarts) kube-scheduler with a shipped configuration file from the repository
     /// (e.g. [`PROFILE_CONFIG`]), pointed at this cluster's extender and kubeconfig.
     pub async fn start_scheduler(&self, shipped: &str) -> Result<()> {
+        self.start_scheduler_with_flags(shipped, &[]).await
+    }
+
+    /// [`Cluster::start_scheduler`] with extra kube-scheduler command-line flags (feature gates).
+    pub async fn start_scheduler_with_flags(&self, shipped: &str, flags: &[&str]) -> Result<()> {
         let text = std::fs::read_to_string(Path::new(ROOT).join(shipped))
             .with_context(|| format!("reading {shipped}"))?;
         let rendered = render_scheduler_config(&text, &self.extender_url())
@@ -449,8 +460,11 @@ impl Cluster {
         let path = self.dir.join(format!("rendered-{file}"));
         std::fs::write(&path, rendered)?;
         let t0 = Instant::now();
-        self.control_plane(&["scheduler", &path.to_string_lossy()])
-            .await?;
+        self.control_plane_with_env(
+            &["scheduler", &path.to_string_lossy()],
+            &[("CP_SCHEDULER_EXTRA_ARGS", &flags.join(" "))],
+        )
+        .await?;
         eprintln!(
             "e2e {}: kube-scheduler up with {shipped} in {:.1}s",
             self.name,
@@ -644,31 +658,55 @@ pub fn free_port() -> Result<u16> {
 /// A plain HTTP/1.1 GET (`Connection: close`) with a 5 s budget: status and body.
 pub async fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
     let path = path.to_owned();
-    tokio::task::spawn_blocking(move || http_get_blocking(addr, &path))
+    tokio::task::spawn_blocking(move || http_blocking(addr, "GET", &path, None))
         .await
         .context("http task")?
 }
 
-fn http_get_blocking(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
+/// A plain HTTP/1.1 POST of a JSON body, as kube-scheduler calls the extender: status and body.
+pub async fn http_post_json(
+    addr: SocketAddr,
+    path: &str,
+    body: &serde_json::Value,
+) -> Result<(u16, String)> {
+    let (path, body) = (path.to_owned(), body.to_string());
+    tokio::task::spawn_blocking(move || http_blocking(addr, "POST", &path, Some(&body)))
+        .await
+        .context("http task")?
+}
+
+fn http_blocking(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    json_body: Option<&str>,
+) -> Result<(u16, String)> {
     let timeout = Duration::from_secs(5);
     let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
+    let payload = match json_body {
+        Some(body) => format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+        None => "\r\n".to_owned(),
+    };
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{payload}"
     )?;
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw)?;
     let text = String::from_utf8_lossy(&raw);
     let (head, body) = text
         .split_once("\r\n\r\n")
-        .ok_or_else(|| anyhow!("GET {path}: no header end in the response"))?;
+        .ok_or_else(|| anyhow!("{method} {path}: no header end in the response"))?;
     let status: u16 = head
         .split_whitespace()
         .nth(1)
         .and_then(|s| s.parse().ok())
-        .ok_or_else(|| anyhow!("GET {path}: bad status line"))?;
+        .ok_or_else(|| anyhow!("{method} {path}: bad status line"))?;
     let chunked = head.lines().any(|line| {
         let line = line.to_ascii_lowercase();
         line.starts_with("transfer-encoding:") && line.contains("chunked")

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::ensure;
 
+use crate::harness::metric_sum;
 use crate::objects::{
     GPU_MEM, GpuNode, Mode, NVIDIA_GPU, PodSpec, create_bound, create_node, create_pod, delete_pod,
     list_pods, node_of, set_phase, wait_bound, wait_unschedulable,
@@ -93,56 +94,68 @@ fn finished_or_deleted_pods_free_their_gpus_for_waiting_pods() {
     });
 }
 
-/// Known gap, kept as a runnable scenario (it fails intermittently: about one run in three here).
-/// When only the extender holds a shared-GPU pod back (kube-scheduler's aggregate
-/// `aliyun.com/gpu-mem` fit passes) and a share frees up, kube-scheduler does requeue the waiting
-/// pod at once, on the very pod event that frees the share (seen 13 ms after the phase change),
-/// but the extender's own pod watch may not have applied that event yet: filter answers from the
-/// older table ("insufficient GPU memory on any single GPU"), the pod goes back to the
-/// unschedulable pods, and no later event requeues it, so it waits for kube-scheduler's periodic
-/// flush (`podMaxInUnschedulablePodsDuration`, 5 minutes). The extender's table is right a moment
-/// later (`/inspect` shows the share free while the pod waits). Not seen for whole GPUs in 12
-/// rounds. A fix must come from the extender (make kube-scheduler retry pods it rejected once its
-/// table frees capacity, or not answer a rejection from a table that lags the scheduler); run with
-/// `--ignored` to check one.
+/// Shares freed while a pod waits that only the extender holds back (kube-scheduler's aggregate
+/// `aliyun.com/gpu-mem` fit passes). kube-scheduler requeues the waiting pod on the very event
+/// that frees the share, and the extender's own watch may apply that event a few milliseconds
+/// later; the retry is then answered from the older table. Before the requeue task
+/// (`src/k8s/requeue.rs`) that left the pod waiting for kube-scheduler's 5-minute flush in about
+/// one round in three; now the extender touches the pod once its table has freed the share. Four
+/// rounds, alternating a pod that fails and one that is deleted.
 #[test]
-#[ignore = "known gap: the extender's watch can lag the requeue that a freed share triggers; the pod then waits minutes"]
 fn finished_or_deleted_shares_free_their_gpu_for_waiting_pods() {
     crate::harness::run("free-shares-on-exit", async |c| {
         let nodes = vec![GpuNode::new("t4x2", Mode::Share, 2, "Tesla-T4", 16)];
         up(c, &nodes, "").await?;
-
-        // Shares: 10 GiB on each T4 leaves 6 + 6 GiB; an 8 GiB pod passes kube-scheduler's
-        // aggregate check but fits no single GPU, so only the extender holds it back.
-        let a = create_bound(&c.client, &PodSpec::new("s-1", GPU_MEM, 10), BIND).await?;
-        create_bound(&c.client, &PodSpec::new("s-2", GPU_MEM, 10), BIND).await?;
-        create_pod(&c.client, &PodSpec::new("s-3", GPU_MEM, 8)).await?;
-        wait_unschedulable(&c.client, "s-3", BIND).await?;
-        let t0 = Instant::now();
-        set_phase(&c.client, "s-1", "Failed").await?;
-        let s3 = wait_bound(&c.client, "s-3", PROMPT).await?;
-        eprintln!(
-            "  s-3: bound {:.2}s after s-1 failed",
-            t0.elapsed().as_secs_f64()
-        );
+        let touched = |text: &str| {
+            metric_sum(
+                text,
+                "gpu_extender_requeue_touches_total",
+                &[("result", "touched")],
+            )
+        };
+        let touched_before = touched(&c.metrics().await?);
+        for round in 0..4 {
+            // 10 GiB on each T4 leaves 6 + 6 GiB: an 8 GiB pod passes kube-scheduler's
+            // aggregate check but fits no single GPU, so only the extender holds it back.
+            let holder = format!("s-{round}-a");
+            let other = format!("s-{round}-b");
+            let waiting = format!("s-{round}-w");
+            let a = create_bound(&c.client, &PodSpec::new(&holder, GPU_MEM, 10), BIND).await?;
+            create_bound(&c.client, &PodSpec::new(&other, GPU_MEM, 10), BIND).await?;
+            create_pod(&c.client, &PodSpec::new(&waiting, GPU_MEM, 8)).await?;
+            wait_unschedulable(&c.client, &waiting, BIND).await?;
+            let t0 = Instant::now();
+            let how = if round % 2 == 0 {
+                set_phase(&c.client, &holder, "Failed").await?;
+                "failed"
+            } else {
+                delete_pod(&c.client, &holder).await?;
+                "was deleted"
+            };
+            let bound = wait_bound(&c.client, &waiting, PROMPT).await?;
+            eprintln!(
+                "  round {round}: {waiting} bound {:.2}s after {holder} {how}",
+                t0.elapsed().as_secs_f64()
+            );
+            ensure!(
+                record_of(&bound)?.all_gpus() == record_of(&a)?.all_gpus(),
+                "{waiting} should take the GPU {holder} freed"
+            );
+            let pods = list_pods(&c.client).await?;
+            let usage = check_cluster(&nodes, &pods, &BTreeMap::new())?;
+            check_inspect(&c.inspect().await?, &usage)?;
+            // Empty the node for the next round (a deleted holder is gone already).
+            let failed_holder = (round % 2 == 0).then_some(&holder);
+            for name in failed_holder.into_iter().chain([&other, &waiting]) {
+                delete_pod(&c.client, name).await?;
+            }
+        }
+        let touches = touched(&c.metrics().await?) - touched_before;
+        eprintln!("  requeue touches: {touches}");
         ensure!(
-            record_of(&s3)?.all_gpus() == record_of(&a)?.all_gpus(),
-            "s-3 should take the GPU s-1 freed"
+            touches >= 1.0,
+            "the extender never touched a waiting pod after freeing its share"
         );
-        // 8 + 6 GiB free now; 10 fits neither until s-2 is deleted.
-        create_pod(&c.client, &PodSpec::new("s-4", GPU_MEM, 10)).await?;
-        wait_unschedulable(&c.client, "s-4", BIND).await?;
-        let t0 = Instant::now();
-        delete_pod(&c.client, "s-2").await?;
-        wait_bound(&c.client, "s-4", PROMPT).await?;
-        eprintln!(
-            "  s-4: bound {:.2}s after s-2 was deleted",
-            t0.elapsed().as_secs_f64()
-        );
-
-        let pods = list_pods(&c.client).await?;
-        let usage = check_cluster(&nodes, &pods, &BTreeMap::new())?;
-        check_inspect(&c.inspect().await?, &usage)?;
         Ok(())
     });
 }

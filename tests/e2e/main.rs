@@ -15,9 +15,11 @@ mod configs;
 mod lifecycle;
 mod models;
 mod modes;
+mod observe;
 mod preemption;
 mod rejections;
 mod restart;
+mod state;
 
 use std::time::Duration;
 
@@ -32,7 +34,17 @@ pub const BIND: Duration = Duration::from_secs(20);
 /// The usual start: create `nodes`, start the extender (`config`: its YAML configuration, empty
 /// for the defaults) and kube-scheduler with the `gpu-scheduler` profile.
 pub async fn up(c: &mut Cluster, nodes: &[GpuNode], config: &str) -> Result<()> {
+    up_with_scheduler_flags(c, nodes, config, &[]).await
+}
+
+/// [`up`] with extra kube-scheduler command-line flags (feature gates).
+pub async fn up_with_scheduler_flags(
+    c: &mut Cluster,
+    nodes: &[GpuNode],
+    config: &str,
+    flags: &[&str],
+) -> Result<()> {
     create_nodes(&c.client, nodes).await?;
     c.start_extender(config).await?;
-    c.start_scheduler(PROFILE_CONFIG).await
+    c.start_scheduler_with_flags(PROFILE_CONFIG, flags).await
 }

@@ -168,6 +168,22 @@ pub async fn create_node(client: &kube::Client, node: &GpuNode) -> Result<()> {
     api.create(&PostParams::default(), &object)
         .await
         .with_context(|| format!("creating node {}", node.name))?;
+    set_node_status(&api, node).await
+}
+
+/// Relabels and resizes an existing node to `node`'s description: what a GPU operator's label
+/// change or a device plugin's new capacity looks like to the watchers.
+pub async fn update_node(client: &kube::Client, node: &GpuNode) -> Result<()> {
+    let api: Api<Node> = Api::all(client.clone());
+    let labels = json!({ "metadata": { "labels": node.node_labels() } });
+    api.patch(&node.name, &PatchParams::default(), &Patch::Merge(&labels))
+        .await
+        .with_context(|| format!("relabelling node {}", node.name))?;
+    set_node_status(&api, node).await
+}
+
+/// The status a device plugin and a kubelet would report: capacity, allocatable, Ready.
+async fn set_node_status(api: &Api<Node>, node: &GpuNode) -> Result<()> {
     let capacity = node.capacity();
     let status = json!({
         "status": {

@@ -542,7 +542,7 @@ fn concurrent_binds_and_filters_never_over_commit() {
                 (&binder, &state, &time, &confirmed, &demands);
             binders.push(scope.spawn(move || {
                 let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (thread + 1));
-                let mut won = 0;
+                let (mut won, mut lost) = (0u64, 0u64);
                 for i in 0..300 {
                     let key = PodKey::new("stress", &format!("t{thread}-{i}"));
                     let request = &demands[rng.below(demands.len() as u64) as usize];
@@ -573,11 +573,11 @@ fn concurrent_binds_and_filters_never_over_commit() {
                             assert_consistent(&state.read(), "confirm or cancel");
                         }
                         Ok(Reserved::AlreadyBound) => panic!("fresh keys are never bound"),
-                        Err(BindError::NoLongerFits { .. }) => {}
+                        Err(BindError::NoLongerFits { .. }) => lost += 1,
                         Err(other) => panic!("unexpected: {other}"),
                     }
                 }
-                won
+                (won, lost)
             }));
         }
         for thread in 0..2u64 {
@@ -638,11 +638,16 @@ fn concurrent_binds_and_filters_never_over_commit() {
         // Collect before unwrapping: a panicking binder must still stop the other threads.
         let results: Vec<_> = binders.into_iter().map(|b| b.join()).collect();
         binders_done.store(true, Ordering::Release);
-        let won: u64 = results.into_iter().map(|r| r.unwrap()).sum();
-        assert!(
-            won > 50,
-            "the cluster accepted a fair number of binds ({won})"
-        );
+        let (won, lost) = results
+            .into_iter()
+            .map(|r| r.unwrap())
+            .fold((0, 0), |(w, l), (won, lost)| (w + won, l + lost));
+        // Not vacuous, whatever the interleaving: the empty cluster alone holds more than 25 of
+        // these pods (12 whole GPUs, 12 shared GPUs of 16 GiB), and 1,200 attempts on 6 nodes
+        // fill it, so binds both win and lose the race for capacity. How many more win depends
+        // on how often the watch thread frees capacity, which is the machine's scheduling.
+        assert!(won >= 25, "too few binds were accepted ({won})");
+        assert!(lost >= 1, "no bind ever found its node full ({won} won)");
     });
     let table = state.read();
     assert_consistent(&table, "the end");
@@ -698,4 +703,55 @@ fn racing_binds_for_the_last_capacity_exactly_fill_it() {
         MemMiB(16 * 1024)
     );
     assert_consistent(&table, "race");
+}
+
+/// Bind decisions the metered binder reports, as event notes.
+#[derive(Debug, Default)]
+struct RecordedEvents(Mutex<Vec<String>>);
+
+impl crate::k8s::events::BindEvents for RecordedEvents {
+    fn bound(&self, request: &BindRequest, allocation: &PodAllocation) {
+        let note = crate::k8s::events::bound_note(request, allocation);
+        self.0.lock().unwrap().push(note);
+    }
+}
+
+#[tokio::test]
+async fn the_service_binder_reports_new_bindings_only() {
+    use crate::service::{Bind, MeteredBinder};
+
+    let World {
+        mut feed,
+        binder,
+        api,
+    } = world(&[share("p", 4), share("q", 4)]);
+    let events = Arc::new(RecordedEvents::default());
+    let metered = MeteredBinder::new(
+        binder,
+        Arc::clone(feed.state()),
+        crate::telemetry::Metrics::new().unwrap(),
+        Instant::now(),
+        std::time::Duration::from_secs(5),
+    )
+    .with_events(events.clone());
+    let args = |name: &str| crate::http::wire::ExtenderBindingArgs {
+        pod_name: name.into(),
+        pod_namespace: "ns".into(),
+        pod_uid: format!("uid-{name}"),
+        node: "gpu-a".into(),
+    };
+    api.answer(Err(ApiError::Other {
+        code: Some(500),
+        message: "etcd is slow".into(),
+    }));
+    assert!(metered.bind(args("q")).await.is_err());
+    metered.bind(args("p")).await.unwrap();
+    // Once the watch has seen the pod bound, a retried bind writes and reports nothing.
+    feed.apply_pod_event(&Event::Apply(api.stored("ns/p").unwrap()));
+    metered.bind(args("p")).await.unwrap();
+    assert_eq!(api.writes().len(), 2, "the failed write and the binding");
+    assert_eq!(
+        *events.0.lock().unwrap(),
+        ["bound to node gpu-a: GPU0 (4 GiB)"]
+    );
 }

@@ -478,3 +478,85 @@ fn a_pod_naming_zero_gpus_is_not_missing_a_record() {
         Some(CpuMilli(3000))
     );
 }
+
+/// The requeue task learns where capacity was freed, and which pending pods kube-scheduler has
+/// given up on (see `k8s::requeue`).
+#[test]
+fn freed_capacity_and_unschedulable_pods_are_recorded_for_the_requeue_task() {
+    let mut feed = feed();
+    let node = share_node("gpu-a");
+    list_nodes(&mut feed, std::slice::from_ref(&node));
+    list_pods(&mut feed, &[]);
+    let names =
+        |set: BTreeSet<NodeName>| set.into_iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    // A new node is new capacity.
+    assert_eq!(names(feed.state().take_freed()), ["gpu-a"]);
+    assert!(feed.state().take_freed().is_empty());
+
+    // A bound pod frees nothing while it runs; finishing frees its node.
+    let (bound, _) = recorded(share_pod("p", "u1", None, 4), &node);
+    feed.apply_pod_event(&Event::Apply(bound.clone()));
+    assert!(feed.state().take_freed().is_empty());
+    feed.apply_pod_event(&Event::Delete(bound));
+    assert_eq!(names(feed.state().take_freed()), ["gpu-a"]);
+
+    // A lapsed reservation frees its node too.
+    let (_, allocation) = recorded(share_pod("r", "u3", None, 4), &node);
+    feed.state()
+        .write()
+        .reserve(key("r"), allocation, 100)
+        .unwrap();
+    assert!(feed.state().expire_reservations(50).is_empty());
+    assert!(feed.state().take_freed().is_empty());
+    assert_eq!(feed.state().expire_reservations(100), [key("r")]);
+    assert_eq!(names(feed.state().take_freed()), ["gpu-a"]);
+    assert_eq!(feed.state().stats().reservations_expired, 1);
+
+    // Pending pods: only those with kube-scheduler's Unschedulable verdict are listed, and the
+    // slimmed cache keeps that verdict.
+    let mut waiting = share_pod("w", "u2", None, 8);
+    feed.apply_pod_event(&Event::Apply(waiting.clone()));
+    assert!(feed.state().unschedulable_pods().is_empty());
+    waiting.status = Some(
+        serde_json::from_value(json!({
+            "phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                            "message": "0/1 nodes are available"}]
+        }))
+        .unwrap(),
+    );
+    feed.apply_pod_event(&Event::Apply(waiting));
+    let listed = feed.state().unschedulable_pods();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].0, key("w"));
+}
+
+#[test]
+fn watch_events_are_counted_by_kind_and_type() {
+    let mut feed = feed();
+    list_nodes(&mut feed, &[share_node("a"), whole_node("b")]);
+    feed.apply_node_event(&Event::Apply(share_node("a")));
+    feed.apply_node_event(&Event::Delete(whole_node("b")));
+    list_pods(&mut feed, &[]);
+    feed.apply_pod_event(&Event::Apply(share_pod("p", "u1", Some("a"), 2)));
+    // One node list and one pod list applied: two rebuild times, taken once.
+    assert_eq!(feed.state().take_rebuild_times().len(), 2);
+    assert!(feed.state().take_rebuild_times().is_empty());
+    let stats = feed.state().stats();
+    assert_eq!(
+        stats.node_events,
+        EventCounts {
+            apply: 1,
+            delete: 1,
+            listed: 2
+        }
+    );
+    assert_eq!(
+        stats.pod_events,
+        EventCounts {
+            apply: 1,
+            delete: 0,
+            listed: 0
+        }
+    );
+}

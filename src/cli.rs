@@ -1,0 +1,317 @@
+//! The operator commands `inspect` and `explain`: they read the cluster the way the extender does
+//! (Nodes and Pods listed with the user's kubeconfig, fed through the same watch feed, so the
+//! same translation and allocation-record code builds the table) and print what the report and
+//! explanation modules make of it. `inspect` can instead read a running extender's `/inspect`.
+
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, anyhow, bail};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+use kube::api::ListParams;
+use kube::runtime::watcher::Event;
+
+use crate::config::{Config, ConfigFlags};
+use crate::engine::PodKey;
+use crate::explain;
+use crate::inspect::{self, ClusterReport, Filter};
+use crate::k8s::translate;
+use crate::k8s::watch::{ClusterState, Feed};
+use crate::service::kube_client;
+
+/// Output format.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    /// Aligned text in the style of `kubectl inspect cgpu`.
+    #[default]
+    Text,
+    /// The report as JSON (the `/inspect` endpoint's shape).
+    Json,
+}
+
+/// Where the commands read the cluster from.
+#[derive(Debug, clap::Args)]
+pub struct ClusterArgs {
+    /// Kubeconfig to reach the API server; default: KUBECONFIG, ~/.kube/config, or in-cluster.
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The extender's configuration (label, resource and annotation keys; policy), as for `serve`.
+    #[command(flatten)]
+    pub config: ConfigFlags,
+}
+
+/// Command-line arguments of `inspect`.
+#[derive(Debug, clap::Args)]
+pub struct InspectArgs {
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    /// Read a running extender's report instead of the API server, e.g.
+    /// http://127.0.0.1:9443 (its admin listener; `/inspect` is added when no path is given).
+    #[arg(long, value_name = "URL")]
+    pub from: Option<String>,
+    /// Only this node.
+    #[arg(long, value_name = "NAME")]
+    pub node: Option<String>,
+    /// Only GPUs whose model contains this text (case-insensitive), and the nodes that have one.
+    #[arg(long, value_name = "TEXT")]
+    pub model: Option<String>,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value = "text")]
+    pub output: Output,
+    /// Leave out the list of pods on each GPU.
+    #[arg(long)]
+    pub no_pods: bool,
+}
+
+/// Command-line arguments of `explain`.
+#[derive(Debug, clap::Args)]
+pub struct ExplainArgs {
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    /// The pod, as NAMESPACE/NAME (or NAME in the `default` namespace).
+    #[arg(value_name = "NAMESPACE/NAME")]
+    pub pod: String,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value = "text")]
+    pub output: Output,
+}
+
+/// Runs `inspect`; returns what to print.
+pub async fn inspect(args: InspectArgs) -> anyhow::Result<String> {
+    let report = match &args.from {
+        Some(url) => {
+            let url = url.clone();
+            // A blocking read of one small document; kept off the async workers.
+            tokio::task::spawn_blocking(move || fetch_report(&url))
+                .await
+                .context("reading the extender's report")??
+        }
+        None => {
+            let (_, state, _) = load(&args.cluster).await?;
+            inspect::report(&state.read())
+        }
+    };
+    if let Some(node) = &args.node
+        && !report.nodes.iter().any(|n| n.name == *node)
+    {
+        bail!("node {node} is not in the report (not a node of this cluster, or not yet seen)");
+    }
+    let report = report.filtered(&Filter {
+        node: args.node.clone(),
+        model: args.model.clone(),
+    });
+    match args.output {
+        Output::Json => serde_json::to_string_pretty(&report).context("encoding the report"),
+        Output::Text => Ok(report.to_text(!args.no_pods)),
+    }
+}
+
+/// Runs `explain`; returns what to print.
+pub async fn explain(args: ExplainArgs) -> anyhow::Result<String> {
+    let (namespace, name) = match args.pod.split_once('/') {
+        Some((namespace, name)) if !namespace.is_empty() && !name.is_empty() => (namespace, name),
+        Some(_) => bail!("{}: expected NAMESPACE/NAME", args.pod),
+        None => ("default", args.pod.as_str()),
+    };
+    let (config, state, client) = load(&args.cluster).await?;
+    let pod = Api::<Pod>::namespaced(client, namespace)
+        .get_opt(name)
+        .await
+        .with_context(|| format!("reading pod {namespace}/{name}"))?
+        .ok_or_else(|| anyhow!("pod {namespace}/{name} not found"))?;
+    let key = format!("{namespace}/{name}");
+    let request = translate::pod_request(&pod, &config)
+        .map_err(|error| anyhow!("pod {key}: its GPU request cannot be read: {error}"))?
+        .ok_or_else(|| anyhow!("pod {key} requests no GPU: the GPU extender does not judge it"))?;
+    let table = state.read();
+    if let Some(entry) = table.pod(&PodKey::new(namespace, name)) {
+        let text = format!(
+            "Pod {key} is bound to node {} with {}.\n",
+            entry.allocation.node,
+            explain::describe_allocation(&entry.allocation)
+        );
+        return match args.output {
+            Output::Text => Ok(text),
+            Output::Json => serde_json::to_string_pretty(&serde_json::json!({
+                "pod": key,
+                "boundTo": entry.allocation.node.as_str(),
+                "gpus": explain::describe_allocation(&entry.allocation),
+            }))
+            .context("encoding the explanation"),
+        };
+    }
+    let policy = config.engine_policy();
+    let verdicts = explain::explain(&table, &request, &policy);
+    drop(table);
+    match args.output {
+        Output::Text => Ok(explain::to_text(&key, &request, &verdicts)),
+        Output::Json => serde_json::to_string_pretty(&serde_json::json!({
+            "pod": key,
+            "request": explain::describe_request(&request),
+            "nodes": verdicts,
+        }))
+        .context("encoding the explanation"),
+    }
+}
+
+/// Lists Nodes and Pods and builds the table from them through the extender's own watch feed.
+async fn load(
+    args: &ClusterArgs,
+) -> anyhow::Result<(Arc<Config>, Arc<ClusterState>, kube::Client)> {
+    let config = Arc::new(args.config.load()?);
+    let client = kube_client(args.kubeconfig.as_deref()).await?;
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .context("listing nodes")?;
+    // The same selection as the extender's pod watch: finished pods hold nothing.
+    let pods = Api::<Pod>::all(client.clone())
+        .list(&ListParams::default().fields("status.phase!=Succeeded,status.phase!=Failed"))
+        .await
+        .context("listing pods")?;
+    let state = Arc::new(ClusterState::for_config(&config));
+    let mut feed = Feed::new(
+        state.clone(),
+        config.clone(),
+        Arc::new(config.engine_policy()),
+    );
+    feed.apply_node_event(&Event::Init);
+    for node in nodes.items {
+        feed.apply_node_event(&Event::InitApply(node));
+    }
+    feed.apply_node_event(&Event::InitDone);
+    feed.apply_pod_event(&Event::Init);
+    for pod in pods.items {
+        feed.apply_pod_event(&Event::InitApply(pod));
+    }
+    feed.apply_pod_event(&Event::InitDone);
+    Ok((config, state, client))
+}
+
+/// The largest response `--from` reads.
+const MAX_RESPONSE_BYTES: u64 = 256 * 1024 * 1024;
+
+/// GETs an extender's `/inspect` (plain HTTP, as its admin listener serves) and decodes it.
+pub fn fetch_report(url: &str) -> anyhow::Result<ClusterReport> {
+    let body = http_get(url)?;
+    serde_json::from_str(&body).with_context(|| format!("{url}: not an inspection report"))
+}
+
+/// A minimal HTTP/1.0 GET: one request, the whole response read until the server closes (no
+/// chunked encoding in HTTP/1.0), so no HTTP client library is needed for one document.
+fn http_get(url: &str) -> anyhow::Result<String> {
+    let rest = url.strip_prefix("http://").ok_or_else(|| {
+        anyhow!(
+            "{url}: only http:// URLs are supported (the extender's admin listener is plain HTTP)"
+        )
+    })?;
+    let (authority, path) = match rest.find('/') {
+        Some(slash) => rest.split_at(slash),
+        None => (rest, ""),
+    };
+    let path = if path.is_empty() || path == "/" {
+        "/inspect"
+    } else {
+        path
+    };
+    if authority.is_empty() {
+        bail!("{url}: no host");
+    }
+    let target = if authority.contains(':') {
+        authority.to_owned()
+    } else {
+        format!("{authority}:80")
+    };
+    let addresses: Vec<_> = target
+        .to_socket_addrs()
+        .with_context(|| format!("{url}: cannot resolve {authority}"))?
+        .collect();
+    let timeout = Duration::from_secs(10);
+    let mut last_error = None;
+    let mut stream = None;
+    for address in &addresses {
+        match TcpStream::connect_timeout(address, timeout) {
+            Ok(connected) => {
+                stream = Some(connected);
+                break;
+            }
+            Err(error) => last_error = Some(error),
+        }
+    }
+    let mut stream = stream.ok_or_else(|| match last_error {
+        Some(error) => anyhow!("{url}: cannot connect: {error}"),
+        None => anyhow!("{url}: {authority} resolves to no address"),
+    })?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.0\r\nHost: {authority}\r\nAccept: application/json\r\n\r\n"
+    )
+    .with_context(|| format!("{url}: sending the request"))?;
+    let mut response = Vec::new();
+    // A report is kilobytes per node; the cap keeps a wrong URL from filling memory.
+    stream
+        .take(MAX_RESPONSE_BYTES)
+        .read_to_end(&mut response)
+        .with_context(|| format!("{url}: reading the response"))?;
+    let response = String::from_utf8_lossy(&response);
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow!("{url}: not an HTTP response"))?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse::<u16>().ok())
+        .ok_or_else(|| anyhow!("{url}: not an HTTP response"))?;
+    if status != 200 {
+        let snippet: String = body.chars().take(200).collect();
+        bail!("{url}: HTTP {status}: {snippet}");
+    }
+    Ok(body.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unsupported_or_unreachable_urls_are_clear_errors() {
+        let error = fetch_report("https://example.invalid")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("only http://"), "{error}");
+        let error = fetch_report("http:///inspect").unwrap_err().to_string();
+        assert!(error.contains("no host"), "{error}");
+        // Port 1 on loopback: nothing listens there.
+        let error = format!("{:#}", fetch_report("http://127.0.0.1:1").unwrap_err());
+        assert!(error.contains("cannot connect"), "{error}");
+    }
+
+    #[test]
+    fn reads_a_report_from_an_http_server() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut socket, _) = listener.accept().unwrap();
+            let mut request = [0u8; 1024];
+            let read = socket.read(&mut request).unwrap();
+            let request = String::from_utf8_lossy(&request[..read]).to_string();
+            let body = serde_json::to_string(&ClusterReport::default()).unwrap();
+            write!(
+                socket,
+                "HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n{body}"
+            )
+            .unwrap();
+            request
+        });
+        let report = fetch_report(&format!("http://{address}")).unwrap();
+        assert_eq!(report, ClusterReport::default());
+        let request = server.join().unwrap();
+        assert!(request.starts_with("GET /inspect HTTP/1.0"), "{request}");
+    }
+}

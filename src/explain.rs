@@ -1,0 +1,418 @@
+//! Why a pod does or does not fit each node right now: the engine's own fit on a table snapshot,
+//! and for a rejection the numbers behind it (which GPU comes closest and by how much). Pure: the
+//! `explain` command loads the table and the pod and prints what this returns.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::engine::fit::allowed_mask;
+use crate::engine::topology::positions;
+use crate::engine::{
+    GpuDemand, NodeState, PodAllocation, PodRequest, Policy, RejectReason, Table, fit,
+};
+
+/// The verdict for one node.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeVerdict {
+    pub node: String,
+    pub fits: bool,
+    /// The rejection's code (`gpu_extender_rejections_total`'s `reason`), when it does not fit.
+    pub reason: Option<String>,
+    /// What fits, or the numbers behind the rejection, in words.
+    pub detail: String,
+    /// Whether waiting (or preemption) could make it fit; `None` when it fits.
+    pub resolvable: Option<bool>,
+}
+
+/// For every node of `table` (sorted by name), whether `request` fits now and why not.
+pub fn explain(table: &Table, request: &PodRequest, policy: &Policy) -> Vec<NodeVerdict> {
+    let mut verdicts: Vec<NodeVerdict> = table
+        .nodes()
+        .map(|node| match fit(node, request, policy) {
+            Ok(allocation) => NodeVerdict {
+                node: node.spec.name.to_string(),
+                fits: true,
+                reason: None,
+                detail: format!("fits: would get {}", describe_allocation(&allocation)),
+                resolvable: None,
+            },
+            Err(reason) => NodeVerdict {
+                node: node.spec.name.to_string(),
+                fits: false,
+                reason: Some(reason.code().to_owned()),
+                detail: format!("{}: {}", reason.message(), closest(node, request, reason)),
+                resolvable: Some(reason.is_resolvable()),
+            },
+        })
+        .collect();
+    verdicts.sort_by(|a, b| a.node.cmp(&b.node));
+    verdicts
+}
+
+/// The GPUs of an allocation in words: `GPU0 (whole), GPU1 (8 GiB)`.
+pub fn describe_allocation(allocation: &PodAllocation) -> String {
+    let holds = allocation.footprint();
+    if holds.is_empty() {
+        return "no GPU".to_owned();
+    }
+    holds
+        .iter()
+        .map(|hold| {
+            if hold.whole {
+                format!("GPU{} (whole)", hold.gpu.0)
+            } else if hold.compute.0 > 0 {
+                format!(
+                    "GPU{} ({}, {}% compute)",
+                    hold.gpu.0,
+                    gib(hold.mem.0),
+                    hold.compute.0 / 10
+                )
+            } else {
+                format!("GPU{} ({})", hold.gpu.0, gib(hold.mem.0))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The request in words, for the heading of the explanation.
+pub fn describe_request(request: &PodRequest) -> String {
+    let mut out = String::new();
+    let demands: Vec<String> = request
+        .all_containers()
+        .filter(|c| !c.gpu.is_none())
+        .map(|c| format!("{}: {}", c.name, describe_demand(c.gpu)))
+        .collect();
+    let _ = write!(
+        out,
+        "{}; cpu {}m, memory {}",
+        demands.join(", "),
+        request.cpu.0,
+        gib(request.memory.0)
+    );
+    let constraints = &request.constraints;
+    if !constraints.include_models.is_empty() {
+        let _ = write!(out, "; models {:?}", constraints.include_models);
+    }
+    if !constraints.exclude_models.is_empty() {
+        let _ = write!(out, "; not models {:?}", constraints.exclude_models);
+    }
+    if let Some(min) = constraints.min_memory_per_gpu {
+        let _ = write!(out, "; GPUs of at least {}", gib(min.0));
+    }
+    out
+}
+
+fn describe_demand(demand: GpuDemand) -> String {
+    match demand {
+        GpuDemand::None => "no GPU".to_owned(),
+        GpuDemand::Whole { count } => format!("{count} whole GPU(s)"),
+        GpuDemand::Topology { count } => format!("{count} well-connected whole GPU(s)"),
+        GpuDemand::Share {
+            gpus,
+            mem_per_gpu,
+            compute_per_gpu,
+        } if compute_per_gpu.0 > 0 => format!(
+            "{} and {}% compute on each of {gpus} GPU(s)",
+            gib(mem_per_gpu.0),
+            compute_per_gpu.0 / 10
+        ),
+        GpuDemand::Share {
+            gpus, mem_per_gpu, ..
+        } => format!("{} on each of {gpus} GPU(s)", gib(mem_per_gpu.0)),
+    }
+}
+
+/// The numbers behind `reason` on `node`: how close the node comes.
+fn closest(node: &NodeState, request: &PodRequest, reason: RejectReason) -> String {
+    let demand = request.primary_demand();
+    let usable = allowed_mask(node, &request.constraints);
+    let healthy_usable = usable & node.profile.healthy;
+    match reason {
+        RejectReason::NoGpus => "the node reports no GPUs".to_owned(),
+        RejectReason::ModeMismatch => format!(
+            "the node's GPUs are in mode {}, the pod asks for {}",
+            node.spec.mode.as_str(),
+            describe_demand(demand)
+        ),
+        RejectReason::ModelMismatch => format!("the node has {}", models(node)),
+        RejectReason::GpuMemoryTooSmall => {
+            let largest = node.spec.gpus.iter().map(|gpu| gpu.memory.0).max();
+            format!(
+                "its largest GPU has {}, the pod needs {} per GPU",
+                gib(largest.unwrap_or(0)),
+                gib(needed_memory(request, demand))
+            )
+        }
+        RejectReason::TooFewGpus => format!(
+            "{} GPU(s) the pod may use, it needs {}",
+            usable.count_ones(),
+            demand.gpu_count()
+        ),
+        RejectReason::UnhealthyGpus => format!(
+            "{} of the {} GPU(s) the pod may use are healthy, it needs {}",
+            healthy_usable.count_ones(),
+            usable.count_ones(),
+            demand.gpu_count()
+        ),
+        RejectReason::HostTooSmall => format!(
+            "the node has {}m CPU and {} memory allocatable, the pod asks {}m and {}",
+            node.spec.cpu.0,
+            gib(node.spec.memory.0),
+            request.cpu.0,
+            gib(request.memory.0)
+        ),
+        RejectReason::InsufficientCpu => format!(
+            "{}m CPU free, the pod asks {}m ({}m short)",
+            node.cpu_free().0,
+            request.cpu.0,
+            request.cpu.0.saturating_sub(node.cpu_free().0)
+        ),
+        RejectReason::InsufficientMemory => format!(
+            "{} memory free, the pod asks {} ({} short)",
+            gib(node.mem_free().0),
+            gib(request.memory.0),
+            gib(request.memory.0.saturating_sub(node.mem_free().0))
+        ),
+        RejectReason::TooManyPods => {
+            format!("{} pods of at most {}", node.pods, node.spec.max_pods)
+        }
+        RejectReason::NoFreeWholeGpus | RejectReason::NoConnectedGroup => {
+            let free = (node.idle_mask() & usable).count_ones();
+            format!(
+                "{free} of the {} usable GPU(s) are free, the pod needs {} ({} short{})",
+                healthy_usable.count_ones(),
+                demand.gpu_count(),
+                u32::from(demand.gpu_count()).saturating_sub(free),
+                if reason == RejectReason::NoConnectedGroup {
+                    ", or no well-connected group among the free ones"
+                } else {
+                    ""
+                }
+            )
+        }
+        RejectReason::InsufficientGpuMemory
+        | RejectReason::InsufficientGpuCompute
+        | RejectReason::SharedGpuPodLimit => closest_share(node, request, demand, usable),
+    }
+}
+
+/// For a share that does not fit: the usable healthy GPU with the most free memory (or compute),
+/// and how far it is from the request.
+fn closest_share(node: &NodeState, request: &PodRequest, demand: GpuDemand, usable: u64) -> String {
+    let GpuDemand::Share {
+        gpus,
+        mem_per_gpu,
+        compute_per_gpu,
+    } = demand
+    else {
+        return format!("the pod asks for {}", describe_demand(demand));
+    };
+    let candidates: Vec<usize> = positions(usable & node.profile.healthy)
+        .filter(|&p| p < node.gpus.len())
+        .collect();
+    // Reversed so that among equals the lowest index is named, as `inspect` lists them first.
+    let best = candidates
+        .into_iter()
+        .rev()
+        .max_by_key(|&p| (node.gpu_mem_free(p), node.gpu_compute_free(p)));
+    let Some(best) = best else {
+        return "no healthy GPU the pod may use".to_owned();
+    };
+    let index = node.spec.gpus[best].index.0;
+    let free_mem = node.gpu_mem_free(best).0;
+    let free_compute = node.gpu_compute_free(best).0;
+    let shares = node.gpus[best].shares;
+    let mut detail = format!(
+        "closest is GPU{index} with {} of {} free",
+        gib(free_mem),
+        gib(node.spec.gpus[best].memory.0)
+    );
+    if compute_per_gpu.0 > 0 {
+        let _ = write!(detail, " and {}% compute free", free_compute / 10);
+    }
+    let _ = write!(
+        detail,
+        ", {shares} pod(s) on it; the pod needs {} per GPU",
+        gib(mem_per_gpu.0)
+    );
+    if compute_per_gpu.0 > 0 {
+        let _ = write!(detail, " and {}% compute", compute_per_gpu.0 / 10);
+    }
+    if gpus > 1 {
+        let _ = write!(detail, " on {gpus} GPUs");
+    }
+    let _ = write!(
+        detail,
+        " ({} short",
+        gib(needed_memory(request, demand).saturating_sub(free_mem))
+    );
+    if compute_per_gpu.0 > free_compute {
+        let _ = write!(
+            detail,
+            ", {}% compute short",
+            (compute_per_gpu.0 - free_compute) / 10
+        );
+    }
+    detail.push(')');
+    detail
+}
+
+/// Memory per GPU the pod needs: the share's, or the minimum it asks for.
+fn needed_memory(request: &PodRequest, demand: GpuDemand) -> u64 {
+    match demand {
+        GpuDemand::Share { mem_per_gpu, .. } => mem_per_gpu.0,
+        _ => request
+            .constraints
+            .min_memory_per_gpu
+            .map_or(0, |min| min.0),
+    }
+}
+
+/// The node's GPU models in words.
+fn models(node: &NodeState) -> String {
+    let mut models: Vec<&str> = node
+        .spec
+        .gpus
+        .iter()
+        .map(|gpu| gpu.model.as_str())
+        .collect();
+    models.sort_unstable();
+    models.dedup();
+    format!("GPU model(s) {}", models.join(", "))
+}
+
+/// MiB in GiB, without decimals when whole; below 1 GiB in MiB.
+fn gib(mib: u64) -> String {
+    if mib > 0 && mib < 1024 {
+        format!("{mib} MiB")
+    } else if mib.is_multiple_of(1024) {
+        format!("{} GiB", mib / 1024)
+    } else {
+        format!("{:.1} GiB", mib as f64 / 1024.0)
+    }
+}
+
+/// The explanation as aligned text: a heading, then one line per node.
+pub fn to_text(pod: &str, request: &PodRequest, verdicts: &[NodeVerdict]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "Pod {pod} asks for {}", describe_request(request));
+    let fitting = verdicts.iter().filter(|v| v.fits).count();
+    let _ = writeln!(
+        out,
+        "Fits {fitting} of {} node(s) now (GPU, CPU, memory and pod count only; taints, \
+         affinity and other kube-scheduler checks are not evaluated).",
+        verdicts.len()
+    );
+    let width = verdicts
+        .iter()
+        .map(|v| v.node.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    let _ = writeln!(out, "{:<width$}  FITS  WHY", "NODE");
+    for verdict in verdicts {
+        let _ = writeln!(
+            out,
+            "{:<width$}  {:<4}  {}",
+            verdict.node,
+            if verdict.fits { "yes" } else { "no" },
+            verdict.detail
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests fail loudly on a broken fixture")]
+
+    use super::*;
+    use crate::engine::{CpuMilli, GpuMode, MemMiB};
+    use crate::inspect::fixtures::{add_node, bind};
+
+    fn table() -> Table {
+        let mut table = Table::new(20);
+        add_node(&mut table, "t4", GpuMode::ShareMemory, 2, "Tesla-T4", 16);
+        add_node(
+            &mut table,
+            "whole",
+            GpuMode::Exclusive,
+            1,
+            "NVIDIA-A100",
+            40,
+        );
+        bind(
+            &mut table,
+            "t4",
+            "a",
+            GpuDemand::share(10, 1, None).unwrap(),
+        );
+        bind(
+            &mut table,
+            "t4",
+            "b",
+            GpuDemand::share(12, 1, None).unwrap(),
+        );
+        table
+    }
+
+    #[test]
+    fn a_share_too_big_for_what_is_free_names_the_closest_gpu_and_the_shortfall() {
+        let request = PodRequest::single(
+            CpuMilli(0),
+            MemMiB(0),
+            GpuDemand::share(8, 1, None).unwrap(),
+        );
+        let verdicts = explain(&table(), &request, &Policy::default());
+        assert_eq!(verdicts.len(), 2);
+        let t4 = &verdicts[0];
+        assert!(!t4.fits);
+        assert_eq!(t4.reason.as_deref(), Some("insufficient_gpu_memory"));
+        // 16 - 10 = 6 GiB free on one GPU, 16 - 12 = 4 GiB on the other.
+        assert!(t4.detail.contains("closest is GPU"), "{}", t4.detail);
+        assert!(t4.detail.contains("6 GiB of 16 GiB free"), "{}", t4.detail);
+        assert!(t4.detail.contains("(2 GiB short)"), "{}", t4.detail);
+        let whole = &verdicts[1];
+        assert_eq!(whole.reason.as_deref(), Some("mode_mismatch"));
+        assert_eq!(whole.resolvable, Some(false));
+    }
+
+    #[test]
+    fn a_fitting_pod_says_which_gpus_it_would_get() {
+        let request = PodRequest::single(
+            CpuMilli(0),
+            MemMiB(0),
+            GpuDemand::share(4, 1, None).unwrap(),
+        );
+        let verdicts = explain(&table(), &request, &Policy::default());
+        assert!(verdicts[0].fits);
+        assert!(
+            verdicts[0].detail.starts_with("fits: would get GPU"),
+            "{}",
+            verdicts[0].detail
+        );
+        let text = to_text("ns/p", &request, &verdicts);
+        assert!(text.contains("Fits 1 of 2 node(s)"), "{text}");
+        assert!(text.contains("4 GiB on each of 1 GPU(s)"), "{text}");
+    }
+
+    #[test]
+    fn whole_gpus_report_how_many_are_free() {
+        let mut table = table();
+        bind(&mut table, "whole", "w", GpuDemand::whole(1).unwrap());
+        let request = PodRequest::single(CpuMilli(0), MemMiB(0), GpuDemand::whole(1).unwrap());
+        let verdicts = explain(&table, &request, &Policy::default());
+        let whole = &verdicts[1];
+        assert_eq!(whole.reason.as_deref(), Some("no_free_whole_gpus"));
+        assert!(
+            whole
+                .detail
+                .contains("0 of the 1 usable GPU(s) are free, the pod needs 1 (1 short)"),
+            "{}",
+            whole.detail
+        );
+    }
+}

@@ -1,0 +1,156 @@
+//! The Grafana dashboard in `deploy/monitoring/` queries only metrics the service really exports,
+//! and every exported metric is documented: the names come from the registry `Metrics::new()`
+//! builds, not from a list kept by hand.
+
+#![allow(
+    clippy::expect_used,
+    reason = "test helpers: a missing or malformed file is a test failure"
+)]
+
+use std::collections::BTreeSet;
+
+use gpu_extender::telemetry::Metrics;
+use serde_json::Value;
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+const PREFIX: &str = "gpu_extender_";
+
+/// Every name Prometheus would store for the registered families: histograms add the
+/// `_bucket`, `_sum` and `_count` series.
+fn exported() -> BTreeSet<String> {
+    let metrics = Metrics::new().expect("the registry builds");
+    let text = metrics.render().expect("the registry renders");
+    let histograms: BTreeSet<&str> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|rest| rest.strip_suffix(" histogram"))
+        .collect();
+    let mut names: BTreeSet<String> = metrics.names().iter().cloned().collect();
+    for histogram in histograms {
+        for suffix in ["_bucket", "_sum", "_count"] {
+            names.insert(format!("{histogram}{suffix}"));
+        }
+    }
+    names
+}
+
+/// The `gpu_extender_*` identifiers in `text`.
+fn metric_names(text: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find(PREFIX) {
+        let preceded_by_ident = rest[..start]
+            .chars()
+            .next_back()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':');
+        let tail = &rest[start..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+            .unwrap_or(tail.len());
+        if !preceded_by_ident {
+            found.push(tail[..end].to_owned());
+        }
+        rest = &tail[end..];
+    }
+    found
+}
+
+/// Every string in a JSON document, with its path for messages.
+fn strings<'a>(value: &'a Value, path: String, out: &mut Vec<(String, &'a str)>) {
+    match value {
+        Value::String(text) => out.push((path, text)),
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                strings(item, format!("{path}[{i}]"), out);
+            }
+        }
+        Value::Object(fields) => {
+            for (key, item) in fields {
+                strings(item, format!("{path}.{key}"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn dashboard() -> Value {
+    let path = format!("{ROOT}/deploy/monitoring/grafana-dashboard.json");
+    let text = std::fs::read_to_string(&path).expect("the dashboard exists");
+    serde_json::from_str(&text).expect("the dashboard is JSON")
+}
+
+#[test]
+fn every_dashboard_query_uses_only_exported_metrics() {
+    let exported = exported();
+    let dashboard = dashboard();
+    let mut all = Vec::new();
+    strings(&dashboard, String::new(), &mut all);
+    let mut unknown = Vec::new();
+    let mut queries = 0;
+    for (path, text) in &all {
+        let is_query = path.ends_with(".expr") || path.ends_with(".query.query");
+        let names = metric_names(text);
+        if is_query {
+            queries += 1;
+            assert!(
+                !names.is_empty(),
+                "{path}: a query with no gpu_extender metric: {text}"
+            );
+        }
+        for name in names {
+            if !exported.contains(&name) {
+                unknown.push(format!("{path}: {name}"));
+            }
+        }
+    }
+    assert!(
+        queries >= 10,
+        "only {queries} queries found: is the dashboard's shape right?"
+    );
+    assert!(
+        unknown.is_empty(),
+        "not exported by the service:\n{}",
+        unknown.join("\n")
+    );
+}
+
+#[test]
+fn every_panel_has_a_description_and_a_unique_id() {
+    let dashboard = dashboard();
+    let panels = dashboard["panels"].as_array().expect("panels");
+    let mut ids = BTreeSet::new();
+    for panel in panels {
+        assert!(
+            ids.insert(panel["id"].as_u64().expect("numeric id")),
+            "duplicate id"
+        );
+        if panel["type"] != "row" {
+            assert!(
+                panel["description"].as_str().is_some_and(|d| !d.is_empty()),
+                "panel {} has no description",
+                panel["title"]
+            );
+        }
+    }
+}
+
+#[test]
+fn every_exported_metric_is_documented() {
+    let docs = std::fs::read_to_string(format!("{ROOT}/docs/metrics.md")).expect("docs/metrics.md");
+    let documented: BTreeSet<String> = metric_names(&docs).into_iter().collect();
+    let metrics = Metrics::new().expect("the registry builds");
+    let missing: Vec<&String> = metrics
+        .names()
+        .iter()
+        .filter(|name| !documented.contains(*name))
+        .collect();
+    assert!(missing.is_empty(), "not in docs/metrics.md: {missing:?}");
+}
+
+#[test]
+fn the_name_scanner_finds_whole_identifiers() {
+    assert_eq!(
+        metric_names("sum(rate(gpu_extender_binds_total{a=\"b\"}[5m])) / x_gpu_extender_no"),
+        ["gpu_extender_binds_total"]
+    );
+}
