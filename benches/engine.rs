@@ -311,6 +311,7 @@ fn typical_pods() -> TypicalPods {
             let model = patterns[(i + j) % patterns.len()];
             classes.push(TypicalPod {
                 cpu: CpuMilli(cpu),
+                memory: MemMiB(0),
                 gpus: 1,
                 milli,
                 models: model
@@ -325,6 +326,7 @@ fn typical_pods() -> TypicalPods {
     for (gpus, cpu) in [(2, 16_000), (4, 32_000), (8, 64_000)] {
         classes.push(TypicalPod {
             cpu: CpuMilli(cpu),
+            memory: MemMiB(0),
             gpus,
             milli: 1000,
             models: Vec::new(),
@@ -334,6 +336,7 @@ fn typical_pods() -> TypicalPods {
     for cpu in [1000, 4000, 16_000] {
         classes.push(TypicalPod {
             cpu: CpuMilli(cpu),
+            memory: MemMiB(0),
             gpus: 0,
             milli: 0,
             models: Vec::new(),

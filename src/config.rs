@@ -290,6 +290,9 @@ pub struct TypicalPodConfig {
     /// Milli-GPU on each GPU: 1000 for whole GPUs.
     #[serde(default)]
     pub gpu_milli: u32,
+    /// Host memory of the class in MiB (FGD ignores it; fgd-plus uses it for host stranding).
+    #[serde(default)]
+    pub memory_mib: u64,
     /// Model patterns the class accepts; empty means any.
     #[serde(default)]
     pub models: Vec<String>,
@@ -418,7 +421,7 @@ mod scoring_name {
         type Value = ScoringPolicy;
 
         fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("one of binpack, spread, fgd")
+            f.write_str("one of binpack, spread, fgd, fgd-plus")
         }
 
         fn visit_str<E: de::Error>(self, name: &str) -> Result<ScoringPolicy, E> {
@@ -426,8 +429,9 @@ mod scoring_name {
                 "binpack" => Ok(ScoringPolicy::Binpack),
                 "spread" => Ok(ScoringPolicy::Spread),
                 "fgd" => Ok(ScoringPolicy::Fgd),
+                "fgd-plus" => Ok(ScoringPolicy::FgdPlus),
                 other => Err(E::custom(format!(
-                    "unknown policy {other:?}; expected one of binpack, spread, fgd"
+                    "unknown policy {other:?}; expected one of binpack, spread, fgd, fgd-plus"
                 ))),
             }
         }
@@ -604,9 +608,7 @@ impl Config {
             format!("{} is out of range 1..=1000", p.max_pods_per_shared_gpu),
         );
         check(
-            p.scoring != ScoringPolicy::Fgd
-                || p.typical_pods.learn
-                || !p.typical_pods.pods.is_empty(),
+            !p.scoring.uses_typical() || p.typical_pods.learn || !p.typical_pods.pods.is_empty(),
             "policy.typicalPods",
             "scoring fgd needs typical pods: list them under pods, or set learn: true".into(),
         );
@@ -718,6 +720,7 @@ impl Config {
             .iter()
             .map(|pod| TypicalPod {
                 cpu: crate::engine::CpuMilli(pod.cpu_milli),
+                memory: crate::engine::MemMiB(pod.memory_mib),
                 gpus: pod.gpus,
                 milli: pod.gpu_milli,
                 // Validated in `validate`; a pattern that does not parse is simply dropped.
@@ -733,7 +736,7 @@ impl Config {
             scoring: self.policy.scoring,
             max_shares_per_gpu: self.policy.max_pods_per_shared_gpu,
             typical: TypicalPods::new(typical),
-            fgd_truncate: false,
+            ..Policy::default()
         }
     }
 
@@ -1072,7 +1075,7 @@ limits:
             .to_string();
         assert!(
             err.contains(
-                r#"policy.scoring: unknown policy "binpak"; expected one of binpack, spread, fgd"#
+                r#"policy.scoring: unknown policy "binpak"; expected one of binpack, spread, fgd, fgd-plus"#
             ),
             "{err}"
         );

@@ -6,7 +6,9 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{CpuMilli, NodeState, Table, TypicalPod, TypicalPods, WHOLE_GPU_COMPUTE};
+use crate::engine::{
+    CpuMilli, MemMiB, NodeState, Table, TypicalPod, TypicalPods, WHOLE_GPU_COMPUTE,
+};
 
 /// The whole cluster.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -327,6 +329,7 @@ pub fn capacity(table: &Table, typical: &TypicalPods) -> Capacity {
     let typical = if typical.is_empty() {
         fallback = TypicalPods::new(vec![TypicalPod {
             cpu: CpuMilli(0),
+            memory: MemMiB(0),
             gpus: 1,
             milli: WHOLE_GPU_COMPUTE.0,
             models: Vec::new(),

@@ -22,6 +22,7 @@
 //! - [`inspect`]: the per-node, per-GPU allocation report.
 //! - [`explain`]: why a pod fits or does not fit each node now.
 //! - [`cli`]: the `inspect` and `explain` commands (reading the cluster or an extender).
+//! - [`sim`]: the trace-replay simulator behind `gpu-extender simulate` (seeded, with I/O).
 //! - [`telemetry`]: Prometheus metric families and tracing setup.
 
 pub mod cli;
@@ -32,4 +33,5 @@ pub mod http;
 pub mod inspect;
 pub mod k8s;
 pub mod service;
+pub mod sim;
 pub mod telemetry;

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 use gpu_extender::cli::{self, ExplainArgs, InspectArgs};
 use gpu_extender::config::ConfigFlags;
 use gpu_extender::service::{ServeArgs, serve};
+use gpu_extender::sim::{SimArgs, run_cli};
 use gpu_extender::telemetry::tracing_setup::{self, LogFormat};
 
 /// GPU-aware placement for Kubernetes: a kube-scheduler extender.
@@ -37,6 +38,8 @@ enum Command {
     Inspect(InspectArgs),
     /// Explain, for every node, whether a pod fits now and if not exactly why.
     Explain(ExplainArgs),
+    /// Replay a GPU workload trace under placement policies (no arguments: a built-in example).
+    Simulate(SimArgs),
 }
 
 /// Installed as `kubectl-inspect-gpu`, the binary is the kubectl plugin `kubectl inspect gpu`:
@@ -70,6 +73,13 @@ fn main() -> ExitCode {
             Err(error) => {
                 eprintln!("{error}");
                 ExitCode::from(2)
+            }
+        },
+        Command::Simulate(args) => match run_cli(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("gpu-extender simulate: {error:#}");
+                ExitCode::FAILURE
             }
         },
     }

@@ -134,6 +134,7 @@ fn share_demand(total_gib: u64, gpus: u64, percent: Option<u32>) -> GpuDemand {
 fn one_class(milli: u32) -> TypicalPods {
     TypicalPods::new(vec![TypicalPod {
         cpu: CpuMilli(0),
+        memory: MemMiB(0),
         gpus: 1,
         milli,
         models: Vec::new(),

@@ -306,6 +306,7 @@ fn op() -> impl Strategy<Value = Op> {
         ScoringPolicy::Binpack,
         ScoringPolicy::Spread,
         ScoringPolicy::Fgd,
+        ScoringPolicy::FgdPlus,
     ]);
     prop_oneof![
         12 => (0usize..8, pod_desc(), scoring, after()).prop_map(
@@ -474,6 +475,7 @@ fn typical(classes: &[ClassDesc]) -> TypicalPods {
             .iter()
             .map(|c| TypicalPod {
                 cpu: CpuMilli(c.cpu),
+                memory: MemMiB(0),
                 gpus: c.gpus,
                 milli: c.milli,
                 models: c.model.map(pattern).into_iter().collect(),
@@ -592,13 +594,13 @@ fn check_placement(
     Ok(())
 }
 
-/// Evaluates `request` on table node `name` under all three scoring policies and checks each
+/// Evaluates `request` on table node `name` under all four scoring policies and checks each
 /// outcome; returns the allocation for `scoring`, if any.
 fn evaluate_all(
     table: &mut Table,
     name: &NodeName,
     request: &PodRequest,
-    policies: &[Policy; 3],
+    policies: &[Policy; 4],
     scoring: ScoringPolicy,
 ) -> Result<Option<PodAllocation>, TestCaseError> {
     let mut kept = None;
@@ -700,6 +702,17 @@ fn reference_score(policy: &Policy, node: &NodeState, allocation: &PodAllocation
                 fgd::score_from_reduction(reduction)
             }
         }
+        ScoringPolicy::FgdPlus => {
+            let before = free_milli(node, &node.gpus);
+            gpu_extender::engine::policy::fgd_plus::score(
+                &policy.typical,
+                &policy.fgd_plus,
+                node,
+                allocation,
+                &before,
+                &after,
+            )
+        }
     };
     (base * topology::quality(node, allocation)).clamp(0.0, 100.0)
 }
@@ -770,18 +783,20 @@ fn resized(
         .collect()
 }
 
-/// Binpack, Spread and Fgd with the same limits and typical pods.
-fn policies(classes: &[ClassDesc], max_shares: u16, truncate: bool) -> [Policy; 3] {
+/// Binpack, Spread, Fgd and FgdPlus with the same limits and typical pods.
+fn policies(classes: &[ClassDesc], max_shares: u16, truncate: bool) -> [Policy; 4] {
     [
         ScoringPolicy::Binpack,
         ScoringPolicy::Spread,
         ScoringPolicy::Fgd,
+        ScoringPolicy::FgdPlus,
     ]
     .map(|scoring| Policy {
         scoring,
         max_shares_per_gpu: max_shares,
         typical: typical(classes),
         fgd_truncate: truncate,
+        ..Policy::default()
     })
 }
 
@@ -936,7 +951,7 @@ proptest! {
     #[test]
     fn the_score_only_path_decides_exactly_as_the_full_evaluation(
         node in node_desc(),
-        fill in prop::collection::vec((pod_desc(), 0usize..3), 0..=24),
+        fill in prop::collection::vec((pod_desc(), 0usize..4), 0..=24),
         probes in prop::collection::vec(pod_desc(), 1..=12),
         classes in prop::collection::vec(class_desc(), 1..=6),
         max_shares in 1u16..=4,

@@ -125,15 +125,28 @@ pub fn fit(
     request: &PodRequest,
     policy: &Policy,
 ) -> Result<PodAllocation, RejectReason> {
-    fit_with(node, request, policy, &mut FgdCache::default())
+    let choice = policy.share_choice(node, request);
+    fit_with(node, request, policy, choice, &mut FgdCache::default())
 }
 
-/// [`fit`], keeping in `cache` what FGD derives from the node so that scoring the placement
-/// right after reuses it.
+/// [`fit`] with the GPU choice for shares given by the caller instead of derived from the
+/// policy: the simulator replays reference rules (a drawn GPU) through the same placement code.
+pub fn fit_choosing(
+    node: &NodeState,
+    request: &PodRequest,
+    policy: &Policy,
+    choice: ShareChoice,
+) -> Result<PodAllocation, RejectReason> {
+    fit_with(node, request, policy, choice, &mut FgdCache::default())
+}
+
+/// [`fit_choosing`], keeping in `cache` what FGD derives from the node so that scoring the
+/// placement right after reuses it.
 pub(crate) fn fit_with(
     node: &NodeState,
     request: &PodRequest,
     policy: &Policy,
+    choice: ShareChoice,
     cache: &mut FgdCache,
 ) -> Result<PodAllocation, RejectReason> {
     let mut containers = Vec::with_capacity(request.containers.len());
@@ -142,6 +155,7 @@ pub(crate) fn fit_with(
         node,
         request,
         policy,
+        choice,
         cache,
         &mut |role, container, placed| {
             let allocation = ContainerAllocation {
@@ -185,31 +199,39 @@ pub(crate) fn footprint_with(
     let mut inits = PerGpu::<Take>::defaults(node.gpus.len());
     let mut touched = 0u64;
     let mut quality: f64 = 1.0;
-    place(node, request, policy, cache, &mut |role, _, placed| {
-        let takes = match role {
-            Role::App => &mut apps,
-            Role::Init => &mut inits,
-        };
-        for position in placed.positions.iter() {
-            touched |= bit(position);
-            let take = &mut takes[position];
-            match placed.grant {
-                Grant::Whole => take.whole = true,
-                Grant::Share { mem, compute } if role == Role::App => {
-                    take.mem = MemMiB(take.mem.0.saturating_add(mem.0));
-                    take.compute = ComputeMilli(take.compute.0.saturating_add(compute.0));
-                }
-                // An init container holds each of its GPUs through one grant.
-                Grant::Share { mem, compute } => {
-                    take.mem = take.mem.max(mem);
-                    take.compute = take.compute.max(compute);
+    let choice = policy.share_choice(node, request);
+    place(
+        node,
+        request,
+        policy,
+        choice,
+        cache,
+        &mut |role, _, placed| {
+            let takes = match role {
+                Role::App => &mut apps,
+                Role::Init => &mut inits,
+            };
+            for position in placed.positions.iter() {
+                touched |= bit(position);
+                let take = &mut takes[position];
+                match placed.grant {
+                    Grant::Whole => take.whole = true,
+                    Grant::Share { mem, compute } if role == Role::App => {
+                        take.mem = MemMiB(take.mem.0.saturating_add(mem.0));
+                        take.compute = ComputeMilli(take.compute.0.saturating_add(compute.0));
+                    }
+                    // An init container holds each of its GPUs through one grant.
+                    Grant::Share { mem, compute } => {
+                        take.mem = take.mem.max(mem);
+                        take.compute = take.compute.max(compute);
+                    }
                 }
             }
-        }
-        if role == Role::App && placed.grant == Grant::Whole {
-            quality = quality.min(group_quality(node, placed.positions.mask()));
-        }
-    })?;
+            if role == Role::App && placed.grant == Grant::Whole {
+                quality = quality.min(group_quality(node, placed.positions.mask()));
+            }
+        },
+    )?;
     let mut after = PerGpu::copy_of(&node.gpus);
     for position in positions(touched) {
         let (app, init) = (apps[position], inits[position]);
@@ -283,6 +305,7 @@ fn place(
     node: &NodeState,
     request: &PodRequest,
     policy: &Policy,
+    choice: ShareChoice,
     cache: &mut FgdCache,
     record: &mut impl FnMut(Role, &ContainerRequest, &Placed),
 ) -> Result<(), RejectReason> {
@@ -290,7 +313,7 @@ fn place(
     let placer = Placer {
         node,
         eligible,
-        choice: policy.share_choice(node, request),
+        choice,
         policy,
         require_connected: request.constraints.topology == TopologyPreference::Required,
         cpu_after: CpuMilli(node.cpu_free().0.saturating_sub(request.cpu.0)),
@@ -693,6 +716,7 @@ mod tests {
         let fgd = Policy::scoring(crate::engine::ScoringPolicy::Fgd).with_typical(
             crate::engine::TypicalPods::new(vec![crate::engine::TypicalPod {
                 cpu: CpuMilli(0),
+                memory: crate::engine::MemMiB(0),
                 gpus: 1,
                 milli: 500,
                 models: Vec::new(),

@@ -21,7 +21,7 @@ pub mod table;
 pub mod topology;
 
 pub use allocation::{ContainerAllocation, GpuGrant, GpuHold, Grant, PodAllocation};
-pub use fit::{RejectReason, fit};
+pub use fit::{RejectReason, fit, fit_choosing};
 pub use model::{
     ComputeMilli, CpuMilli, Gpu, GpuIndex, GpuMode, GpuPlacement, Link, LinkMatrix, MemMiB,
     NodeName, NodeSpec, PodKey, WHOLE_GPU_COMPUTE,

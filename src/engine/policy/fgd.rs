@@ -6,7 +6,7 @@
 //! CPU-only pod), otherwise only the GPUs too small for it. The node's fragmentation is the
 //! expectation over the typical pods, in milli-GPU.
 
-use crate::engine::model::{CpuMilli, MAX_GPUS_PER_NODE};
+use crate::engine::model::{CpuMilli, MAX_GPUS_PER_NODE, MemMiB};
 use crate::engine::request::ModelPattern;
 use crate::engine::state::{NodeState, PerGpu};
 use crate::engine::topology::bit;
@@ -15,6 +15,8 @@ use crate::engine::topology::bit;
 #[derive(Clone, Debug, PartialEq)]
 pub struct TypicalPod {
     pub cpu: CpuMilli,
+    /// Host memory of the class (FGD itself ignores memory; FGD+ uses it for host stranding).
+    pub memory: MemMiB,
     /// GPUs per pod (0 for a CPU-only pod).
     pub gpus: u16,
     /// Milli-GPU on each of those GPUs (1000 for whole GPUs, 0 for a CPU-only pod).
@@ -29,6 +31,8 @@ pub struct TypicalPod {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TypicalPods {
     pods: Vec<TypicalPod>,
+    /// [`TypicalPods::sliver_value`] for every free amount 0..=1000, derived once.
+    sliver_values: Vec<f64>,
 }
 
 impl TypicalPods {
@@ -45,7 +49,44 @@ impl TypicalPods {
                 pod.weight /= total;
             }
         }
-        Self { pods }
+        let sliver_values = sliver_values(&pods);
+        Self {
+            pods,
+            sliver_values,
+        }
+    }
+
+    /// The expected final leftover (milli-GPU) of one GPU with `free` milli-GPU free, if pods
+    /// keep arriving from this distribution: with the probability `q` that an arriving pod is a
+    /// one-GPU pod that fits, the GPU takes it (drawn by weight) and goes on from what is left;
+    /// otherwise all of it is left over. A sliver only rare pods fit is worth almost its whole
+    /// size, as in FGD; one that common pods fit is worth what they will leave behind in turn.
+    pub fn sliver_value(&self, free: u32) -> f64 {
+        self.sliver_values
+            .get(free.min(1000) as usize)
+            .copied()
+            .unwrap_or(f64::from(free))
+    }
+
+    /// The typical GPU pod's CPU (milli-cores) and memory (MiB) per whole GPU it uses; zeros
+    /// when the distribution has no GPU pods.
+    pub fn host_per_gpu(&self) -> (f64, f64) {
+        let (cpu, mem, gpu) = self.pods.iter().filter(|pod| pod.milli > 0).fold(
+            (0.0, 0.0, 0.0),
+            |(cpu, mem, gpu), pod| {
+                let gpus = f64::from(pod.gpus) * f64::from(pod.milli) / 1000.0;
+                (
+                    cpu + pod.weight * pod.cpu.0 as f64,
+                    mem + pod.weight * pod.memory.0 as f64,
+                    gpu + pod.weight * gpus,
+                )
+            },
+        );
+        if gpu > 0.0 {
+            (cpu / gpu, mem / gpu)
+        } else {
+            (0.0, 0.0)
+        }
     }
 
     /// The reference construction: classes in the given order (most frequent first; the caller
@@ -234,28 +275,60 @@ impl TypicalPods {
         let total: u64 = free_milli.iter().map(|&free| u64::from(free)).sum();
         let mut expected = 0.0;
         for (pod, &mask) in self.pods.iter().zip(access) {
-            let lost = if pod.milli == 0 {
-                // A CPU-only pod can use none of the idle GPU capacity.
-                total
-            } else {
-                let mut fitting = 0u32;
-                let mut stranded = 0u64;
-                for (position, &free) in free_milli.iter().enumerate() {
-                    if mask & bit(position) != 0 && free >= pod.milli {
-                        fitting += 1;
-                    } else {
-                        stranded += u64::from(free);
-                    }
-                }
-                if fitting >= u32::from(pod.gpus) && cpu_free >= pod.cpu {
-                    stranded
-                } else {
-                    total
-                }
-            };
-            expected += pod.weight * lost as f64;
+            expected += pod.weight * lost(pod, cpu_free, free_milli, mask, total) as f64;
         }
         expected
+    }
+
+    /// Like [`TypicalPods::fragmentation`], with each class's weight multiplied by `scale` and
+    /// the result renormalised: the expectation under a reweighted distribution, in milli-GPU.
+    /// Zero when every scaled weight is zero.
+    pub fn fragmentation_scaled(
+        &self,
+        cpu_free: CpuMilli,
+        free_milli: &[u32],
+        access: &[u64],
+        scale: impl Fn(&TypicalPod) -> f64,
+    ) -> f64 {
+        let total: u64 = free_milli.iter().map(|&free| u64::from(free)).sum();
+        let mut expected = 0.0;
+        let mut weights = 0.0;
+        for (pod, &mask) in self.pods.iter().zip(access) {
+            let weight = pod.weight * scale(pod);
+            if weight > 0.0 {
+                expected += weight * lost(pod, cpu_free, free_milli, mask, total) as f64;
+                weights += weight;
+            }
+        }
+        if weights > 0.0 {
+            expected / weights
+        } else {
+            0.0
+        }
+    }
+}
+
+/// The free GPU capacity (milli-GPU) of a node that one typical pod could not use: all of it when
+/// the pod cannot run there (CPU-only pod, wrong model, no GPU fits, CPU short), otherwise only
+/// the GPUs too small for it. `total` is the sum of `free_milli`.
+fn lost(pod: &TypicalPod, cpu_free: CpuMilli, free_milli: &[u32], mask: u64, total: u64) -> u64 {
+    if pod.milli == 0 {
+        // A CPU-only pod can use none of the idle GPU capacity.
+        return total;
+    }
+    let mut fitting = 0u32;
+    let mut stranded = 0u64;
+    for (position, &free) in free_milli.iter().enumerate() {
+        if mask & bit(position) != 0 && free >= pod.milli {
+            fitting += 1;
+        } else {
+            stranded += u64::from(free);
+        }
+    }
+    if fitting >= u32::from(pod.gpus) && cpu_free >= pod.cpu {
+        stranded
+    } else {
+        total
     }
 }
 
@@ -339,6 +412,29 @@ struct PodCounts {
     stranded: u64,
 }
 
+/// The table behind [`TypicalPods::sliver_value`], by dynamic programming from 0 up to 1000.
+fn sliver_values(pods: &[TypicalPod]) -> Vec<f64> {
+    let shares: Vec<(usize, f64)> = pods
+        .iter()
+        .filter(|pod| pod.gpus == 1 && pod.milli > 0)
+        .map(|pod| (pod.milli.min(1000) as usize, pod.weight))
+        .collect();
+    let mut values = vec![0.0; 1001];
+    for free in 1..=1000usize {
+        let fitting = shares.iter().filter(|(milli, _)| *milli <= free);
+        let mass: f64 = fitting.clone().map(|(_, weight)| weight).sum();
+        values[free] = if mass > 0.0 {
+            let next: f64 = fitting
+                .map(|(milli, weight)| weight / mass * values[free - milli])
+                .sum();
+            (1.0 - mass) * free as f64 + mass * next
+        } else {
+            free as f64
+        };
+    }
+    values
+}
+
 /// FGD's score for a fragmentation change (`before - after`, milli-GPU): 50 means no change,
 /// higher means the placement reduced fragmentation. On 0..=100.
 pub fn score_from_reduction(reduction: f64) -> f64 {
@@ -346,8 +442,11 @@ pub fn score_from_reduction(reduction: f64) -> f64 {
 }
 
 /// The reference implementation's integer score (truncated), which is what its ties come from.
+/// Evaluated in the reference's order, `trunc(σ(x) × 100)`, so that values on a truncation
+/// boundary fall the same way.
 pub fn reference_score(reduction: f64) -> f64 {
-    score_from_reduction(reduction).trunc()
+    let sigmoid = 1.0 / (1.0 + (-(reduction / 1000.0)).exp());
+    (sigmoid * 100.0).trunc()
 }
 
 #[cfg(test)]
@@ -357,6 +456,7 @@ mod tests {
     fn class(cpu: u64, gpus: u16, milli: u32, weight: f64) -> TypicalPod {
         TypicalPod {
             cpu: CpuMilli(cpu),
+            memory: MemMiB(0),
             gpus,
             milli,
             models: Vec::new(),
@@ -463,6 +563,19 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn sliver_values_follow_the_fill_recursion() {
+        // Half the pods take 500 of one GPU, half are CPU-only.
+        let typical = TypicalPods::new(vec![class(0, 1, 500, 1.0), class(0, 0, 0, 1.0)]);
+        // 400 fits nothing: all of it is left over.
+        assert_eq!(typical.sliver_value(400), 400.0);
+        // 500: half the time a pod fills it exactly, else 500 stay: 250.
+        assert!((typical.sliver_value(500) - 250.0).abs() < 1e-9);
+        // 1000: half the time 500 go, then 500 is worth 250: 0.5·1000 + 0.5·250 = 625.
+        assert!((typical.sliver_value(1000) - 625.0).abs() < 1e-9);
+        assert_eq!(TypicalPods::default().sliver_value(70), 70.0);
     }
 
     #[test]

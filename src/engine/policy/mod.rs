@@ -3,6 +3,8 @@
 
 pub mod binpack;
 pub mod fgd;
+pub mod fgd_plus;
+pub mod reference;
 pub mod spread;
 pub mod topology;
 
@@ -13,6 +15,7 @@ use super::request::PodRequest;
 use super::state::{GpuUsage, NodeState, PerGpu};
 use super::topology::{bit, positions};
 use fgd::{FgdCache, FreeChange, TypicalPods};
+use fgd_plus::Taking;
 
 /// How nodes are ranked for a pod.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -24,15 +27,28 @@ pub enum ScoringPolicy {
     Spread,
     /// Prefer the placement that grows expected fragmentation least.
     Fgd,
+    /// FGD plus host stranding and a look-ahead value of slivers, untruncated (see
+    /// [`fgd_plus`]).
+    FgdPlus,
 }
 
 impl ScoringPolicy {
+    /// Every policy, for configuration parsing and documentation.
+    pub const ALL: [ScoringPolicy; 4] = [Self::Binpack, Self::Spread, Self::Fgd, Self::FgdPlus];
+
+    /// Whether the policy measures fragmentation against typical pods (and picks share GPUs by
+    /// it).
+    pub fn uses_typical(self) -> bool {
+        matches!(self, Self::Fgd | Self::FgdPlus)
+    }
+
     /// The configuration name.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Binpack => "binpack",
             Self::Spread => "spread",
             Self::Fgd => "fgd",
+            Self::FgdPlus => "fgd-plus",
         }
     }
 }
@@ -46,6 +62,9 @@ pub enum ShareChoice {
     Spread,
     /// The GPU whose use grows fragmentation least.
     Fgd,
+    /// The GPU picked by a uniform draw the caller made (the simulator's random baseline; the
+    /// engine itself never draws).
+    Drawn(u32),
 }
 
 /// Everything the engine needs to decide, built once from configuration.
@@ -59,6 +78,8 @@ pub struct Policy {
     /// Truncate FGD scores to integers before comparing, as the reference implementation does
     /// (its many ties are part of its published behaviour).
     pub fgd_truncate: bool,
+    /// The knobs of [`ScoringPolicy::FgdPlus`] (its defaults are the measured best).
+    pub fgd_plus: fgd_plus::Tuning,
 }
 
 impl Default for Policy {
@@ -68,6 +89,7 @@ impl Default for Policy {
             max_shares_per_gpu: 20,
             typical: TypicalPods::default(),
             fgd_truncate: false,
+            fgd_plus: fgd_plus::Tuning::default(),
         }
     }
 }
@@ -110,9 +132,7 @@ impl Policy {
         match request.constraints.placement {
             Some(GpuPlacement::Binpack) => ShareChoice::Binpack,
             Some(GpuPlacement::Spread) => ShareChoice::Spread,
-            None if self.scoring == ScoringPolicy::Fgd && !self.typical.is_empty() => {
-                ShareChoice::Fgd
-            }
+            None if self.scoring.uses_typical() && !self.typical.is_empty() => ShareChoice::Fgd,
             None => match node.spec.placement {
                 GpuPlacement::Binpack => ShareChoice::Binpack,
                 GpuPlacement::Spread => ShareChoice::Spread,
@@ -147,7 +167,11 @@ impl Policy {
         match choice {
             ShareChoice::Binpack => binpack::pick(node, usage, pool, ask.count),
             ShareChoice::Spread => spread::pick(node, usage, pool, ask.count),
+            ShareChoice::Fgd if self.scoring == ScoringPolicy::FgdPlus => {
+                fgd_plus::pick(node, usage, pool, ask, self)
+            }
             ShareChoice::Fgd => fgd_pick(node, usage, pool, ask, self, cache),
+            ShareChoice::Drawn(draw) => reference::drawn_pick(pool, ask.count, draw),
         }
     }
 
@@ -166,20 +190,26 @@ impl Policy {
         let mut after_usage = PerGpu::copy_of(&node.gpus);
         add_allocation(node, &mut after_usage, allocation);
         let quality = topology::quality(node, allocation);
-        self.score_after(node, &after_usage, allocation.cpu, quality, cache)
+        let taking = Taking {
+            cpu: allocation.cpu,
+            memory: allocation.memory,
+            gpus: allocation.has_gpus(),
+        };
+        self.score_after(node, &after_usage, taking, quality, cache)
     }
 
-    /// The score of a placement that leaves `node` with GPU usage `after_usage`, takes `cpu`
-    /// from it, and has topology quality `quality`: everything a score depends on, whether it
-    /// comes from an allocation or straight from the placement.
+    /// The score of a placement that leaves `node` with GPU usage `after_usage`, takes
+    /// `taking` from its host, and has topology quality `quality`: everything a score depends
+    /// on, whether it comes from an allocation or straight from the placement.
     fn score_after(
         &self,
         node: &NodeState,
         after_usage: &[GpuUsage],
-        cpu: CpuMilli,
+        taking: Taking,
         quality: f64,
         cache: &mut FgdCache,
     ) -> f64 {
+        let cpu = taking.cpu;
         let after = free_milli_of(node, after_usage);
         let base = match self.scoring {
             ScoringPolicy::Binpack => binpack::score_taking(node, cpu, &after),
@@ -207,6 +237,10 @@ impl Policy {
                     fgd::score_from_reduction(reduction)
                 }
             }
+            ScoringPolicy::FgdPlus => {
+                let before = free_milli_of(node, &node.gpus);
+                fgd_plus::score_taking(&self.typical, &self.fgd_plus, node, taking, &before, &after)
+            }
         };
         (base * quality).clamp(0.0, 100.0)
     }
@@ -218,7 +252,8 @@ impl Policy {
         request: &PodRequest,
     ) -> Result<Evaluation, RejectReason> {
         let mut cache = FgdCache::default();
-        let allocation = fit_with(node, request, self, &mut cache)?;
+        let choice = self.share_choice(node, request);
+        let allocation = fit_with(node, request, self, choice, &mut cache)?;
         let score = self.score_with(node, &allocation, &mut cache);
         Ok(Evaluation { allocation, score })
     }
@@ -242,10 +277,16 @@ impl Policy {
         }
         let mut cache = FgdCache::default();
         let footprint = footprint_with(node, request, self, &mut cache)?;
+        let taking = Taking {
+            cpu: request.cpu,
+            memory: request.memory,
+            // The placement succeeded, so the pod holds GPUs exactly when it asks for any.
+            gpus: request.wants_gpu(),
+        };
         Ok(self.score_after(
             node,
             &footprint.after,
-            request.cpu,
+            taking,
             footprint.quality,
             &mut cache,
         ))

@@ -642,11 +642,13 @@ fn concurrent_binds_and_filters_never_over_commit() {
             .into_iter()
             .map(|r| r.unwrap())
             .fold((0, 0), |(w, l), (won, lost)| (w + won, l + lost));
-        // Not vacuous, whatever the interleaving: the empty cluster alone holds more than 25 of
-        // these pods (12 whole GPUs, 12 shared GPUs of 16 GiB), and 1,200 attempts on 6 nodes
-        // fill it, so binds both win and lose the race for capacity. How many more win depends
-        // on how often the watch thread frees capacity, which is the machine's scheduling.
-        assert!(won >= 25, "too few binds were accepted ({won})");
+        // Not vacuous, whatever the interleaving: 1,200 attempts on 6 nodes fill the cluster
+        // even if the watch thread never runs, and a full cluster holds at least 18 of these
+        // pods (each exclusive node at least 2 two-GPU pods; each share node at least 4, its
+        // four 16 GiB GPUs taken by 8 GiB halves of two-GPU shares at worst), so binds both win
+        // and lose. How many more win depends on how often the watch thread frees capacity,
+        // which is the machine's scheduling (in a release build under load it may never run).
+        assert!(won >= 18, "too few binds were accepted ({won})");
         assert!(lost >= 1, "no bind ever found its node full ({won} won)");
     });
     let table = state.read();

@@ -1,0 +1,351 @@
+//! FGD+: fragmentation gradient descent with two more things measured, host stranding and the
+//! look-ahead value of slivers, compared without truncation, plus a small charge for opening a
+//! fully idle node and "used nodes first" among equals.
+//!
+//! Why, in short (docs/policies.md has the measurements): at the end of a replay FGD's leftover
+//! GPU capacity is mostly slivers no pod fits and GPUs whose node ran out of CPU or memory. FGD
+//! only sees CPU through "does one typical pod still fit", a test that flips at a threshold, and
+//! never sees memory; the host term charges, smoothly, every free milli-GPU that the node's free
+//! CPU or memory could no longer feed at the typical pods' CPU and memory per GPU. FGD values a
+//! sliver by whether one typical pod fits it; the look-ahead values it by what it will finally
+//! leave behind as pods keep arriving ([`TypicalPods::sliver_value`]), which also steers the
+//! choice of GPU inside a node.
+
+use crate::engine::allocation::PodAllocation;
+use crate::engine::model::{ComputeMilli, CpuMilli, MemMiB};
+use crate::engine::state::{GpuUsage, NodeState};
+use crate::engine::topology::{bit, positions};
+
+use super::fgd::{self, TypicalPod, TypicalPods};
+use super::{Picked, Policy, ShareAsk, binpack, free_milli};
+
+/// The knobs of the policy; [`Tuning::default`] is the measured best on the openb traces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Tuning {
+    /// Weight typical pods by their GPU demand (count × GPUs × milli) instead of by count.
+    pub demand_weighted: bool,
+    /// Weight (hundredths) of host stranding (see [`host_stranded`]); 0 turns it off.
+    pub host_weight: u32,
+    /// Weight (hundredths) of the look-ahead sliver value; 0 turns it off.
+    pub lookahead: u32,
+    /// Extra fragmentation (milli-GPU) charged for placing a GPU pod on a node whose GPUs are
+    /// all idle: keeps whole nodes for the pods that need them.
+    pub idle_node_penalty: u32,
+    /// Round scores down to multiples of this many hundredths of a point before comparing
+    /// (100 = FGD's integer truncation; 0 = exact).
+    pub quantum: u32,
+    /// How placements of equal (rounded) score are ordered.
+    pub tie_break: TieBreak,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Self {
+            demand_weighted: false,
+            host_weight: 1000,
+            lookahead: 1600,
+            idle_node_penalty: 100,
+            quantum: 0,
+            tie_break: TieBreak::UsedNodes,
+        }
+    }
+}
+
+/// The order among placements whose (rounded) scores are equal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TieBreak {
+    /// No preference: kube-scheduler (or the simulator's node order) decides.
+    None,
+    /// The node left fullest (GPU and CPU, like best fit).
+    Pack,
+    /// Nodes already running GPU pods before idle ones.
+    UsedNodes,
+}
+
+/// A typical pod's GPU demand in milli-GPU (0 for CPU-only pods).
+pub fn demand(pod: &TypicalPod) -> f64 {
+    f64::from(pod.gpus) * f64::from(pod.milli)
+}
+
+/// The part of the measure that depends on individual GPUs (FGD's expectation, optionally
+/// demand-weighted, plus the weighted sliver look-ahead): what the choice of GPU minimises.
+pub fn fragmentation(
+    typical: &TypicalPods,
+    tuning: &Tuning,
+    cpu_free: CpuMilli,
+    free_milli: &[u32],
+    access: &[u64],
+) -> f64 {
+    let expected = if tuning.demand_weighted {
+        typical.fragmentation_scaled(cpu_free, free_milli, access, demand)
+    } else {
+        typical.fragmentation(cpu_free, free_milli, access)
+    };
+    let look = if tuning.lookahead > 0 {
+        let values: f64 = free_milli.iter().map(|&f| typical.sliver_value(f)).sum();
+        f64::from(tuning.lookahead) / 100.0 * values
+    } else {
+        0.0
+    };
+    expected + look
+}
+
+/// FGD+'s GPU choice for a share: one GPU at a time, the one whose use leaves the least
+/// [`fragmentation`] (lowest position on ties; with a quantum, FGD's integer scores are
+/// compared instead).
+pub(crate) fn pick(
+    node: &NodeState,
+    usage: &[GpuUsage],
+    pool: u64,
+    ask: ShareAsk,
+    policy: &Policy,
+) -> Picked {
+    let typical = &policy.typical;
+    if typical.is_empty() {
+        return binpack::pick(node, usage, pool, ask.count);
+    }
+    let tuning = &policy.fgd_plus;
+    let access = typical.access_masks(node);
+    let with_ask = |slot: GpuUsage| GpuUsage {
+        mem: MemMiB(slot.mem.0 + ask.mem.0),
+        compute: ComputeMilli(slot.compute.0 + ask.compute.0),
+        ..slot
+    };
+    let mut scratch = usage.to_vec();
+    let mut free = free_milli(node, &scratch);
+    let before = fragmentation(typical, tuning, node.cpu_free(), &free, &access);
+    let mut remaining = pool;
+    let mut chosen = Picked::new();
+    let mut trial = free.clone();
+    for _ in 0..ask.count {
+        let mut best: Option<(usize, f64)> = None;
+        for position in positions(remaining) {
+            trial.copy_from_slice(&free);
+            trial[position] = node.free_milli_under(position, &with_ask(scratch[position]));
+            let reduction = before - fragmentation(typical, tuning, ask.cpu_after, &trial, &access);
+            let value = if tuning.quantum > 0 {
+                fgd::reference_score(reduction)
+            } else {
+                reduction
+            };
+            if best.is_none_or(|(_, best_value)| value > best_value) {
+                best = Some((position, value));
+            }
+        }
+        let Some((position, _)) = best else {
+            break;
+        };
+        chosen.push(position);
+        remaining &= !bit(position);
+        scratch[position] = with_ask(scratch[position]);
+        free[position] = node.free_milli_under(position, &scratch[position]);
+    }
+    chosen
+}
+
+/// Free GPU capacity (milli-GPU) that the node's free CPU or memory could not feed if every GPU
+/// pod needed the typical pods' CPU and memory per GPU: a fluid estimate of stranding that grows
+/// smoothly as host resources run short, where FGD's per-class test flips at thresholds.
+pub fn host_stranded(
+    typical: &TypicalPods,
+    cpu_free: CpuMilli,
+    mem_free: MemMiB,
+    free_milli: &[u32],
+) -> f64 {
+    let gpu_free: f64 = free_milli.iter().map(|&f| f64::from(f)).sum();
+    let (cpu_per_gpu, mem_per_gpu) = typical.host_per_gpu();
+    let fed = |free: f64, per_gpu: f64| {
+        if per_gpu > 0.0 {
+            1000.0 * free / per_gpu
+        } else {
+            f64::INFINITY
+        }
+    };
+    let fed = fed(cpu_free.0 as f64, cpu_per_gpu).min(fed(mem_free.0 as f64, mem_per_gpu));
+    (gpu_free - fed).max(0.0)
+}
+
+/// Scale of the tie-break: far below any difference of measure that matters (scores move by
+/// about 0.025 per milli-GPU near the centre).
+const TIE_BREAK: f64 = 1e-6;
+
+/// The score of `allocation` on `node` (0..=100, 50 = no change), given the node's per-GPU
+/// free milli-GPU before and after it.
+pub fn score(
+    typical: &TypicalPods,
+    tuning: &Tuning,
+    node: &NodeState,
+    allocation: &PodAllocation,
+    before: &[u32],
+    after: &[u32],
+) -> f64 {
+    let taking = Taking {
+        cpu: allocation.cpu,
+        memory: allocation.memory,
+        gpus: allocation.has_gpus(),
+    };
+    score_taking(typical, tuning, node, taking, before, after)
+}
+
+/// What a placement takes from a node besides its GPU usage: what [`score_taking`] reads.
+#[derive(Clone, Copy, Debug)]
+pub struct Taking {
+    pub cpu: CpuMilli,
+    pub memory: MemMiB,
+    /// Whether the pod holds any GPU (an idle node it lands on stops being idle).
+    pub gpus: bool,
+}
+
+/// [`score`] from what the placement takes, without the allocation: the score-only path of
+/// filter and prioritize knows the node's usage afterwards but builds no allocation.
+pub fn score_taking(
+    typical: &TypicalPods,
+    tuning: &Tuning,
+    node: &NodeState,
+    taking: Taking,
+    before: &[u32],
+    after: &[u32],
+) -> f64 {
+    let access = typical.access_masks(node);
+    let cpu_after = CpuMilli(node.cpu_free().0.saturating_sub(taking.cpu.0));
+    let mem_after = MemMiB(node.mem_free().0.saturating_sub(taking.memory.0));
+    let mut reduction = fragmentation(typical, tuning, node.cpu_free(), before, &access)
+        - fragmentation(typical, tuning, cpu_after, after, &access);
+    if tuning.host_weight > 0 {
+        let stranded_before = host_stranded(typical, node.cpu_free(), node.mem_free(), before);
+        let stranded_after = host_stranded(typical, cpu_after, mem_after, after);
+        reduction += f64::from(tuning.host_weight) / 100.0 * (stranded_before - stranded_after);
+    }
+    let node_idle = node.gpus.iter().all(|usage| usage.is_idle());
+    if taking.gpus && node_idle {
+        reduction -= f64::from(tuning.idle_node_penalty);
+    }
+    let mut score = fgd::score_from_reduction(reduction);
+    if tuning.quantum > 0 {
+        let step = f64::from(tuning.quantum) / 100.0;
+        score = (score / step).floor() * step;
+    }
+    let order = match tuning.tie_break {
+        TieBreak::None => 0.0,
+        TieBreak::Pack => fullness(node, cpu_after, after),
+        TieBreak::UsedNodes if node_idle => 0.0,
+        TieBreak::UsedNodes => 1.0,
+    };
+    score + TIE_BREAK * order
+}
+
+/// How full the node is left, on 0..=1: half GPU, half CPU, like the reference's best fit.
+fn fullness(node: &NodeState, cpu_after: CpuMilli, after: &[u32]) -> f64 {
+    let gpu_capacity = after.len() as f64 * 1000.0;
+    let gpu_free: f64 = after.iter().map(|&f| f64::from(f)).sum();
+    let gpu = if gpu_capacity > 0.0 {
+        1.0 - gpu_free / gpu_capacity
+    } else {
+        1.0
+    };
+    let cpu = if node.spec.cpu.0 > 0 {
+        1.0 - cpu_after.0 as f64 / node.spec.cpu.0 as f64
+    } else {
+        1.0
+    };
+    (gpu + cpu) / 2.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{GpuDemand, GpuMode, NodeSpec, PodRequest, Policy, ScoringPolicy};
+
+    fn class(cpu: u64, memory: u64, gpus: u16, milli: u32, weight: f64) -> TypicalPod {
+        TypicalPod {
+            cpu: CpuMilli(cpu),
+            memory: MemMiB(memory),
+            gpus,
+            milli,
+            models: Vec::new(),
+            weight,
+        }
+    }
+
+    #[test]
+    fn demand_weighting_makes_big_pods_count_for_their_gpus() {
+        // 90% of pods are 100-milli shares, 10% take 8 whole GPUs.
+        let typical = TypicalPods::new(vec![class(0, 0, 1, 100, 9.0), class(0, 0, 8, 1000, 1.0)]);
+        let tuning = Tuning {
+            demand_weighted: true,
+            lookahead: 0,
+            ..Tuning::default()
+        };
+        let access = [0xFF, 0xFF];
+        // One GPU half used: the 8-GPU pod can no longer run, all 7500 is lost to it.
+        let free = [500, 1000, 1000, 1000, 1000, 1000, 1000, 1000];
+        let counted = typical.fragmentation(CpuMilli(64_000), &free, &access);
+        let weighted = fragmentation(&typical, &tuning, CpuMilli(64_000), &free, &access);
+        assert!((counted - 0.1 * 7500.0).abs() < 1e-9);
+        // Weights 9 × 100 = 900 and 1 × 8000 = 8000: 8000/8900 of 7500.
+        assert!((weighted - 7500.0 * 8000.0 / 8900.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn host_stranding_counts_gpus_the_cpu_cannot_feed() {
+        // Typical GPU pod: one whole GPU with 12 cores and 64 GiB.
+        let typical = TypicalPods::new(vec![class(12_000, 65_536, 1, 1000, 1.0)]);
+        let free = [1000, 1000, 1000, 1000];
+        // 24 cores feed 2 of the 4 free GPUs: 2000 milli stranded.
+        let stranded = host_stranded(&typical, CpuMilli(24_000), MemMiB(1 << 30), &free);
+        assert!((stranded - 2000.0).abs() < 1e-9);
+        // Memory for 3: the scarcer resource decides.
+        let stranded = host_stranded(&typical, CpuMilli(24_000), MemMiB(3 * 65_536), &free);
+        assert!((stranded - 2000.0).abs() < 1e-9);
+        let stranded = host_stranded(&typical, CpuMilli(96_000), MemMiB(65_536), &free);
+        assert!((stranded - 3000.0).abs() < 1e-9);
+        assert_eq!(
+            host_stranded(&typical, CpuMilli(96_000), MemMiB(1 << 30), &free),
+            0.0
+        );
+    }
+
+    #[test]
+    fn cpu_only_pods_go_where_cpu_is_plentiful() {
+        let typical = TypicalPods::new(vec![
+            class(12_000, 0, 1, 1000, 1.0),
+            class(8_000, 0, 0, 0, 1.0),
+        ]);
+        let policy = Policy::scoring(ScoringPolicy::FgdPlus).with_typical(typical);
+        let node = |cpu: u64| {
+            NodeState::new(
+                NodeSpec::uniform("n", GpuMode::CoreMem, 2, "T4", MemMiB(0)).with_host(
+                    CpuMilli(cpu),
+                    MemMiB(1 << 30),
+                    1001,
+                ),
+            )
+        };
+        let pod = PodRequest::single(CpuMilli(8_000), MemMiB(1024), GpuDemand::None);
+        // 104 cores for 2 GPUs have CPU to spare; 24 cores are exactly what the GPUs need.
+        let rich = policy.evaluate(&node(104_000), &pod).unwrap().score;
+        let tight = policy.evaluate(&node(24_000), &pod).unwrap().score;
+        assert!(rich > tight, "{rich} vs {tight}");
+    }
+
+    #[test]
+    fn opening_an_idle_node_costs_the_penalty() {
+        let node = NodeState::new(NodeSpec::uniform("n", GpuMode::CoreMem, 2, "T4", MemMiB(0)));
+        let typical = TypicalPods::new(vec![class(0, 0, 1, 1000, 1.0)]);
+        let policy = Policy::scoring(ScoringPolicy::FgdPlus).with_typical(typical);
+        let pod = PodRequest::single(CpuMilli(0), MemMiB(0), GpuDemand::Whole { count: 1 });
+        let charged = policy.evaluate(&node, &pod).unwrap().score;
+        let free = Policy {
+            fgd_plus: Tuning {
+                idle_node_penalty: 0,
+                ..Tuning::default()
+            },
+            ..policy.clone()
+        }
+        .evaluate(&node, &pod)
+        .unwrap()
+        .score;
+        assert!(free > charged);
+        assert!((0.0..=100.0).contains(&charged));
+    }
+}

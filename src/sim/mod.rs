@@ -1,0 +1,20 @@
+//! The trace-replay simulator: the FGD paper's reference experiment (specified in
+//! `../shared/docs/simulation.md`; usage in `docs/simulate.md`) run through the same engine the
+//! extender uses. Loading (`load`, `trace`), the seeded protocol
+//! (`protocol`), one run (`replay`), measurements (`metrics`), and outputs (`report`, `cli`).
+//! Randomness lives here, never in the engine: draws are passed into engine functions.
+
+pub mod cli;
+pub mod load;
+pub mod metrics;
+pub mod progress;
+pub mod protocol;
+pub mod replay;
+pub mod report;
+pub mod trace;
+
+pub use cli::{SimArgs, run_cli};
+pub use load::{LoadError, load_cluster, load_scenario, load_workload};
+pub use metrics::{Curves, Step};
+pub use replay::{Prepared, RunResult, SimPolicy, run};
+pub use trace::{Cluster, SimNode, SimPod, Workload};

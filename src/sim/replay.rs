@@ -1,0 +1,557 @@
+//! One run of the reference experiment: pods submitted one at a time in arrival order, each
+//! filtered and placed by the engine (`fit`, `NodeState::add`), scored by a reference rule or an
+//! engine policy, failures dropped and never retried, nothing ever leaves.
+//!
+//! Speed comes from a per-(node, pod class) cache of feasibility and score: a placement changes
+//! one node, so only that node's entries go stale (a generation counter per node), and every
+//! other node answers from the cache. A pod class is every pod the filter and all scores treat
+//! alike (same CPU, memory, GPU count, milli-GPU and model list).
+
+use std::collections::HashMap;
+
+use rand::RngExt;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use super::metrics::{Curves, Step};
+use super::protocol::{self, Arrivals};
+use super::trace::{Cluster, Workload};
+use crate::engine::policy::reference::{
+    self, GpuClass, GpuClassMix, GpuSelection, PodShape, ReferencePolicy,
+};
+use crate::engine::policy::{fgd_plus, free_milli};
+use crate::engine::{
+    NodeState, PodRequest, Policy, ScoringPolicy, ShareChoice, TypicalPods, fit, fit_choosing,
+};
+
+/// A policy the simulator can replay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SimPolicy {
+    /// One of the paper's policies, with its integer scores and GPU choice.
+    Reference(ReferencePolicy),
+    /// An engine scoring policy exactly as the extender runs it (untruncated scores), fed the
+    /// trace's typical pods; `tuning` matters to [`ScoringPolicy::FgdPlus`] only.
+    Engine {
+        scoring: ScoringPolicy,
+        tuning: fgd_plus::Tuning,
+    },
+}
+
+impl SimPolicy {
+    /// The six reference policies.
+    pub fn references() -> impl Iterator<Item = Self> {
+        ReferencePolicy::ALL.into_iter().map(Self::Reference)
+    }
+
+    /// An engine policy with its default settings.
+    pub fn engine(scoring: ScoringPolicy) -> Self {
+        Self::Engine {
+            scoring,
+            tuning: fgd_plus::Tuning::default(),
+        }
+    }
+
+    /// The command-line name: the reference policies by their names, engine policies as
+    /// `engine-<name>`, ours as `fgd-plus` (with `:knob=value+...` when not at its defaults).
+    pub fn name(self) -> String {
+        match self {
+            Self::Reference(policy) => policy.name().to_owned(),
+            Self::Engine {
+                scoring: ScoringPolicy::FgdPlus,
+                tuning,
+            } => {
+                let knobs = tuning_knobs(&tuning);
+                if knobs.is_empty() {
+                    ScoringPolicy::FgdPlus.as_str().to_owned()
+                } else {
+                    format!("{}:{}", ScoringPolicy::FgdPlus.as_str(), knobs.join("+"))
+                }
+            }
+            Self::Engine { scoring, .. } => format!("engine-{}", scoring.as_str()),
+        }
+    }
+
+    /// The heading in tables and plots.
+    pub fn label(self) -> String {
+        match self {
+            Self::Reference(policy) => policy.label().to_owned(),
+            Self::Engine { .. } => self.name(),
+        }
+    }
+
+    /// Parses a command-line name; ours takes knobs after a colon:
+    /// `fgd-plus:host=0+look=0+tie=none` (see docs/policies.md).
+    pub fn parse(name: &str) -> Option<Self> {
+        let name = name.trim().to_ascii_lowercase();
+        if let Some(policy) = ReferencePolicy::ALL.into_iter().find(|p| p.name() == name) {
+            return Some(Self::Reference(policy));
+        }
+        let (base, knobs) = match name.split_once(':') {
+            Some((base, knobs)) => (base, Some(knobs)),
+            None => (name.as_str(), None),
+        };
+        let base = base.strip_prefix("engine-").unwrap_or(base);
+        let scoring = ScoringPolicy::ALL
+            .into_iter()
+            .find(|p| p.as_str() == base)?;
+        let mut tuning = fgd_plus::Tuning::default();
+        if let Some(knobs) = knobs {
+            if scoring != ScoringPolicy::FgdPlus {
+                return None;
+            }
+            for knob in knobs.split('+').map(str::trim).filter(|k| !k.is_empty()) {
+                let (key, value) = knob.split_once('=')?;
+                let number = || value.parse::<u32>().ok();
+                match key {
+                    "weight" => {
+                        tuning.demand_weighted = match value {
+                            "count" => false,
+                            "demand" => true,
+                            _ => return None,
+                        }
+                    }
+                    "host" => tuning.host_weight = number()?,
+                    "look" => tuning.lookahead = number()?,
+                    "penalty" => tuning.idle_node_penalty = number()?,
+                    "quantum" => tuning.quantum = number()?,
+                    "tie" => {
+                        tuning.tie_break = match value {
+                            "none" => fgd_plus::TieBreak::None,
+                            "pack" => fgd_plus::TieBreak::Pack,
+                            "used" => fgd_plus::TieBreak::UsedNodes,
+                            _ => return None,
+                        }
+                    }
+                    _ => return None,
+                }
+            }
+        }
+        Some(Self::Engine { scoring, tuning })
+    }
+}
+
+/// The knobs of `tuning` that differ from the defaults, in parse syntax.
+fn tuning_knobs(tuning: &fgd_plus::Tuning) -> Vec<String> {
+    let default = fgd_plus::Tuning::default();
+    let mut knobs = Vec::new();
+    if tuning.demand_weighted != default.demand_weighted {
+        let weight = if tuning.demand_weighted {
+            "demand"
+        } else {
+            "count"
+        };
+        knobs.push(format!("weight={weight}"));
+    }
+    let numbers = [
+        ("host", tuning.host_weight, default.host_weight),
+        ("look", tuning.lookahead, default.lookahead),
+        (
+            "penalty",
+            tuning.idle_node_penalty,
+            default.idle_node_penalty,
+        ),
+        ("quantum", tuning.quantum, default.quantum),
+    ];
+    for (key, value, default) in numbers {
+        if value != default {
+            knobs.push(format!("{key}={value}"));
+        }
+    }
+    if tuning.tie_break != default.tie_break {
+        let tie = match tuning.tie_break {
+            fgd_plus::TieBreak::None => "none",
+            fgd_plus::TieBreak::Pack => "pack",
+            fgd_plus::TieBreak::UsedNodes => "used",
+        };
+        knobs.push(format!("tie={tie}"));
+    }
+    knobs
+}
+
+/// Our own policies (the ones `all` adds to the reference six).
+pub fn own_policies() -> impl Iterator<Item = SimPolicy> {
+    std::iter::once(SimPolicy::engine(ScoringPolicy::FgdPlus))
+}
+
+/// Every engine scoring policy, as the simulator names them.
+pub fn engine_policies() -> impl Iterator<Item = SimPolicy> {
+    ScoringPolicy::ALL.into_iter().map(SimPolicy::engine)
+}
+
+/// The pods the filter and every score treat alike, with their engine request.
+#[derive(Clone, Debug)]
+struct PodClass {
+    request: PodRequest,
+    shape: PodShape,
+    class: Option<GpuClass>,
+}
+
+/// A cluster and a workload made ready for any number of runs (shared read-only by threads).
+#[derive(Debug)]
+pub struct Prepared {
+    pub trace: String,
+    nodes: Vec<NodeState>,
+    capacity_milli: u64,
+    classes: Vec<PodClass>,
+    /// The class of each pod of the name-sorted workload.
+    class_of: Vec<usize>,
+    workload: Workload,
+    typical: TypicalPods,
+    /// Per node, the typical pods' model-access masks (they never change).
+    access: Vec<Vec<u64>>,
+}
+
+impl Prepared {
+    /// Prepares `workload` on `cluster`; FGD's typical pods come from the workload as given.
+    pub fn new(cluster: &Cluster, workload: &Workload) -> Self {
+        let nodes: Vec<NodeState> = cluster
+            .nodes()
+            .iter()
+            .map(|node| NodeState::new(node.spec()))
+            .collect();
+        let typical = protocol::typical_pods(workload.pods());
+        let access = nodes.iter().map(|n| typical.access_masks(n)).collect();
+        let mut index: HashMap<(u64, u64, u16, u32, &str), usize> = HashMap::new();
+        let mut classes = Vec::new();
+        let mut class_of = Vec::with_capacity(workload.pods().len());
+        for pod in workload.pods() {
+            let shape = pod.shape();
+            let key = (
+                shape.cpu.0,
+                pod.memory.0,
+                shape.gpus,
+                shape.milli,
+                pod.gpu_spec.as_str(),
+            );
+            let id = *index.entry(key).or_insert_with(|| {
+                classes.push(PodClass {
+                    request: pod.request(),
+                    shape,
+                    class: shape.class(),
+                });
+                classes.len() - 1
+            });
+            class_of.push(id);
+        }
+        Self {
+            trace: workload.name.clone(),
+            nodes,
+            capacity_milli: cluster.gpu_milli(),
+            classes,
+            class_of,
+            workload: workload.clone(),
+            typical,
+            access,
+        }
+    }
+
+    /// GPU capacity in milli-GPU.
+    pub fn capacity_milli(&self) -> u64 {
+        self.capacity_milli
+    }
+
+    /// FGD's typical pods for this workload.
+    pub fn typical(&self) -> &TypicalPods {
+        &self.typical
+    }
+
+    /// Distinct pod classes (the width of the score cache).
+    pub fn class_count(&self) -> usize {
+        self.classes.len()
+    }
+
+    /// How many nodes.
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// The arrival order and node priorities of a seed, drawn as a run draws them.
+    pub fn plan(&self, seed: u64, tune: f64) -> (Arrivals, Vec<u32>, ChaCha8Rng) {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let arrivals = protocol::arrivals(&self.workload, self.capacity_milli, tune, &mut rng);
+        let priority = protocol::node_priority(self.nodes.len(), &mut rng);
+        (arrivals, priority, rng)
+    }
+}
+
+/// What one run produced.
+#[derive(Clone, Debug)]
+pub struct RunResult {
+    pub trace: String,
+    pub policy: SimPolicy,
+    pub seed: u64,
+    /// Pods submitted (originals plus resampled).
+    pub pods: usize,
+    pub added: usize,
+    pub failed: usize,
+    /// GPU demand of the failed pods, milli-GPU.
+    pub failed_milli: u64,
+    pub capacity_milli: u64,
+    /// Every step, when asked for.
+    pub steps: Option<Vec<Step>>,
+    pub curves: Curves,
+    /// The state after the last pod.
+    pub last: Step,
+    /// (node, class) evaluations the cache could not answer: the run's real work.
+    pub evaluations: u64,
+    /// The nodes after the last pod, kept with the steps.
+    pub end_nodes: Option<Vec<NodeState>>,
+}
+
+/// How a run ranks nodes for a pod class.
+struct Scorer {
+    policy: SimPolicy,
+    /// The engine policy for fit (and for scores, for FGD and engine policies).
+    engine: Policy,
+}
+
+impl Scorer {
+    fn new(policy: SimPolicy, typical: &TypicalPods) -> Self {
+        let engine = match policy {
+            SimPolicy::Reference(ReferencePolicy::Fgd) => Policy {
+                scoring: ScoringPolicy::Fgd,
+                fgd_truncate: true,
+                ..Policy::default()
+            },
+            SimPolicy::Reference(_) => Policy::scoring(ScoringPolicy::Binpack),
+            SimPolicy::Engine { scoring, tuning } => Policy {
+                fgd_plus: tuning,
+                ..Policy::scoring(scoring)
+            },
+        };
+        // The reference has no per-GPU pod limit.
+        let engine = Policy {
+            max_shares_per_gpu: u16::MAX,
+            ..engine
+        }
+        .with_typical(typical.clone());
+        Self { policy, engine }
+    }
+
+    /// Feasibility and score of a class on a node (`None`: the pod does not fit).
+    fn evaluate(
+        &self,
+        node: &NodeState,
+        free: &[u32],
+        mix: &GpuClassMix,
+        class: &PodClass,
+    ) -> Option<f64> {
+        match self.policy {
+            SimPolicy::Reference(ReferencePolicy::Fgd) | SimPolicy::Engine { .. } => self
+                .engine
+                .evaluate(node, &class.request)
+                .ok()
+                .map(|evaluation| evaluation.score),
+            SimPolicy::Reference(policy) => {
+                fit(node, &class.request, &self.engine).ok()?;
+                Some(reference::node_score(policy, node, free, mix, class.shape) as f64)
+            }
+        }
+    }
+
+    /// The node for the pod among the feasible `(node, score)`.
+    fn choose(
+        &self,
+        feasible: &[(usize, f64)],
+        priority: &[u32],
+        rng: &mut ChaCha8Rng,
+    ) -> Option<usize> {
+        match feasible {
+            [] => None,
+            // The framework skips scoring when only one node passes the filter.
+            [(node, _)] => Some(*node),
+            _ => match self.policy {
+                SimPolicy::Reference(ReferencePolicy::Random) => {
+                    let index = reference::drawn_index(feasible.len(), rng.random());
+                    Some(feasible[index].0)
+                }
+                SimPolicy::Reference(policy) if policy.normalizes() => {
+                    let (lo, hi) = feasible
+                        .iter()
+                        .fold((i64::MAX, i64::MIN), |(lo, hi), &(_, s)| {
+                            (lo.min(s as i64), hi.max(s as i64))
+                        });
+                    reference::select_host(feasible.iter().map(|&(node, score)| {
+                        (
+                            node,
+                            reference::normalize(score as i64, lo, hi),
+                            priority[node],
+                        )
+                    }))
+                }
+                _ => reference::select_host(
+                    feasible
+                        .iter()
+                        .map(|&(node, score)| (node, score, priority[node])),
+                ),
+            },
+        }
+    }
+
+    /// The GPU choice for shares on the chosen node.
+    fn share_choice(
+        &self,
+        node: &NodeState,
+        class: &PodClass,
+        rng: &mut ChaCha8Rng,
+    ) -> ShareChoice {
+        match self.policy {
+            SimPolicy::Reference(policy) => match policy.gpu_selection() {
+                GpuSelection::Best => ShareChoice::Binpack,
+                GpuSelection::FgdScore => ShareChoice::Fgd,
+                GpuSelection::Random if class.shape.is_share() => ShareChoice::Drawn(rng.random()),
+                GpuSelection::Random => ShareChoice::Binpack,
+            },
+            SimPolicy::Engine { .. } => self.engine.share_choice(node, &class.request),
+        }
+    }
+}
+
+/// A cached answer for one (node, class).
+#[derive(Clone, Copy, Debug, Default)]
+struct Entry {
+    /// The node generation the answer belongs to (0: never computed).
+    generation: u32,
+    feasible: bool,
+    score: f64,
+}
+
+/// Live per-node measurements, kept in step with the node states.
+struct Live {
+    free: Vec<Vec<u32>>,
+    frag: Vec<f64>,
+    idle: Vec<bool>,
+}
+
+impl Live {
+    fn measure(&mut self, prepared: &Prepared, nodes: &[NodeState], n: usize) {
+        let node = &nodes[n];
+        self.free[n] = free_milli(node, &node.gpus);
+        self.frag[n] =
+            prepared
+                .typical
+                .fragmentation(node.cpu_free(), &self.free[n], &prepared.access[n]);
+        self.idle[n] = !node.gpus.is_empty() && node.gpus.iter().all(|usage| usage.is_idle());
+    }
+
+    fn step(&self, arrived_milli: u64, capacity_milli: u64, failed: u32) -> Step {
+        let free_milli: u64 = self
+            .free
+            .iter()
+            .flat_map(|free| free.iter())
+            .map(|&f| u64::from(f))
+            .sum();
+        Step {
+            arrived_milli,
+            used_milli: capacity_milli - free_milli.min(capacity_milli),
+            frag_milli: self.frag.iter().sum(),
+            free_milli,
+            failed,
+            idle_nodes: self.idle.iter().filter(|&&idle| idle).count() as u32,
+        }
+    }
+}
+
+/// Replays one seed of `policy` on `prepared`, resizing arrivals to `tune` × capacity.
+/// `progress` is told how many pods were just submitted, every few hundred.
+pub fn run(
+    prepared: &Prepared,
+    policy: SimPolicy,
+    seed: u64,
+    tune: f64,
+    keep_steps: bool,
+    progress: &(dyn Fn(u64) + Sync),
+) -> RunResult {
+    let (arrivals, priority, mut rng) = prepared.plan(seed, tune);
+    let scorer = Scorer::new(policy, &prepared.typical);
+    let node_count = prepared.nodes.len();
+    let class_count = prepared.classes.len();
+    let mut nodes = prepared.nodes.clone();
+    let mut mixes = vec![GpuClassMix::default(); node_count];
+    let mut generation = vec![1u32; node_count];
+    // Class-major, so that the scan over nodes for one pod reads contiguous memory.
+    let mut cache = vec![Entry::default(); node_count * class_count];
+    let mut live = Live {
+        free: vec![Vec::new(); node_count],
+        frag: vec![0.0; node_count],
+        idle: vec![false; node_count],
+    };
+    for n in 0..node_count {
+        live.measure(prepared, &nodes, n);
+    }
+    let capacity = prepared.capacity_milli;
+    let mut steps = Vec::with_capacity(arrivals.order.len());
+    let mut feasible: Vec<(usize, f64)> = Vec::with_capacity(node_count);
+    let mut arrived = 0u64;
+    let mut failed = 0u32;
+    let mut failed_milli = 0u64;
+    let mut reported = 0u64;
+    let mut evaluations = 0u64;
+    for (submitted, &pod) in arrivals.order.iter().enumerate() {
+        let class_id = prepared.class_of[pod];
+        let class = &prepared.classes[class_id];
+        arrived += class.shape.gpu_total();
+        feasible.clear();
+        let row = &mut cache[class_id * node_count..(class_id + 1) * node_count];
+        for (n, entry) in row.iter_mut().enumerate() {
+            if entry.generation != generation[n] {
+                evaluations += 1;
+                let score = scorer.evaluate(&nodes[n], &live.free[n], &mixes[n], class);
+                *entry = Entry {
+                    generation: generation[n],
+                    feasible: score.is_some(),
+                    score: score.unwrap_or_default(),
+                };
+            }
+            if entry.feasible {
+                feasible.push((n, entry.score));
+            }
+        }
+        let placed = scorer.choose(&feasible, &priority, &mut rng).and_then(|n| {
+            let choice = scorer.share_choice(&nodes[n], class, &mut rng);
+            let allocation =
+                fit_choosing(&nodes[n], &class.request, &scorer.engine, choice).ok()?;
+            Some((n, allocation))
+        });
+        match placed {
+            Some((n, allocation)) => {
+                nodes[n].add(&allocation);
+                generation[n] += 1;
+                if let Some(gpu_class) = class.class {
+                    mixes[n].add(gpu_class);
+                }
+                live.measure(prepared, &nodes, n);
+            }
+            None => {
+                failed += 1;
+                failed_milli += class.shape.gpu_total();
+            }
+        }
+        steps.push(live.step(arrived, capacity, failed));
+        if submitted % 512 == 511 {
+            progress(512);
+            reported += 512;
+        }
+    }
+    progress(arrivals.order.len() as u64 - reported);
+    let curves = Curves::of_steps(&steps, capacity);
+    let last = steps
+        .last()
+        .copied()
+        .unwrap_or_else(|| live.step(0, capacity, 0));
+    RunResult {
+        trace: prepared.trace.clone(),
+        policy,
+        seed,
+        pods: arrivals.order.len(),
+        added: arrivals.added,
+        failed: failed as usize,
+        failed_milli,
+        capacity_milli: capacity,
+        steps: keep_steps.then_some(steps),
+        curves,
+        last,
+        evaluations,
+        end_nodes: keep_steps.then_some(nodes),
+    }
+}

@@ -1,0 +1,131 @@
+//! End-to-end checks of the simulator: the built-in example under every policy, and a replay of
+//! the openb default trace (skipped with a message when the traces are not checked out beside
+//! the repository).
+
+// Helpers shared by the tests unwrap too: a panic is a test failure with a clear location.
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+
+use gpu_extender::engine::policy::reference::ReferencePolicy;
+use gpu_extender::sim::cli::{EXAMPLE_SCENARIO, StepRows, default_policies, run_matrix};
+use gpu_extender::sim::load::{load_cluster, load_workload, parse_scenario};
+use gpu_extender::sim::progress::Progress;
+use gpu_extender::sim::replay::{Prepared, SimPolicy, engine_policies, run};
+
+fn example() -> Prepared {
+    let scenario = parse_scenario(Path::new("example"), EXAMPLE_SCENARIO).unwrap();
+    Prepared::new(&scenario.cluster.unwrap(), &scenario.workload.unwrap())
+}
+
+#[test]
+fn the_built_in_example_runs_under_every_policy() {
+    let prepared = example();
+    let mut policies = default_policies();
+    policies.extend(engine_policies());
+    let results = run_matrix(
+        std::slice::from_ref(&prepared),
+        &policies,
+        &[1, 2],
+        1.3,
+        StepRows::All,
+        Some(2),
+        &Progress::new(0, false),
+    );
+    assert_eq!(results.len(), policies.len() * 2);
+    for result in &results {
+        let name = result.policy.name();
+        let steps = result.steps.as_ref().unwrap();
+        assert_eq!(steps.len(), result.pods, "{name}: one step per pod");
+        let last = result.last;
+        assert!(last.used_milli <= result.capacity_milli, "{name}");
+        assert!(
+            last.arrived_milli as f64 >= 1.2 * result.capacity_milli as f64,
+            "{name}: arrivals inflated to about 130%"
+        );
+        let at_130 = result.curves.alloc[130].unwrap();
+        assert!((50.0..=100.0).contains(&at_130), "{name}: {at_130}");
+        // Nothing ever leaves, so allocation never goes down.
+        assert!(
+            steps.windows(2).all(|w| w[0].used_milli <= w[1].used_milli),
+            "{name}"
+        );
+        assert_eq!(last.failed as usize, result.failed);
+    }
+}
+
+#[test]
+fn a_seed_replays_identically() {
+    let prepared = example();
+    for policy in [
+        SimPolicy::Reference(ReferencePolicy::Random),
+        SimPolicy::Reference(ReferencePolicy::Fgd),
+    ] {
+        let a = run(&prepared, policy, 7, 1.3, true, &|_| {});
+        let b = run(&prepared, policy, 7, 1.3, true, &|_| {});
+        assert_eq!(a.steps, b.steps, "{}", policy.name());
+        let c = run(&prepared, policy, 8, 1.3, true, &|_| {});
+        assert_ne!(a.steps, c.steps, "{}", policy.name());
+    }
+}
+
+/// The openb traces, beside the repository (`../shared/traces/openb`), if present.
+fn openb() -> Option<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces/openb");
+    if dir.join("openb_node_list_gpu_node.csv").is_file() {
+        Some(dir)
+    } else {
+        println!(
+            "skipped: no openb traces at {} (see docs/simulate.md)",
+            dir.display()
+        );
+        None
+    }
+}
+
+#[test]
+fn the_default_trace_replays_like_the_paper_for_fgd() {
+    let Some(dir) = openb() else { return };
+    let cluster = load_cluster(&dir.join("openb_node_list_gpu_node.csv")).unwrap();
+    assert_eq!(cluster.nodes().len(), 1213);
+    assert_eq!(cluster.gpu_count(), 6212);
+    let workload = load_workload(&dir.join("openb_pod_list_default.csv")).unwrap();
+    assert_eq!(workload.pods().len(), 8152);
+    assert_eq!(workload.gpu_milli(), 6_086_800);
+    let prepared = Prepared::new(&cluster, &workload);
+    // simulation.md §3: 91 specs → 35 typical pods for the default trace.
+    assert_eq!(prepared.typical().pods().len(), 35);
+    let result = run(
+        &prepared,
+        SimPolicy::Reference(ReferencePolicy::Fgd),
+        42,
+        1.3,
+        false,
+        &|_| {},
+    );
+    // Resampling brings 8152 pods to about 10,900.
+    assert!((10_700..=11_100).contains(&result.pods), "{}", result.pods);
+    // The paper: 95.23 / 95.39 (mean of 10 seeds, sd 0.08); one seed lands near.
+    let at_100 = result.curves.alloc[100].unwrap();
+    let at_130 = result.curves.alloc[130].unwrap();
+    assert!((94.6..=95.9).contains(&at_100), "alloc at 100%: {at_100}");
+    assert!((94.8..=96.0).contains(&at_130), "alloc at 130%: {at_130}");
+    // Before saturation the allocation follows the arrivals.
+    let at_50 = result.curves.alloc[50].unwrap();
+    assert!((49.0..=51.0).contains(&at_50), "alloc at 50%: {at_50}");
+}
+
+#[test]
+fn fgd_plus_allocates_more_than_fgd_on_the_default_trace() {
+    let Some(dir) = openb() else { return };
+    let cluster = load_cluster(&dir.join("openb_node_list_gpu_node.csv")).unwrap();
+    let workload = load_workload(&dir.join("openb_pod_list_default.csv")).unwrap();
+    let prepared = Prepared::new(&cluster, &workload);
+    let at_130 = |policy: &str| {
+        let policy = SimPolicy::parse(policy).unwrap();
+        run(&prepared, policy, 42, 1.3, false, &|_| {}).curves.alloc[130].unwrap()
+    };
+    let (fgd, ours) = (at_130("fgd"), at_130("fgd-plus"));
+    // docs/policies.md: 95.4 vs 96.0 over seeds 42..51; one seed keeps a clear gap.
+    assert!(ours > fgd + 0.2, "fgd-plus {ours} vs fgd {fgd}");
+}
