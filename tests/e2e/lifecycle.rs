@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::ensure;
 
-use crate::harness::metric_sum;
+use crate::harness::{PROFILE_CONFIG, metric_sum};
 use crate::objects::{
     GPU_MEM, GpuNode, Mode, NVIDIA_GPU, PodSpec, create_bound, create_node, create_pod, delete_pod,
-    list_pods, node_of, set_phase, wait_bound, wait_unschedulable,
+    list_pods, node_of, pods, set_phase, wait_bound, wait_unschedulable,
 };
 use crate::record::{check_cluster, check_inspect, record_of};
 use crate::{BIND, up};
@@ -100,7 +100,10 @@ fn finished_or_deleted_pods_free_their_gpus_for_waiting_pods() {
 /// later; the retry is then answered from the older table. Before the requeue task
 /// (`src/k8s/requeue.rs`) that left the pod waiting for kube-scheduler's 5-minute flush in about
 /// one round in three; now the extender touches the pod once its table has freed the share. Four
-/// rounds, alternating a pod that fails and one that is deleted.
+/// rounds, alternating a pod that fails and one that is deleted. Whether a touch is needed in a
+/// round is timing (on an idle machine kube-scheduler binds the pod before the touch is due), so
+/// the touch itself is checked in a last step with kube-scheduler stopped: the waiting pod then
+/// stays unschedulable, and the extender must annotate it once the share is freed.
 #[test]
 fn finished_or_deleted_shares_free_their_gpu_for_waiting_pods() {
     crate::harness::run("free-shares-on-exit", async |c| {
@@ -151,11 +154,40 @@ fn finished_or_deleted_shares_free_their_gpu_for_waiting_pods() {
             }
         }
         let touches = touched(&c.metrics().await?) - touched_before;
-        eprintln!("  requeue touches: {touches}");
+        eprintln!("  requeue touches in the four rounds: {touches}");
+
+        // The touch itself, through the real API server: with kube-scheduler stopped nothing
+        // else can bind the waiting pod, so the annotation must appear once the share is freed.
+        create_bound(&c.client, &PodSpec::new("t-a", GPU_MEM, 10), BIND).await?;
+        create_bound(&c.client, &PodSpec::new("t-b", GPU_MEM, 10), BIND).await?;
+        create_pod(&c.client, &PodSpec::new("t-w", GPU_MEM, 8)).await?;
+        wait_unschedulable(&c.client, "t-w", BIND).await?;
+        c.stop_scheduler().await?;
+        delete_pod(&c.client, "t-a").await?;
+        let deadline = Instant::now() + PROMPT;
+        loop {
+            let pod = pods(&c.client).get("t-w").await?;
+            let stamp = pod
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get("gpu-extender.io/requeue").cloned());
+            if let Some(stamp) = stamp {
+                eprintln!("  t-w touched (gpu-extender.io/requeue: {stamp})");
+                break;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "the extender did not touch t-w within {PROMPT:?} of freeing its share"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         ensure!(
-            touches >= 1.0,
-            "the extender never touched a waiting pod after freeing its share"
+            touched(&c.metrics().await?) - touched_before > touches,
+            "gpu_extender_requeue_touches_total did not count the touch"
         );
+        c.start_scheduler(PROFILE_CONFIG).await?;
+        wait_bound(&c.client, "t-w", PROMPT).await?;
         Ok(())
     });
 }
