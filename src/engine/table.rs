@@ -181,6 +181,15 @@ impl Table {
 
     /// Releases every reservation whose time has passed; returns the pods released.
     pub fn expire_reservations(&mut self, now_ms: u64) -> Vec<PodKey> {
+        self.expire_reservations_released(now_ms)
+            .into_iter()
+            .map(|(pod, _)| pod)
+            .collect()
+    }
+
+    /// [`Table::expire_reservations`], returning with each pod what it held (its node, for
+    /// callers that track where capacity was freed).
+    pub fn expire_reservations_released(&mut self, now_ms: u64) -> Vec<(PodKey, PodAllocation)> {
         let expired: Vec<PodKey> = self
             .pods
             .iter()
@@ -189,10 +198,10 @@ impl Table {
             })
             .map(|(pod, _)| pod.clone())
             .collect();
-        for pod in &expired {
-            self.release(pod);
-        }
         expired
+            .into_iter()
+            .filter_map(|pod| self.release(&pod).map(|allocation| (pod, allocation)))
+            .collect()
     }
 
     fn insert(&mut self, pod: PodKey, allocation: PodAllocation, hold: Hold) {

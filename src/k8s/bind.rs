@@ -274,7 +274,7 @@ impl<A: PodApi> Binder<A> {
         time: BindTime,
     ) -> Result<Reserved, BindError> {
         let mut table = self.state.write();
-        table.expire_reservations(time.monotonic_ms);
+        self.state.expire_in(&mut table, time.monotonic_ms);
         if let Some(entry) = table.pod(key) {
             match entry.hold {
                 Hold::Bound if entry.allocation.node == *node => return Ok(Reserved::AlreadyBound),
@@ -286,9 +286,7 @@ impl<A: PodApi> Binder<A> {
                 }
                 // A previous attempt for this pod that never completed: decide afresh.
                 Hold::Reserved { .. } => {
-                    if let Some(released) = table.release(key) {
-                        self.state.note_freed(&released.node);
-                    }
+                    self.state.release_in(&mut table, key);
                 }
             }
         }
@@ -340,8 +338,8 @@ impl<A: PodApi> Binder<A> {
         let ours = table.pod(key).is_some_and(|entry| {
             matches!(entry.hold, Hold::Reserved { .. }) && entry.allocation == *allocation
         });
-        if ours && let Some(released) = table.release(key) {
-            self.state.note_freed(&released.node);
+        if ours {
+            self.state.release_in(&mut table, key);
         }
     }
 
@@ -381,8 +379,8 @@ impl<A: PodApi> Binder<A> {
         let ours = table.pod(key).is_some_and(|entry| {
             matches!(entry.hold, Hold::Reserved { .. }) && entry.allocation == *allocation
         });
-        if ours && let Some(released) = table.release(key) {
-            self.state.note_freed(&released.node);
+        if ours {
+            self.state.release_in(&mut table, key);
         }
         let conflict = || BindError::Api {
             pod: key.clone(),

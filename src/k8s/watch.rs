@@ -36,8 +36,8 @@ use super::translate::{
 };
 use crate::config::Config;
 use crate::engine::{
-    Change, CpuMilli, Hold, MemMiB, NodeName, NodeSpec, NodeState, PodAllocation, PodKey,
-    PodRequest, Policy, Table, fit,
+    Change, CpuMilli, MemMiB, NodeName, NodeSpec, NodeState, PodAllocation, PodKey, PodRequest,
+    Policy, Table, fit,
 };
 
 /// The cluster as the extender knows it, shared by the feed (the writer), the HTTP handlers
@@ -186,23 +186,33 @@ impl ClusterState {
 
     /// Releases reservations older than their TTL; returns the pods released.
     pub fn expire_reservations(&self, now_ms: u64) -> Vec<PodKey> {
-        let mut table = self.write();
-        let nodes: BTreeSet<NodeName> = table
-            .pods()
-            .filter(|(_, entry)| {
-                matches!(entry.hold, Hold::Reserved { expires_at_ms } if expires_at_ms <= now_ms)
+        self.expire_in(&mut self.write(), now_ms)
+    }
+
+    /// [`ClusterState::expire_reservations`] on a table the caller already holds for writing
+    /// (`table` is this state's table, from [`ClusterState::write`]): counts the expiries and
+    /// records where capacity was freed. Every expiry goes through here.
+    pub fn expire_in(&self, table: &mut Table, now_ms: u64) -> Vec<PodKey> {
+        let released = table.expire_reservations_released(now_ms);
+        if !released.is_empty() {
+            self.update_stats(|s| s.reservations_expired += released.len() as u64);
+        }
+        released
+            .into_iter()
+            .map(|(pod, allocation)| {
+                self.note_freed(&allocation.node);
+                pod
             })
-            .map(|(_, entry)| entry.allocation.node.clone())
-            .collect();
-        let expired = table.expire_reservations(now_ms);
-        drop(table);
-        if !expired.is_empty() {
-            self.update_stats(|s| s.reservations_expired += expired.len() as u64);
-        }
-        for node in &nodes {
-            self.note_freed(node);
-        }
-        expired
+            .collect()
+    }
+
+    /// Releases what `pod` holds on `table` (this state's table, held for writing) and records
+    /// its node as freed for the requeue task. Every release outside the watch's own pod-gone
+    /// path goes through here.
+    pub fn release_in(&self, table: &mut Table, pod: &PodKey) -> Option<PodAllocation> {
+        let released = table.release(pod)?;
+        self.note_freed(&released.node);
+        Some(released)
     }
 
     /// Records how long applying one full list (nodes or pods) to the table took.
@@ -655,9 +665,7 @@ impl Feed {
             return;
         };
         // Whatever the pod held before (an old placement, a lapsed reservation) is replaced.
-        if let Some(released) = table.release(&key) {
-            self.state.note_freed(&released.node);
-        }
+        self.state.release_in(table, &key);
         let Some(state) = table.node(node) else {
             let applied = Applied::WaitingForNode {
                 node: node.clone(),

@@ -179,12 +179,7 @@ pub fn score(
     before: &[u32],
     after: &[u32],
 ) -> f64 {
-    let taking = Taking {
-        cpu: allocation.cpu,
-        memory: allocation.memory,
-        gpus: allocation.has_gpus(),
-    };
-    score_taking(typical, tuning, node, taking, before, after)
+    score_taking(typical, tuning, node, Taking::of(allocation), before, after)
 }
 
 /// What a placement takes from a node besides its GPU usage: what [`score_taking`] reads.
@@ -194,6 +189,17 @@ pub struct Taking {
     pub memory: MemMiB,
     /// Whether the pod holds any GPU (an idle node it lands on stops being idle).
     pub gpus: bool,
+}
+
+impl Taking {
+    /// What `allocation` takes.
+    pub fn of(allocation: &PodAllocation) -> Self {
+        Self {
+            cpu: allocation.cpu,
+            memory: allocation.memory,
+            gpus: allocation.has_gpus(),
+        }
+    }
 }
 
 /// [`score`] from what the placement takes, without the allocation: the score-only path of

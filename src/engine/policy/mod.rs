@@ -190,12 +190,7 @@ impl Policy {
         let mut after_usage = PerGpu::copy_of(&node.gpus);
         add_allocation(node, &mut after_usage, allocation);
         let quality = topology::quality(node, allocation);
-        let taking = Taking {
-            cpu: allocation.cpu,
-            memory: allocation.memory,
-            gpus: allocation.has_gpus(),
-        };
-        self.score_after(node, &after_usage, taking, quality, cache)
+        self.score_after(node, &after_usage, Taking::of(allocation), quality, cache)
     }
 
     /// The score of a placement that leaves `node` with GPU usage `after_usage`, takes
