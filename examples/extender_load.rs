@@ -10,7 +10,6 @@
 
 #![allow(clippy::print_stdout, reason = "a command-line report")]
 
-use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,6 +29,10 @@ use gpu_extender::http::server::{AppState, router};
 use gpu_extender::k8s::watch::ClusterState;
 use gpu_extender::service::KubeAdapter;
 use gpu_extender::telemetry::Metrics;
+
+#[path = "support/http_load.rs"]
+mod http_load;
+use http_load::{Percentiles, post};
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -110,20 +113,16 @@ fn main() -> Result<()> {
             }
             let server_cpu = server_cpu_ns().saturating_sub(cpu_started);
             let elapsed = started.elapsed();
-            latencies.sort_unstable();
-            let pct = |p: f64| {
-                let index = ((latencies.len() as f64 * p).ceil() as usize).saturating_sub(1);
-                latencies[index.min(latencies.len() - 1)].as_micros()
-            };
+            let p = Percentiles::of(&mut latencies);
             println!(
                 "| {verb} | {label} | {} | {:.0} | {} | {} | {} | {} | {:.0} |",
-                latencies.len(),
-                latencies.len() as f64 / elapsed.as_secs_f64(),
-                pct(0.50),
-                pct(0.99),
-                pct(0.999),
-                latencies.last().map_or(0, Duration::as_micros),
-                server_cpu as f64 / 1000.0 / latencies.len() as f64,
+                p.count,
+                p.count as f64 / elapsed.as_secs_f64(),
+                p.p50,
+                p.p99,
+                p.p999,
+                p.max,
+                server_cpu as f64 / 1000.0 / p.count as f64,
             );
         }
     }
@@ -232,36 +231,4 @@ fn sample_pods() -> Vec<(&'static str, serde_json::Value)> {
             ),
         ),
     ]
-}
-
-/// One keep-alive HTTP/1.1 POST; returns the response body.
-fn post(stream: &mut TcpStream, verb: &str, body: &str) -> Result<Vec<u8>> {
-    write!(
-        stream,
-        "POST /scheduler/{verb} HTTP/1.1\r\nHost: extender\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )?;
-    let mut reader = BufReader::new(stream.try_clone()?);
-    let mut line = String::new();
-    reader.read_line(&mut line)?;
-    if !line.starts_with("HTTP/1.1 200") {
-        bail!("unexpected status line: {line}");
-    }
-    let mut length = 0usize;
-    loop {
-        line.clear();
-        reader.read_line(&mut line)?;
-        if line == "\r\n" || line.is_empty() {
-            break;
-        }
-        if let Some(value) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-            length = value.trim().parse()?;
-        }
-    }
-    let mut response = vec![0; length];
-    reader.read_exact(&mut response)?;
-    if !reader.buffer().is_empty() {
-        bail!("server sent more than one response");
-    }
-    Ok(response)
 }

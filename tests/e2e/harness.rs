@@ -196,6 +196,9 @@ pub struct Cluster {
     pub admin_addr: SocketAddr,
     extender: Option<ExtenderProc>,
     extender_config: String,
+    /// The kubeconfig the extender gets, when not the admin one (see
+    /// [`Cluster::route_extender_through`]).
+    extender_kubeconfig: Option<PathBuf>,
     extender_starts: u32,
     /// Set when the scenario failed: logs are printed on drop.
     pub failed: bool,
@@ -232,6 +235,7 @@ impl Cluster {
             admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             extender: None,
             extender_config: String::new(),
+            extender_kubeconfig: None,
             extender_starts: 0,
             failed: false,
         };
@@ -280,6 +284,91 @@ impl Cluster {
     /// Path of the plane's admin kubeconfig.
     pub fn kubeconfig(&self) -> PathBuf {
         self.dir.join("kubeconfig")
+    }
+
+    /// The address kube-apiserver listens on.
+    pub fn apiserver_addr(&self) -> Result<SocketAddr> {
+        let path = self.dir.join("kube-apiserver.port");
+        let port: u16 = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?
+            .trim()
+            .parse()
+            .with_context(|| format!("parsing {}", path.display()))?;
+        Ok(SocketAddr::from(([127, 0, 0, 1], port)))
+    }
+
+    /// The status codes kube-apiserver answered to Binding creates for `pod`, oldest first,
+    /// from its audit log (`control-plane.sh` audits Bindings only).
+    pub fn audited_bindings(&self, pod: &str) -> Result<Vec<u16>> {
+        let path = self.dir.join("audit.log");
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        };
+        let mut codes = Vec::new();
+        // The last line may be half written: only whole JSON lines count.
+        for event in text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        {
+            let object = &event["objectRef"];
+            if object["subresource"] == "binding"
+                && object["name"] == pod
+                && let Some(code) = event["responseStatus"]["code"].as_u64()
+            {
+                codes.push(u16::try_from(code).unwrap_or(u16::MAX));
+            }
+        }
+        Ok(codes)
+    }
+
+    /// Waits until kube-apiserver has answered a Binding create for `pod` with `code`.
+    pub async fn wait_audited_binding(&self, pod: &str, code: u16) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let codes = self.audited_bindings(pod)?;
+            if codes.contains(&code) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "kube-apiserver did not answer a Binding of {pod} with {code} within 20s (answers: {codes:?})"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Makes the extender (from its next start) reach the API server at `addr` instead of
+    /// directly: a copy of the admin kubeconfig with that server address.
+    pub fn route_extender_through(&mut self, addr: SocketAddr) -> Result<()> {
+        let direct = format!("https://{}", self.apiserver_addr()?);
+        let text = std::fs::read_to_string(self.kubeconfig())?;
+        ensure!(
+            text.contains(&direct),
+            "the kubeconfig does not name {direct}"
+        );
+        let path = self.dir.join("extender.kubeconfig");
+        std::fs::write(&path, text.replace(&direct, &format!("https://{addr}")))
+            .with_context(|| format!("writing {}", path.display()))?;
+        self.extender_kubeconfig = Some(path);
+        Ok(())
+    }
+
+    /// Stops kube-apiserver, leaves it down for `down`, and starts it again on the same port
+    /// (`control-plane.sh apiserver-restart`); returns once it is ready.
+    pub async fn restart_apiserver(&self, down: Duration) -> Result<()> {
+        let t0 = Instant::now();
+        self.control_plane(&["apiserver-restart", &down.as_secs().to_string()])
+            .await?;
+        eprintln!(
+            "e2e {}: kube-apiserver restarted in {:.1}s ({}s down on purpose)",
+            self.name,
+            t0.elapsed().as_secs_f64(),
+            down.as_secs()
+        );
+        Ok(())
     }
 
     /// Writes the extender's configuration file (YAML; empty means every key at its default).
@@ -344,7 +433,11 @@ impl Cluster {
             .arg("--config")
             .arg(&config)
             .arg("--kubeconfig")
-            .arg(self.kubeconfig())
+            .arg(
+                self.extender_kubeconfig
+                    .clone()
+                    .unwrap_or_else(|| self.kubeconfig()),
+            )
             .arg("--listen")
             .arg(self.extender_addr.to_string())
             .arg("--admin-listen")
@@ -506,7 +599,11 @@ impl Cluster {
         let mut command = Command::new(self.bins.join("kubectl"));
         command
             .arg("--kubeconfig")
-            .arg(self.kubeconfig())
+            .arg(
+                self.extender_kubeconfig
+                    .clone()
+                    .unwrap_or_else(|| self.kubeconfig()),
+            )
             .arg("--request-timeout=20s")
             .args(args)
             .stdin(Stdio::null());

@@ -8,10 +8,12 @@
 
 mod harness;
 mod objects;
+mod proxy;
 mod record;
 
 mod burst;
 mod configs;
+mod faults;
 mod lifecycle;
 mod models;
 mod modes;

@@ -21,7 +21,7 @@ const WATCH: Duration = Duration::from_secs(10);
 
 /// Creates a pod already bound to `node` (`spec.nodeName` set by its author), as another
 /// scheduler or a user bypassing scheduling would: the extender never saw it.
-async fn create_prebound(client: &kube::Client, spec: &PodSpec, node: &str) -> Result<()> {
+pub async fn create_prebound(client: &kube::Client, spec: &PodSpec, node: &str) -> Result<()> {
     let mut pod = spec.to_pod()?;
     if let Some(spec) = pod.spec.as_mut() {
         spec.node_name = Some(node.to_owned());
@@ -34,7 +34,7 @@ async fn create_prebound(client: &kube::Client, spec: &PodSpec, node: &str) -> R
 }
 
 /// Polls `check` on the extender's `/inspect` report until it returns `Ok(true)`.
-async fn wait_inspect(
+pub async fn wait_inspect(
     c: &Cluster,
     what: &str,
     check: impl Fn(&Value) -> Result<bool>,
@@ -53,7 +53,7 @@ async fn wait_inspect(
 }
 
 /// Polls a metric until it has `value`.
-async fn wait_metric(c: &Cluster, name: &str, value: f64) -> Result<()> {
+pub async fn wait_metric(c: &Cluster, name: &str, value: f64) -> Result<()> {
     let deadline = Instant::now() + WATCH;
     loop {
         let now = metric_sum(&c.metrics().await?, name, &[]);
@@ -67,7 +67,7 @@ async fn wait_metric(c: &Cluster, name: &str, value: f64) -> Result<()> {
     }
 }
 
-fn node<'a>(report: &'a Value, name: &str) -> Option<&'a Value> {
+pub fn node<'a>(report: &'a Value, name: &str) -> Option<&'a Value> {
     report["nodes"]
         .as_array()?
         .iter()
@@ -75,7 +75,7 @@ fn node<'a>(report: &'a Value, name: &str) -> Option<&'a Value> {
 }
 
 /// The GPU indices on `node` that `pod` holds, by the extender's report.
-fn held_by(report: &Value, node_name: &str, pod: &str) -> Vec<u64> {
+pub fn held_by(report: &Value, node_name: &str, pod: &str) -> Vec<u64> {
     let holder = format!("default/{pod}");
     node(report, node_name)
         .and_then(|n| n["gpus"].as_array())
@@ -91,7 +91,7 @@ fn held_by(report: &Value, node_name: &str, pod: &str) -> Vec<u64> {
 }
 
 /// Posts a bind for `pod` to `node` the way kube-scheduler would; returns the `Error` field.
-async fn bind_error(c: &Cluster, pod: &str, uid: &str, node: &str) -> Result<String> {
+pub async fn bind_error(c: &Cluster, pod: &str, uid: &str, node: &str) -> Result<String> {
     let (status, body) = http_post_json(
         c.extender_addr,
         "/scheduler/bind",
