@@ -432,7 +432,7 @@ mod tests {
     }
 
     fn index_of<'a>(table: &'a Table, name: &str) -> &'a Arc<TopologyIndex> {
-        &table
+        table
             .node_by_str(name)
             .map(|node| &node.spec.topology)
             .unwrap()
