@@ -1,5 +1,6 @@
 //! Engine benchmarks: filter plus score of one pod over a whole cluster (what the extender does
-//! for every scheduling cycle), reserve plus release on a large table, and a full rebuild.
+//! for every scheduling cycle), reserve plus release on a large table, a full rebuild, and
+//! indexing one node's link matrix.
 //!
 //! Clusters are generated from a fixed seed so runs compare: 8-GPU nodes of four card models,
 //! pre-loaded to a mixed occupancy (some empty, some full, most in between) by the engine's own
@@ -24,7 +25,7 @@ use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, 
 use gpu_extender::engine::{
     Change, CpuMilli, GpuDemand, GpuMode, GpuPlacement, Link, LinkMatrix, MemMiB, ModelPattern,
     NodeSpec, NodeState, PodAllocation, PodKey, PodRequest, Policy, RejectReason, ScoringPolicy,
-    Table, TypicalPod, TypicalPods, fit,
+    Table, TopologyIndex, TypicalPod, TypicalPods, fit,
 };
 use rustix::time::{ClockId, clock_gettime};
 
@@ -466,6 +467,20 @@ fn bench_table(c: &mut Criterion<Clock>) {
     group.finish();
 }
 
+/// What indexing one node's link matrix costs (every node update builds its spec's index):
+/// tabulated as the engine builds it, and by search only, for comparison.
+fn bench_topology(c: &mut Criterion<Clock>) {
+    let links = two_islands();
+    let mut group = c.benchmark_group("topology");
+    group.bench_function("build/two_islands", |b| {
+        b.iter(|| TopologyIndex::build(black_box(&links)))
+    });
+    group.bench_function("build_searching/two_islands", |b| {
+        b.iter(|| TopologyIndex::build_searching(black_box(&links)))
+    });
+    group.finish();
+}
+
 fn config() -> Criterion<Clock> {
     Criterion::default().with_measurement(Clock::from_env())
 }
@@ -473,6 +488,6 @@ fn config() -> Criterion<Clock> {
 criterion_group! {
     name = benches;
     config = config();
-    targets = bench_evaluate, bench_table
+    targets = bench_evaluate, bench_table, bench_topology
 }
 criterion_main!(benches);

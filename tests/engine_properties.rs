@@ -13,7 +13,8 @@
 //! - the score is within 0..=100, equals the score recomputed from its definition, and the
 //!   placement honours the request;
 //! - reserving that placement succeeds, and releasing it restores the table exactly;
-//! - a rejection that claims the node can never fit also rejects the node when empty.
+//! - a rejection that claims the node can never fit also rejects the node when empty;
+//! - a node whose topology index answers from tables decides exactly as with the searching index.
 //!
 //! The descriptions below are plain values so that a failure shrinks to a readable case.
 
@@ -23,12 +24,13 @@
 )]
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use gpu_extender::engine::{
     Change, CpuMilli, Evaluation, Gpu, GpuConstraints, GpuDemand, GpuMode, GpuPlacement, Grant,
     Hold, Link, LinkMatrix, MemMiB, ModelPattern, NodeName, NodeSpec, NodeState, PodAllocation,
-    PodKey, PodRequest, Policy, RejectReason, ScoringPolicy, Table, TopologyPreference, TypicalPod,
-    TypicalPods, fit,
+    PodKey, PodRequest, Policy, RejectReason, ScoringPolicy, Table, TopologyIndex,
+    TopologyPreference, TypicalPod, TypicalPods, fit,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -969,6 +971,48 @@ proptest! {
             let request = pod_request(probe, spec.mode);
             for policy in &policies {
                 check_fast_path(policy, &state, &request, &policy.evaluate(&state, &request))?;
+            }
+        }
+    }
+
+    /// Nodes of up to 8 GPUs answer topology questions from tables built with their index; the
+    /// search those tables replace still answers larger nodes. A node with the searching index
+    /// and the same node with the tabulated one, filled by the same random pods, make the same
+    /// decisions throughout: every placement, score bit and rejection, under every policy.
+    #[test]
+    fn tabulated_topology_decides_exactly_as_the_search(
+        node in node_desc(),
+        fill in prop::collection::vec((pod_desc(), 0usize..4), 0..=24),
+        probes in prop::collection::vec(pod_desc(), 1..=12),
+        classes in prop::collection::vec(class_desc(), 1..=6),
+        max_shares in 1u16..=4,
+        truncate in any::<bool>(),
+    ) {
+        let policies = policies(&classes, max_shares, truncate);
+        let tabulated = node_spec(0, &node);
+        let mut searching = tabulated.clone();
+        searching.topology = Arc::new(TopologyIndex::build_searching(&searching.links));
+        prop_assert!(!searching.topology.is_tabulated());
+        let mut fast = NodeState::new(tabulated.clone());
+        let mut slow = NodeState::new(searching);
+        for (pod, policy) in &fill {
+            let request = pod_request(pod, tabulated.mode);
+            let placed = fit(&fast, &request, &policies[*policy]);
+            prop_assert_eq!(&placed, &fit(&slow, &request, &policies[*policy]));
+            if let Ok(allocation) = placed {
+                fast.add(&allocation);
+                slow.add(&allocation);
+            }
+        }
+        for probe in &probes {
+            let request = pod_request(probe, tabulated.mode);
+            for policy in &policies {
+                prop_assert_eq!(policy.evaluate(&fast, &request), policy.evaluate(&slow, &request));
+                let (a, b) = (
+                    policy.evaluate_score(&fast, &request),
+                    policy.evaluate_score(&slow, &request),
+                );
+                prop_assert_eq!(a.map(f64::to_bits), b.map(f64::to_bits));
             }
         }
     }

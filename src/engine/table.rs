@@ -3,12 +3,14 @@
 //! invariants. Time is passed in (milliseconds on any monotonic clock the caller owns).
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Weak};
 
 use thiserror::Error;
 
 use super::allocation::PodAllocation;
-use super::model::{NodeName, NodeSpec, PodKey, WHOLE_GPU_COMPUTE};
+use super::model::{LinkMatrix, NodeName, NodeSpec, PodKey, WHOLE_GPU_COMPUTE};
 use super::state::{GpuUsage, NodeState};
+use super::topology::TopologyIndex;
 
 /// A fact about the cluster, as the watchers report it.
 #[derive(Clone, Debug)]
@@ -61,6 +63,11 @@ pub struct Table {
     /// Pods by the node their allocation names, including nodes not (yet) known.
     pods_by_node: HashMap<NodeName, BTreeSet<PodKey>>,
     max_shares_per_gpu: u16,
+    /// One topology index per distinct link matrix among the nodes: nodes of one hardware type
+    /// share an index instead of each holding its own copy of a few KiB, so that filtering
+    /// thousands of them reads one index that stays in cache. Weak, so that an index lives as
+    /// long as some node uses it (entries whose nodes are all gone are dropped as nodes go).
+    topologies: HashMap<LinkMatrix, Weak<TopologyIndex>>,
 }
 
 impl Table {
@@ -71,6 +78,7 @@ impl Table {
             pods: HashMap::new(),
             pods_by_node: HashMap::new(),
             max_shares_per_gpu,
+            topologies: HashMap::new(),
         }
     }
 
@@ -99,18 +107,23 @@ impl Table {
     /// reports is kept visible to [`Table::check_invariants`] rather than hidden.
     pub fn apply(&mut self, change: Change) {
         match change {
-            Change::UpsertNode(spec) => {
+            Change::UpsertNode(mut spec) => {
                 let name = spec.name.clone();
+                spec.topology = self.intern(spec.topology);
                 let mut state = NodeState::new(spec);
                 for pod in self.pods_by_node.get(&name).into_iter().flatten() {
                     if let Some(entry) = self.pods.get(pod) {
                         state.add(&entry.allocation);
                     }
                 }
-                self.nodes.insert(name, state);
+                if let Some(old) = self.nodes.insert(name, state) {
+                    self.forget(old);
+                }
             }
             Change::RemoveNode(name) => {
-                self.nodes.remove(&name);
+                if let Some(old) = self.nodes.remove(&name) {
+                    self.forget(old);
+                }
             }
             Change::PodBound { pod, allocation } => {
                 if let Some(entry) = self.pods.get(&pod)
@@ -130,6 +143,40 @@ impl Table {
             }
             Change::PodGone(pod) => {
                 self.release(&pod);
+            }
+        }
+    }
+
+    /// The index the table already holds that is equal to `index`, or `index` itself (then
+    /// remembered for the next node with its link matrix). Only an equal index is ever
+    /// substituted, so a node answers exactly as with its own.
+    fn intern(&mut self, index: Arc<TopologyIndex>) -> Arc<TopologyIndex> {
+        let key = index.links();
+        if let Some(known) = self.topologies.get(key).and_then(Weak::upgrade) {
+            if Arc::ptr_eq(&known, &index) || *known == *index {
+                return known;
+            }
+            // Equal matrices index equally unless the spec carries an index built otherwise
+            // (by search only): keep the node's own, and share the usual one.
+            return index;
+        }
+        self.topologies.insert(key.clone(), Arc::downgrade(&index));
+        index
+    }
+
+    /// Drops a node's state and, when no other node shares its topology index, the table's
+    /// entry for it.
+    fn forget(&mut self, old: NodeState) {
+        let index = Arc::clone(&old.spec.topology);
+        drop(old);
+        if Arc::strong_count(&index) == 1 {
+            let key = index.links();
+            if self
+                .topologies
+                .get(key)
+                .is_some_and(|known| known.as_ptr() == Arc::as_ptr(&index))
+            {
+                self.topologies.remove(key);
             }
         }
     }
@@ -363,4 +410,71 @@ fn node_violations(node: &NodeState, max_shares_per_gpu: u16) -> Vec<String> {
         ));
     }
     violations
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::model::{GpuMode, Link, MemMiB};
+
+    fn islands() -> LinkMatrix {
+        LinkMatrix::from_fn(8, |a, b| {
+            if a / 4 == b / 4 {
+                Link::NvLink(2)
+            } else {
+                Link::CrossSocket
+            }
+        })
+    }
+
+    fn spec(name: &str, links: LinkMatrix) -> NodeSpec {
+        NodeSpec::uniform(name, GpuMode::Exclusive, 8, "A100", MemMiB(81_920)).with_links(links)
+    }
+
+    fn index_of<'a>(table: &'a Table, name: &str) -> &'a Arc<TopologyIndex> {
+        table
+            .node_by_str(name)
+            .map(|node| &node.spec.topology)
+            .unwrap()
+    }
+
+    #[test]
+    fn nodes_with_equal_link_matrices_share_one_index() {
+        let mut table = Table::new(20);
+        table.apply(Change::UpsertNode(spec("a", islands())));
+        table.apply(Change::UpsertNode(spec("b", islands())));
+        table.apply(Change::UpsertNode(spec("c", LinkMatrix::uniform(8))));
+        assert!(Arc::ptr_eq(index_of(&table, "a"), index_of(&table, "b")));
+        assert!(!Arc::ptr_eq(index_of(&table, "a"), index_of(&table, "c")));
+        // An update of a node with the same matrix keeps sharing.
+        table.apply(Change::UpsertNode(spec("a", islands())));
+        assert!(Arc::ptr_eq(index_of(&table, "a"), index_of(&table, "b")));
+        assert_eq!(table.topologies.len(), 2);
+    }
+
+    #[test]
+    fn an_index_is_forgotten_once_no_node_uses_it() {
+        let mut table = Table::new(20);
+        table.apply(Change::UpsertNode(spec("a", islands())));
+        table.apply(Change::UpsertNode(spec("b", islands())));
+        table.apply(Change::RemoveNode(NodeName::new("a")));
+        assert_eq!(table.topologies.len(), 1, "b still uses it");
+        // b changes hardware: the islands index has no node left.
+        table.apply(Change::UpsertNode(spec("b", LinkMatrix::uniform(8))));
+        assert_eq!(table.topologies.len(), 1);
+        assert!(!table.topologies.contains_key(&islands()));
+        table.apply(Change::RemoveNode(NodeName::new("b")));
+        assert!(table.topologies.is_empty());
+    }
+
+    #[test]
+    fn only_an_equal_index_is_substituted() {
+        let mut table = Table::new(20);
+        table.apply(Change::UpsertNode(spec("a", islands())));
+        let mut searching = spec("b", islands());
+        searching.topology = Arc::new(TopologyIndex::build_searching(&islands()));
+        table.apply(Change::UpsertNode(searching));
+        assert!(!index_of(&table, "b").is_tabulated());
+        assert!(index_of(&table, "a").is_tabulated());
+    }
 }

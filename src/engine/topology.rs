@@ -5,11 +5,19 @@
 //! slowest hop), then the sum over all pairs. Choosing a group for `k` GPUs takes the best-connected
 //! groups inside the free set and, among equals, the one whose leftover free GPUs keep the
 //! best-connected large groups intact (compared from the largest power-of-two size down).
+//!
+//! Nodes of up to 8 GPUs (nearly all) go one step further: every answer, for every free set and
+//! size, is tabulated when the index is built, so a request reads one byte. The search stays as
+//! the way larger nodes are answered and as the reference the tables are checked against.
 
 use super::model::{LinkMatrix, MAX_GPUS_PER_NODE};
 
 /// Nodes with more GPUs than this are indexed greedily instead of exhaustively (2^12 subsets).
 const EXHAUSTIVE_LIMIT: usize = 12;
+
+/// Nodes with at most this many GPUs get every answer tabulated: a free set is then a byte, and
+/// the tables of one node take 256 masks × 9 sizes × 2 bytes plus 256 connectivities (6.5 KiB).
+const TABULATED_LIMIT: usize = 8;
 
 /// How well a group is connected: weakest link rank in the high half, sum of ranks in the low half.
 pub type Connectivity = u64;
@@ -77,7 +85,46 @@ pub struct TopologyIndex {
     /// `best_possible[k]`, computed at build time when that is cheap (uniform or exhaustively
     /// indexed nodes): scoring asks for it on every multi-GPU placement.
     best_possible: Vec<Option<Connectivity>>,
+    /// Every answer of [`TopologyIndex::best_group`] and [`TopologyIndex::choose_group`] for a
+    /// non-uniform node of up to [`TABULATED_LIMIT`] GPUs, computed at build time from the
+    /// search's own rules; `None` for the others, which search at request time.
+    tables: Option<Box<Tables>>,
     links: LinkMatrix,
+}
+
+/// The tabulated answers of one index, for free sets within the node's positions (a mask below
+/// `1 << size`, so a byte) and group sizes `1..=size`. A group mask of 0 means "none".
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Tables {
+    /// `1 << size`: how many free sets there are.
+    masks: usize,
+    /// `best[k * masks + free]`: the group [`TopologyIndex::best_group`] finds.
+    best: Box<[u8]>,
+    /// `chosen[k * masks + free]`: the group [`TopologyIndex::choose_group`] hands out.
+    chosen: Box<[u8]>,
+    /// `connectivity[group]` of every group.
+    connectivity: Box<[Connectivity]>,
+}
+
+impl Tables {
+    /// The slot of `(free, k)`, when both are within the tables (`free` inside the node's
+    /// positions; `k` at most the node's size, which `get` checks against the table's length).
+    fn slot(&self, free: u64, k: usize) -> Option<usize> {
+        let free = usize::try_from(free)
+            .ok()
+            .filter(|&free| free < self.masks)?;
+        k.checked_mul(self.masks)?.checked_add(free)
+    }
+
+    fn best(&self, free: u64, k: usize) -> Option<Option<(u64, Connectivity)>> {
+        let group = *self.best.get(self.slot(free, k)?)?;
+        Some((group != 0).then(|| (u64::from(group), self.connectivity[usize::from(group)])))
+    }
+
+    fn chosen(&self, free: u64, k: usize) -> Option<Option<u64>> {
+        let group = *self.chosen.get(self.slot(free, k)?)?;
+        Some((group != 0).then_some(u64::from(group)))
+    }
 }
 
 /// The leftover value of a free set (see [`TopologyIndex::leftover_value`]) without allocating:
@@ -88,8 +135,10 @@ struct Leftover {
 }
 
 impl TopologyIndex {
-    /// Indexes a link matrix.
-    pub fn build(links: &LinkMatrix) -> Self {
+    /// Indexes a link matrix without tabulating: every answer is searched at request time. This
+    /// is how nodes of more than 8 GPUs are answered, and the reference the tables are checked
+    /// against (the engine's tests compare decisions on both).
+    pub fn build_searching(links: &LinkMatrix) -> Self {
         let size = links.size().min(MAX_GPUS_PER_NODE);
         let uniform = (0..size)
             .flat_map(|a| ((a + 1)..size).map(move |b| (a, b)))
@@ -110,6 +159,7 @@ impl TopologyIndex {
             uniform_rank: links.get(0, 1).rank(),
             ranked,
             best_possible: Vec::new(),
+            tables: None,
             links: links.clone(),
         };
         if uniform || size <= EXHAUSTIVE_LIMIT {
@@ -118,6 +168,89 @@ impl TopologyIndex {
                 .collect();
         }
         index
+    }
+
+    /// Indexes a link matrix, tabulating every answer when the node is small enough and not
+    /// uniformly connected (uniform nodes answer in closed form already).
+    pub fn build(links: &LinkMatrix) -> Self {
+        let mut index = Self::build_searching(links);
+        if !index.uniform && index.size <= TABULATED_LIMIT {
+            index.tables = Some(Box::new(index.tabulate()));
+        }
+        index
+    }
+
+    /// The link matrix this index was built from.
+    pub fn links(&self) -> &LinkMatrix {
+        &self.links
+    }
+
+    /// Whether the answers are tabulated (see [`TopologyIndex::build`]).
+    pub fn is_tabulated(&self) -> bool {
+        self.tables.is_some()
+    }
+
+    /// Every answer of the search, for every free set within the node and every size 1..=size.
+    ///
+    /// The best groups follow from the ranked lists directly: the best group of `k` in `free` is
+    /// the first group of `ranked[k]` inside `free`, so walking `ranked[k]` in order and giving
+    /// each group to every superset that has none yet gives each free set its first group
+    /// (3^8 steps for 8 GPUs, not 256 scans). The chosen groups then run the search's own tie
+    /// rule (`choose_group_by`), reading leftover values from these tables.
+    fn tabulate(&self) -> Tables {
+        let size = self.size;
+        let masks = 1usize << size;
+        let all = masks - 1;
+        let mut best = vec![0u8; (size + 1) * masks].into_boxed_slice();
+        for (k, groups) in self.ranked.iter().enumerate().skip(1) {
+            let row = &mut best[k * masks..(k + 1) * masks];
+            for &(group, _) in groups {
+                let group = group as usize;
+                let rest = all & !group;
+                // Every superset of `group` within the node: `group` plus each subset of `rest`.
+                let mut extra = rest;
+                loop {
+                    let free = group | extra;
+                    if row[free] == 0 {
+                        row[free] = group as u8;
+                    }
+                    if extra == 0 {
+                        break;
+                    }
+                    extra = (extra - 1) & rest;
+                }
+            }
+        }
+        let connectivity: Box<[Connectivity]> = (0..masks as u64)
+            .map(|group| connectivity(&self.links, group))
+            .collect();
+        let mut tables = Tables {
+            masks,
+            chosen: Box::default(),
+            best,
+            connectivity,
+        };
+        // The leftover value of every free set, once: the tie rule compares them for every
+        // equally good group of every size.
+        let best_group = |free: u64, k: usize| tables.best(free, k).flatten();
+        let leftovers: Vec<Leftover> = (0..masks as u64)
+            .map(|free| self.leftover_by(free, best_group))
+            .collect();
+        let leftover = |free: u64| {
+            leftovers
+                .get(free as usize)
+                .copied()
+                .unwrap_or_else(|| self.leftover_by(free, best_group))
+        };
+        let mut chosen = vec![0u8; tables.best.len()];
+        for k in 1..=size {
+            for free in 0..masks as u64 {
+                let group = self.choose_group_by(free, k, best_group, leftover);
+                chosen[k * masks + free as usize] = group.map_or(0, |group| group as u8);
+            }
+        }
+        tables.chosen = chosen.into_boxed_slice();
+        tables
     }
 
     /// [`connectivity`] of any `k` GPUs of a uniform node, without reading the link matrix:
@@ -147,6 +280,19 @@ impl TopologyIndex {
 
     /// The best group of `k` GPUs inside `free`, with its connectivity.
     pub fn best_group(&self, free: u64, k: usize) -> Option<(u64, Connectivity)> {
+        if k == 0 {
+            return None;
+        }
+        // Free sets with a position the index does not cover, and sizes beyond the node, are
+        // not tabulated: the search answers them (its greedy branch may pick such positions).
+        if let Some(answer) = self.tables.as_ref().and_then(|tables| tables.best(free, k)) {
+            return answer;
+        }
+        self.search_best_group(free, k)
+    }
+
+    /// [`TopologyIndex::best_group`] by search.
+    fn search_best_group(&self, free: u64, k: usize) -> Option<(u64, Connectivity)> {
         if k == 0 || (free.count_ones() as usize) < k {
             return None;
         }
@@ -176,12 +322,36 @@ impl TopologyIndex {
     /// The group of `k` GPUs to hand out from `free`: best connected, and among equals the one
     /// that leaves the best large groups free.
     pub fn choose_group(&self, free: u64, k: usize) -> Option<u64> {
-        let (first, best) = self.best_group(free, k)?;
+        if k > 0
+            && let Some(answer) = self
+                .tables
+                .as_ref()
+                .and_then(|tables| tables.chosen(free, k))
+        {
+            return answer;
+        }
+        let best_group = |free: u64, k: usize| self.search_best_group(free, k);
+        self.choose_group_by(free, k, best_group, |free| {
+            self.leftover_by(free, best_group)
+        })
+    }
+
+    /// The search behind [`TopologyIndex::choose_group`], with the best groups from
+    /// `best_group` and the leftover values from `leftover`: the search itself, or the tables
+    /// while they are being built.
+    fn choose_group_by(
+        &self,
+        free: u64,
+        k: usize,
+        best_group: impl Fn(u64, usize) -> Option<(u64, Connectivity)>,
+        leftover: impl Fn(u64) -> Leftover,
+    ) -> Option<u64> {
+        let (first, best) = best_group(free, k)?;
         if self.uniform || self.ranked.get(k).is_none_or(Vec::is_empty) {
             return Some(first);
         }
         let mut chosen = first;
-        let mut chosen_value = self.leftover(free & !first);
+        let mut chosen_value = leftover(free & !first);
         for &(mask, conn) in &self.ranked[k] {
             if conn != best {
                 break;
@@ -189,7 +359,7 @@ impl TopologyIndex {
             if mask & !free != 0 || mask == first {
                 continue;
             }
-            let value = self.leftover(free & !mask);
+            let value = leftover(free & !mask);
             if value > chosen_value {
                 chosen = mask;
                 chosen_value = value;
@@ -219,12 +389,19 @@ impl TopologyIndex {
     /// [`TopologyIndex::leftover_value`] in a fixed array, largest size first, zero-padded:
     /// compared between free sets of one node, the padding is equal and the order is the same.
     fn leftover(&self, free: u64) -> Leftover {
+        self.leftover_by(free, |free, k| self.best_group(free, k))
+    }
+
+    /// [`TopologyIndex::leftover`] with the best groups from `best_group`.
+    fn leftover_by(
+        &self,
+        free: u64,
+        best_group: impl Fn(u64, usize) -> Option<(u64, Connectivity)>,
+    ) -> Leftover {
         let mut values = [0; 6];
         let sizes = self.leftover_sizes();
         for (slot, exponent) in values.iter_mut().zip((1..=sizes).rev()) {
-            *slot = self
-                .best_group(free, 1 << exponent)
-                .map_or(0, |(_, conn)| conn);
+            *slot = best_group(free, 1 << exponent).map_or(0, |(_, conn)| conn);
         }
         Leftover { values }
     }
@@ -339,6 +516,65 @@ mod tests {
         let index = TopologyIndex::build(&links);
         let group = index.choose_group(0xFFFF, 8).unwrap();
         assert!(group == 0x00FF || group == 0xFF00, "got {group:#x}");
+    }
+
+    /// A link from a small alphabet, so that random matrices have many equally good groups
+    /// (ties are where the choice rules matter).
+    fn link(code: u8) -> Link {
+        match code % 5 {
+            0 => Link::NvLink(2),
+            1 => Link::NvLink(1),
+            2 => Link::SameSwitch,
+            3 => Link::HostBridge,
+            _ => Link::CrossSocket,
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// The tables answer exactly as the search they replace, for every free set of the node
+        /// and every size, and free sets reaching past the node fall back to the search.
+        #[test]
+        fn tabulated_answers_equal_the_search(
+            size in 1usize..=8,
+            codes in proptest::collection::vec(0u8..5, 64),
+            wide in proptest::collection::vec(proptest::prelude::any::<u64>(), 8),
+        ) {
+            let links = LinkMatrix::from_fn(size, |a, b| link(codes[a * 8 + b]));
+            let tabulated = TopologyIndex::build(&links);
+            let searching = TopologyIndex::build_searching(&links);
+            proptest::prop_assert_eq!(tabulated.is_tabulated(), !searching.is_uniform());
+            let masks = (0..1u64 << size).chain(wide);
+            for free in masks {
+                for k in 0..=size + 1 {
+                    proptest::prop_assert_eq!(
+                        tabulated.best_group(free, k),
+                        searching.best_group(free, k),
+                        "best_group({:#x}, {})", free, k
+                    );
+                    proptest::prop_assert_eq!(
+                        tabulated.choose_group(free, k),
+                        searching.choose_group(free, k),
+                        "choose_group({:#x}, {})", free, k
+                    );
+                }
+                proptest::prop_assert_eq!(
+                    tabulated.leftover_value(free),
+                    searching.leftover_value(free)
+                );
+            }
+            for k in 0..=size + 1 {
+                proptest::prop_assert_eq!(tabulated.best_possible(k), searching.best_possible(k));
+            }
+        }
+    }
+
+    #[test]
+    fn two_islands_are_tabulated_and_uniform_nodes_are_not() {
+        assert!(TopologyIndex::build(&two_islands()).is_tabulated());
+        assert!(!TopologyIndex::build(&LinkMatrix::uniform(8)).is_tabulated());
+        assert!(!TopologyIndex::build_searching(&two_islands()).is_tabulated());
     }
 
     #[test]
