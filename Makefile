@@ -5,16 +5,18 @@ export GPU_EXTENDER_CACHE ?= $(HOME)/.cache/gpu-extender
 export CARGO_TARGET_DIR ?= $(GPU_EXTENDER_CACHE)/target
 CARGO ?= cargo
 
-.PHONY: demo test lint unit e2e k8s-bins build bench fuzz
+.PHONY: demo test lint unit e2e k8s-bins build bench fuzz fuzz-smoke
 
 ## demo: local control plane + extender + kube-scheduler + sample GPU pods; prints placements.
 demo: build k8s-bins
 	scripts/demo.sh
 
-## test: formatting, lints, unit/integration tests and the end-to-end scenarios.
+## test: formatting, lints, unit/integration tests, the end-to-end scenarios, and a short
+## bounded run of every fuzz target.
 test: lint k8s-bins
 	GPU_EXTENDER_K8S_BIN="$$(scripts/k8s-bins.sh | tail -n1)" GPU_EXTENDER_E2E=require \
 		$(CARGO) test --locked --all-targets
+	$(MAKE) fuzz-smoke
 
 lint:
 	$(CARGO) fmt --all -- --check
@@ -36,3 +38,8 @@ bench:
 ## fuzz: every cargo-fuzz target for FUZZ_SECONDS (default 60) each, on nightly (scripts/fuzz.sh).
 fuzz:
 	scripts/fuzz.sh
+
+## fuzz-smoke: every fuzz target for 15 s on the default toolchain, no sanitizer, new inputs
+## discarded (part of `make test`; the saved corpus also replays in `cargo test`).
+fuzz-smoke:
+	FUZZ_SANITIZER=none FUZZ_SECONDS=$${FUZZ_SECONDS:-15} FUZZ_SCRATCH=1 scripts/fuzz.sh

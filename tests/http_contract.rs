@@ -232,6 +232,60 @@ async fn filter_non_cache_mode_names_an_unreadable_node_object() {
     );
 }
 
+/// Found by the `extender_filter` fuzz target: two node objects without a name (one passing,
+/// one failing) made the empty name both passed and failed. Nameless and repeated names are
+/// refused as unresolvable, and none of their objects is passed.
+#[tokio::test]
+async fn filter_non_cache_mode_refuses_nameless_and_repeated_node_objects() {
+    let harness = Harness::new(false);
+    let mut body = fixture("filter-nocache.json");
+    let items = body["Nodes"]["items"].as_array().unwrap().clone();
+    let first = items[0].clone();
+    let name = first["metadata"]["name"].as_str().unwrap().to_owned();
+    let mut nameless = first.clone();
+    nameless["metadata"].as_object_mut().unwrap().remove("name");
+    let mut all = items.clone();
+    all.push(first.clone());
+    all.push(nameless.clone());
+    all.push(nameless);
+    body["Nodes"]["items"] = Value::Array(all);
+    let answer = harness.post_json("filter", &body).await;
+    let unresolvable = answer["FailedAndUnresolvableNodes"].as_object().unwrap();
+    let passed: Vec<&str> = answer["Nodes"]["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|item| item["metadata"]["name"].as_str())
+        .collect();
+    assert!(
+        unresolvable[""]
+            .as_str()
+            .unwrap()
+            .contains("no metadata.name"),
+        "{answer}"
+    );
+    assert!(
+        unresolvable[name.as_str()]
+            .as_str()
+            .unwrap()
+            .contains("more than once"),
+        "{answer}"
+    );
+    assert!(!passed.contains(&name.as_str()), "{answer}");
+    assert_eq!(
+        answer["Nodes"]["items"].as_array().unwrap().len(),
+        passed.len(),
+        "a nameless object passed: {answer}"
+    );
+    for other in &items[1..] {
+        let other = other["metadata"]["name"].as_str().unwrap();
+        assert!(
+            passed.contains(&other) || answer["FailedNodes"].get(other).is_some(),
+            "{other} lost its own verdict: {answer}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn filter_rejects_a_malformed_gpu_request_on_every_node_with_its_reason() {
     let harness = Harness::new(true);

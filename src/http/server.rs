@@ -2,6 +2,7 @@
 //! readiness, metrics, inspection). Handlers decode, ask the engine on one snapshot, and encode;
 //! every failure is an answer kube-scheduler can read, never a panic.
 
+use std::collections::HashMap;
 use std::sync::{Arc, RwLockReadGuard};
 use std::time::Instant;
 
@@ -203,6 +204,7 @@ fn candidates(args: &mut ExtenderArgs, adapter: &dyn Adapter) -> Candidates {
                 }
             }
         }
+        refuse_ambiguous_names(&names, &mut states);
         return Candidates::Objects {
             names,
             states,
@@ -210,6 +212,26 @@ fn candidates(args: &mut ExtenderArgs, adapter: &dyn Adapter) -> Candidates {
         };
     }
     Candidates::Names(args.node_names.take().unwrap_or_default())
+}
+
+/// A node object without a name, or whose name another object in the same request also has,
+/// cannot be given a verdict of its own: the answer is keyed by name. Both become unreadable
+/// (failed as unresolvable), so no name is ever both passed and failed. kube-scheduler never
+/// sends either; a hand-written or corrupted request may.
+fn refuse_ambiguous_names(names: &[String], states: &mut [Result<NodeState, String>]) {
+    let mut seen: HashMap<&str, usize> = HashMap::with_capacity(names.len());
+    for name in names {
+        *seen.entry(name.as_str()).or_default() += 1;
+    }
+    for (name, state) in names.iter().zip(states.iter_mut()) {
+        if name.is_empty() {
+            *state = Err("node object has no metadata.name".to_owned());
+        } else if seen.get(name.as_str()).is_some_and(|&count| count > 1) {
+            *state = Err(format!(
+                "node {name} is listed more than once in the request"
+            ));
+        }
+    }
 }
 
 async fn filter(
