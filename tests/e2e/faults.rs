@@ -170,6 +170,7 @@ fn binds_survive_api_errors_lost_answers_lapsed_reservations_and_a_crash_mid_wri
             PodSpec::new("p-crash", GPU_MEM, 4),
             PodSpec::new("p-gone", NVIDIA_GPU, 1),
             PodSpec::new("p-late", NVIDIA_GPU, 1),
+            PodSpec::new("p-deleted", GPU_MEM, 4),
         ] {
             uid.insert(spec.name.clone(), create_with_uid(c, &spec).await?);
         }
@@ -366,6 +367,38 @@ fn binds_survive_api_errors_lost_answers_lapsed_reservations_and_a_crash_mid_wri
         eprintln!(
             "  node deleted with a bind to it in flight: dropped with its pod; later binds refused"
         );
+
+        // 6. The pod deleted after the extender last saw it: the Binding meets the API's 404,
+        //    the reservation is released and the answer says the pod is gone.
+        proxy.hold();
+        pods(&c.client)
+            .delete("p-deleted", &DeleteParams::default().grace_period(0))
+            .await
+            .context("deleting p-deleted")?;
+        let extender = c.extender_addr;
+        let deleted_uid = uid["p-deleted"].clone();
+        let in_flight = tokio::spawn(async move {
+            crate::harness::http_post_json(
+                extender,
+                "/scheduler/bind",
+                &json!({"PodName": "p-deleted", "PodNamespace": "default",
+                        "PodUID": deleted_uid, "Node": "f-share"}),
+            )
+            .await
+        });
+        c.wait_audited_binding("p-deleted", 404).await?;
+        proxy.release();
+        let (status, body) = in_flight.await.context("bind task")??;
+        ensure!(
+            status == 200 && body.contains("no longer exists"),
+            "bind of a pod deleted meanwhile answered {status} {body}"
+        );
+        wait_metric(c, "gpu_extender_reservations_outstanding", 0.0).await?;
+        ensure!(
+            held_by(&c.inspect().await?, "f-share", "p-deleted").is_empty(),
+            "a bind that met 404 left capacity held"
+        );
+        eprintln!("  pod deleted meanwhile: the Binding met 404, nothing held");
 
         check_table(c, &nodes, "after the bind faults").await
     });
