@@ -45,8 +45,14 @@ use crate::engine::{
 #[derive(Debug)]
 pub struct ClusterState {
     table: RwLock<Table>,
-    /// GPU pods, slimmed to what translation needs: the binder reads pods from here.
+    /// Pending GPU pods, slimmed to what translation needs: the binder reads the pod it binds
+    /// from here, the requeue task the pods it may touch. Bound pods are not kept: their use is
+    /// in the table, and at 150,000 pods a slimmed `Pod` each (7.5 KiB, the k8s-openapi structs
+    /// are large even when mostly empty) would be a gigabyte.
     pods: RwLock<HashMap<PodKey, Arc<Pod>>>,
+    /// The UID of every GPU pod the watch shows, pending or bound (preemption names its victims
+    /// by UID only).
+    uids: RwLock<HashMap<PodKey, Box<str>>>,
     ready: AtomicBool,
     stats: Mutex<FeedStats>,
     /// Nodes where capacity was freed since the requeue task last looked (see `requeue`).
@@ -119,6 +125,7 @@ impl ClusterState {
         Self {
             table: RwLock::new(Table::new(max_shares_per_gpu)),
             pods: RwLock::new(HashMap::new()),
+            uids: RwLock::new(HashMap::new()),
             ready: AtomicBool::new(false),
             stats: Mutex::new(FeedStats::default()),
             freed: Mutex::new(BTreeSet::new()),
@@ -138,11 +145,11 @@ impl ClusterState {
     /// The key of the GPU pod with this UID, if the watch has seen it (preemption victims are
     /// named by UID only). A scan: preemption is rare and the map holds only GPU pods.
     pub fn pod_key_for_uid(&self, uid: &str) -> Option<PodKey> {
-        self.pods
+        self.uids
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .iter()
-            .find(|(_, pod)| pod.metadata.uid.as_deref() == Some(uid))
+            .find(|(_, known)| known.as_ref() == uid)
             .map(|(key, _)| key.clone())
     }
 
@@ -170,7 +177,7 @@ impl ClusterState {
         self.ready.load(Ordering::Acquire)
     }
 
-    /// A GPU pod as last seen by the watch.
+    /// A pending GPU pod as last seen by the watch (bound pods are not kept).
     pub fn pod(&self, key: &PodKey) -> Option<Arc<Pod>> {
         self.pods
             .read()
@@ -264,15 +271,31 @@ impl ClusterState {
         self.ready.store(true, Ordering::Release);
     }
 
-    fn cache_pod(&self, key: PodKey, pod: Arc<Pod>) {
-        self.pods
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(key, pod);
+    /// Notes a GPU pod the watch shows: its UID, and the pod itself while it is pending.
+    fn note_gpu_pod(&self, key: PodKey, uid: &str, pending: Option<Arc<Pod>>) {
+        {
+            let mut uids = self.uids.write().unwrap_or_else(PoisonError::into_inner);
+            if uids.get(&key).is_none_or(|known| known.as_ref() != uid) {
+                uids.insert(key.clone(), uid.into());
+            }
+        }
+        let mut pods = self.pods.write().unwrap_or_else(PoisonError::into_inner);
+        match pending {
+            Some(pod) => {
+                pods.insert(key, pod);
+            }
+            None => {
+                pods.remove(&key);
+            }
+        }
     }
 
     fn forget_pod(&self, key: &PodKey) {
         self.pods
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(key);
+        self.uids
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(key);
@@ -531,8 +554,12 @@ impl Feed {
         }
         let is_gpu = names_gpu_resource(pod, &self.cfg);
         if is_gpu {
-            self.state
-                .cache_pod(key.clone(), Arc::new(slim_pod(pod, &self.cfg)));
+            let bound = pod
+                .spec
+                .as_ref()
+                .is_some_and(|s| s.node_name.as_deref().is_some_and(|n| !n.is_empty()));
+            let pending = (!bound).then(|| Arc::new(slim_pod(pod, &self.cfg)));
+            self.state.note_gpu_pod(key.clone(), &uid, pending);
         }
         let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) else {
             // Pending: holds nothing here. A bind in flight holds a reservation, left alone.

@@ -162,10 +162,13 @@ fn pods_come_and_go() {
     assert!(feed.state().pod(&key("p")).is_some());
     assert_eq!(feed.state().read().pod_count(), 0);
 
-    // Bound with a record: holds exactly the record.
+    // Bound with a record: holds exactly the record. The pod itself is no longer kept (its use
+    // is in the table), its UID is (preemption names victims by UID).
     let (bound, _) = recorded(share_pod("p", "u1", None, 4), &node);
     feed.apply_pod_event(&Event::Apply(bound.clone()));
     assert_eq!(gpu_mem_used(&feed, "gpu-a"), 4096);
+    assert!(feed.state().pod(&key("p")).is_none());
+    assert_eq!(feed.state().pod_key_for_uid("u1"), Some(key("p")));
     // A repeated event (a status update) changes nothing.
     feed.apply_pod_event(&Event::Apply(bound.clone()));
     assert_eq!(gpu_mem_used(&feed, "gpu-a"), 4096);
@@ -179,6 +182,7 @@ fn pods_come_and_go() {
     feed.apply_pod_event(&Event::Apply(done));
     assert_eq!(gpu_mem_used(&feed, "gpu-a"), 0);
     assert!(feed.state().pod(&key("p")).is_none());
+    assert_eq!(feed.state().pod_key_for_uid("u1"), None);
     assert_eq!(feed.state().stats().pods_bound, 0);
 
     // Deleted: freed too.
