@@ -3,21 +3,23 @@
 
 use crate::engine::{NodeState, PodAllocation, PodRequest, Policy, RejectReason};
 
-use super::wire::{FailedNodesMap, HostPriority, HostPriorityList};
+use super::wire::{HostScore, NodeReasons};
 
 /// The reason given for a candidate the extender has not seen yet (its watch may lag the
 /// scheduler's); resolvable, because it will be known shortly.
 pub const UNKNOWN_NODE: &str = "node not yet known to the GPU extender";
 
-/// Filter's verdict on a list of candidates, in the scheduler's terms.
+/// Filter's verdict on a list of candidates, in the scheduler's terms. Rejections are (name,
+/// reason) pairs in candidate order, borrowed: [`NodeReasons::from_pairs`] makes them the
+/// answer's maps.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct FilterVerdict {
+pub struct FilterVerdict<'a> {
     /// Positions (in the candidate list) of the nodes that fit.
     pub passed: Vec<usize>,
     /// Currently full: preemption or waiting may help.
-    pub failed: FailedNodesMap,
+    pub failed: Vec<(&'a str, &'a str)>,
     /// Can never fit as configured.
-    pub unresolvable: FailedNodesMap,
+    pub unresolvable: Vec<(&'a str, &'a str)>,
     /// Each rejection's reason, for metrics.
     pub reasons: Vec<RejectReason>,
     /// Candidates the extender does not know.
@@ -26,17 +28,15 @@ pub struct FilterVerdict {
 
 /// Decides which candidates can hold `request` now. `candidates` pairs each name with the node's
 /// state, `None` when the extender does not know the node.
-pub fn filter<'a>(
-    candidates: impl IntoIterator<Item = (&'a str, Option<&'a NodeState>)>,
+pub fn filter<'a, 'n>(
+    candidates: impl IntoIterator<Item = (&'a str, Option<&'n NodeState>)>,
     request: &PodRequest,
     policy: &Policy,
-) -> FilterVerdict {
+) -> FilterVerdict<'a> {
     let mut verdict = FilterVerdict::default();
     for (position, (name, node)) in candidates.into_iter().enumerate() {
         let Some(node) = node else {
-            verdict
-                .failed
-                .insert(name.to_owned(), UNKNOWN_NODE.to_owned());
+            verdict.failed.push((name, UNKNOWN_NODE));
             verdict.unknown += 1;
             continue;
         };
@@ -49,7 +49,7 @@ pub fn filter<'a>(
                 } else {
                     &mut verdict.unresolvable
                 };
-                target.insert(name.to_owned(), reason.message().to_owned());
+                target.push((name, reason.message()));
                 verdict.reasons.push(reason);
             }
         }
@@ -60,53 +60,48 @@ pub fn filter<'a>(
 /// Every candidate rejected for one request-level reason (a malformed request): the message
 /// reaches the pod's FailedScheduling event, and the pod stays `Unschedulable`, not
 /// `SchedulerError`.
-pub fn reject_all<'a>(names: impl IntoIterator<Item = &'a str>, message: &str) -> FailedNodesMap {
-    names
-        .into_iter()
-        .map(|name| (name.to_owned(), message.to_owned()))
-        .collect()
+pub fn reject_all<'a>(
+    names: impl IntoIterator<Item = &'a str>,
+    message: &'a str,
+) -> NodeReasons<'a> {
+    NodeReasons::from_pairs(names.into_iter().map(|name| (name, message)).collect())
 }
 
 /// Scores candidates on the extender's 0..=10 scale, in candidate order. Nodes that do not fit
 /// (or are unknown) get 0. The engine's 0..=100 scores are stretched over the candidates (best
 /// 10, worst 0) because ten buckets would otherwise merge placements the policy tells apart;
-/// when all are equal every node gets 10 so the extender expresses no preference. Names are
-/// paired with the scores by [`host_priorities`], which moves them rather than copying.
-pub fn prioritize<'a>(
-    candidates: impl IntoIterator<Item = (&'a str, Option<&'a NodeState>)>,
+/// when all are equal every node gets 10 so the extender expresses no preference.
+pub fn prioritize<'a, 'n>(
+    candidates: impl IntoIterator<Item = (&'a str, Option<&'n NodeState>)>,
     request: &PodRequest,
     policy: &Policy,
-) -> Vec<i64> {
-    let scored: Vec<Option<f64>> = candidates
+) -> Vec<HostScore<'a>> {
+    let scored: Vec<(&'a str, Option<f64>)> = candidates
         .into_iter()
-        .map(|(_, node)| node.and_then(|n| policy.evaluate_score(n, request).ok()))
+        .map(|(name, node)| {
+            (
+                name,
+                node.and_then(|n| policy.evaluate_score(n, request).ok()),
+            )
+        })
         .collect();
-    let raw = scored.iter().flatten();
-    let low = raw.clone().copied().fold(f64::INFINITY, f64::min);
-    let high = raw.copied().fold(f64::NEG_INFINITY, f64::max);
+    let raw = scored.iter().filter_map(|(_, score)| *score);
+    let low = raw.clone().fold(f64::INFINITY, f64::min);
+    let high = raw.fold(f64::NEG_INFINITY, f64::max);
     scored
         .into_iter()
-        .map(|score| to_extender_score(score, low, high))
-        .collect()
-}
-
-/// The prioritize answer: each candidate name with its score, in order.
-pub fn host_priorities(names: Vec<String>, scores: Vec<i64>) -> HostPriorityList {
-    names
-        .into_iter()
-        .zip(scores)
-        .map(|(host, score)| HostPriority { host, score })
+        .map(|(host, score)| HostScore {
+            host,
+            score: to_extender_score(score, low, high),
+        })
         .collect()
 }
 
 /// Scores for a pod the extender has no opinion on: 0 everywhere, so it changes no ranking.
-pub fn prioritize_none(names: &[String]) -> HostPriorityList {
+pub fn prioritize_none<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<HostScore<'a>> {
     names
-        .iter()
-        .map(|name| HostPriority {
-            host: name.clone(),
-            score: 0,
-        })
+        .into_iter()
+        .map(|host| HostScore { host, score: 0 })
         .collect()
 }
 
@@ -191,13 +186,10 @@ mod tests {
         );
         assert_eq!(verdict.passed, vec![0]);
         assert_eq!(
-            verdict.unresolvable.get("whole").map(String::as_str),
-            Some(RejectReason::ModeMismatch.message())
+            verdict.unresolvable,
+            vec![("whole", RejectReason::ModeMismatch.message())]
         );
-        assert_eq!(
-            verdict.failed.get("ghost").map(String::as_str),
-            Some(UNKNOWN_NODE)
-        );
+        assert_eq!(verdict.failed, vec![("ghost", UNKNOWN_NODE)]);
         assert_eq!(verdict.unknown, 1);
 
         let verdict = filter(
@@ -206,9 +198,10 @@ mod tests {
             &Policy::default(),
         );
         assert!(verdict.passed.is_empty());
-        assert_eq!(
-            verdict.unresolvable.get("share").map(String::as_str),
-            Some(RejectReason::GpuMemoryTooSmall.message())
+        assert!(
+            verdict
+                .unresolvable
+                .contains(&("share", RejectReason::GpuMemoryTooSmall.message()))
         );
     }
 
@@ -230,27 +223,24 @@ mod tests {
             MemMiB(16 * 1024),
         )));
         let names = ["share", "idle", "whole"];
-        let scores = host_priorities(
-            names.map(String::from).to_vec(),
-            prioritize(
-                names.map(|n| (n, table.node_by_str(n))),
-                &share(4),
-                &Policy::default(),
-            ),
+        let scores = prioritize(
+            names.map(|n| (n, table.node_by_str(n))),
+            &share(4),
+            &Policy::default(),
         );
         assert_eq!(
             scores,
             vec![
-                HostPriority {
-                    host: "share".into(),
+                HostScore {
+                    host: "share",
                     score: 10
                 },
-                HostPriority {
-                    host: "idle".into(),
+                HostScore {
+                    host: "idle",
                     score: 0
                 },
-                HostPriority {
-                    host: "whole".into(),
+                HostScore {
+                    host: "whole",
                     score: 0
                 },
             ]
