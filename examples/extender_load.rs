@@ -58,7 +58,7 @@ fn main() -> Result<()> {
     let table = synthetic_table(&config, args.nodes)?;
     let state = AppState {
         cluster: Arc::new(ClusterState::with_table(table)),
-        policy: Arc::new(config.engine_policy()),
+        policy: config.engine_policy().into(),
         adapter: Arc::new(KubeAdapter::new(config.clone(), None)),
         metrics: Metrics::new()?,
         body_limit: 64 << 20,

@@ -135,7 +135,7 @@ fn extender() -> &'static Extender {
             Metrics::new().unwrap_or_else(|error| panic!("fuzz harness: metrics: {error}"));
         let state = AppState {
             cluster: Arc::new(ClusterState::with_table(table)),
-            policy: Arc::new(config().engine_policy()),
+            policy: config().engine_policy().into(),
             // No binder: bind must answer with an `Error`, never crash.
             adapter: Arc::new(KubeAdapter::new(Arc::clone(config()), None)),
             metrics,

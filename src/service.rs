@@ -19,6 +19,7 @@ use crate::http::wire::ExtenderBindingArgs;
 use crate::inspect::{self, ClusterReport};
 use crate::k8s::bind::{BindError, BindOutcome, BindRequest, BindTime, Binder, KubeApi, PodApi};
 use crate::k8s::events::{BindEvents, KubeEvents};
+use crate::k8s::learn::{self, PolicyCell};
 use crate::k8s::watch::{self, ClusterState, Feed};
 use crate::k8s::{requeue, translate};
 use crate::telemetry::Metrics;
@@ -318,12 +319,18 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         );
     }
     let client = kube_client(args.kubeconfig.as_deref()).await?;
-    let policy = Arc::new(config.engine_policy());
+    let configured = Arc::new(config.engine_policy());
+    // Record-less pods are placed with the configured policy; every other decision reads the
+    // policy in force, whose typical-pod distribution `learn` may replace while serving.
+    let policy = PolicyCell::from(configured.clone());
     let cluster = Arc::new(ClusterState::for_config(&config));
     let metrics = Metrics::new()?;
+    metrics
+        .typical_pod_classes
+        .set(i64::try_from(configured.typical.pods().len()).unwrap_or(i64::MAX));
     let epoch = Instant::now();
 
-    let feed = Feed::new(cluster.clone(), config.clone(), policy.clone());
+    let feed = Feed::new(cluster.clone(), config.clone(), configured.clone());
     let watchers = tokio::spawn(watch::run(client.clone(), feed, epoch));
     let requeuer = config.requeue.enabled.then(|| {
         tokio::spawn(requeue::run(
@@ -336,6 +343,14 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         ))
     });
 
+    let learner = config.policy.typical_pods.learn.then(|| {
+        tokio::spawn(learn::run(
+            cluster.clone(),
+            policy.clone(),
+            configured.typical.clone(),
+            metrics.clone(),
+        ))
+    });
     let binder = Binder::new(
         cluster.clone(),
         config.clone(),
@@ -385,6 +400,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     info!("shutting down: draining requests");
     drop(stop_tx);
     watchers.abort();
+    if let Some(learner) = learner {
+        learner.abort();
+    }
     if let Some(requeuer) = requeuer {
         requeuer.abort();
     }

@@ -70,7 +70,7 @@ impl Harness {
     fn with_cluster(config: Arc<Config>, cluster: ClusterState) -> Self {
         let state = AppState {
             cluster: Arc::new(cluster),
-            policy: Arc::new(config.engine_policy()),
+            policy: config.engine_policy().into(),
             adapter: Arc::new(KubeAdapter::new(config, None)),
             metrics: Metrics::new().unwrap(),
             body_limit: 1024 * 1024,
@@ -173,7 +173,7 @@ async fn filter_cache_mode_rejects_full_and_unknown_nodes_with_node_independent_
         .unwrap()
         .unwrap();
         let node = table.node_by_str("gpu-a").unwrap().clone();
-        let placed = gpu_extender::engine::fit(&node, &pod, &harness.state.policy).unwrap();
+        let placed = gpu_extender::engine::fit(&node, &pod, &harness.state.policy.load()).unwrap();
         table.apply(Change::PodBound {
             pod: gpu_extender::engine::PodKey::new("ml", "busy"),
             allocation: placed,

@@ -17,9 +17,8 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::{Deserialize, Serialize};
 use tracing::{Instrument, info_span, warn};
 
-use crate::engine::{
-    NodeSpec, NodeState, PodAllocation, PodKey, PodRequest, Policy, RejectReason, Table,
-};
+use crate::engine::{NodeSpec, NodeState, PodAllocation, PodKey, PodRequest, RejectReason, Table};
+use crate::k8s::learn::PolicyCell;
 use crate::k8s::watch::ClusterState;
 use crate::telemetry::Metrics;
 
@@ -50,7 +49,8 @@ pub trait Adapter: Send + Sync + 'static {
 pub struct AppState {
     /// The allocation table and whether it is synced.
     pub cluster: Arc<ClusterState>,
-    pub policy: Arc<Policy>,
+    /// The policy in force (its typical-pod distribution may be relearned while serving).
+    pub policy: PolicyCell,
     pub adapter: Arc<dyn Adapter>,
     pub metrics: Metrics,
     /// Largest request body accepted, in bytes.
@@ -340,7 +340,7 @@ fn filter_decision<'a>(
             let verdict = verbs::filter(
                 names.iter().map(|&name| (name, table.node_by_str(name))),
                 request,
-                &state.policy,
+                &state.policy.load(),
             );
             drop(table);
             record_verdict(&state.metrics, &verdict);
@@ -374,7 +374,9 @@ fn filter_decision<'a>(
                 });
             let readable: Vec<(&str, Option<&NodeState>)> = candidates.collect();
             let mut verdict = match request {
-                Some(request) => verbs::filter(readable.iter().copied(), request, &state.policy),
+                Some(request) => {
+                    verbs::filter(readable.iter().copied(), request, &state.policy.load())
+                }
                 None => verbs::FilterVerdict {
                     passed: (0..readable.len()).collect(),
                     ..Default::default()
@@ -477,7 +479,7 @@ fn prioritize_decision<'a>(
             verbs::prioritize(
                 names.iter().map(|&name| (name, table.node_by_str(name))),
                 &request,
-                &state.policy,
+                &state.policy.load(),
             )
         }
         Candidates::Objects { names, states, .. } => verbs::prioritize(
@@ -486,7 +488,7 @@ fn prioritize_decision<'a>(
                 .zip(states)
                 .map(|(name, node)| (name.as_str(), node.as_ref().ok())),
             &request,
-            &state.policy,
+            &state.policy.load(),
         ),
     }
 }
@@ -587,7 +589,8 @@ fn preempt_decision(state: &AppState, args: ExtenderPreemptionArgs) -> ExtenderP
             }
         }
         let allocations: Vec<PodAllocation> = tracked.iter().map(|(_, a)| a.clone()).collect();
-        let Some(needed) = verbs::victims_needed(node, &allocations, request, &state.policy) else {
+        let Some(needed) = verbs::victims_needed(node, &allocations, request, &state.policy.load())
+        else {
             continue;
         };
         let mut keep = untracked;
@@ -617,7 +620,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
 
 async fn metrics(State(state): State<AppState>) -> Response {
     let rendered = state.metrics.render_after(|metrics| {
-        crate::service::refresh_metrics(metrics, &state.cluster, &state.policy);
+        crate::service::refresh_metrics(metrics, &state.cluster, &state.policy.load());
     });
     match rendered {
         Ok(text) => (
@@ -646,7 +649,7 @@ mod tests {
         let config = Arc::new(Config::default());
         AppState {
             cluster: Arc::new(ClusterState::with_table(Table::new(20))),
-            policy: Arc::new(config.engine_policy()),
+            policy: config.engine_policy().into(),
             adapter: Arc::new(crate::service::KubeAdapter::new(config, None)),
             metrics: Metrics::new().unwrap(),
             body_limit: 1 << 20,

@@ -24,9 +24,10 @@ use super::translate::{TranslateError, pod_host_request, pod_request};
 use super::watch::{ClusterState, monotonic_ms};
 use crate::config::Config;
 use crate::engine::{
-    Change, CpuMilli, Hold, MemMiB, NodeName, PodAllocation, PodKey, PodRequest, Policy,
-    RejectReason, TableError, fit,
+    Change, CpuMilli, Hold, MemMiB, NodeName, PodAllocation, PodKey, PodRequest, RejectReason,
+    TableError, fit,
 };
+use crate::k8s::learn::PolicyCell;
 
 /// What kube-scheduler asks to bind (`ExtenderBindingArgs`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -184,18 +185,23 @@ pub enum Reserved {
 pub struct Binder<A> {
     state: Arc<ClusterState>,
     cfg: Arc<Config>,
-    policy: Arc<Policy>,
+    policy: PolicyCell,
     api: A,
 }
 
 impl<A: PodApi> Binder<A> {
     /// A binder over `state`, deciding with `policy` (GPU choice per the node's placement) and
     /// writing through `api`.
-    pub fn new(state: Arc<ClusterState>, cfg: Arc<Config>, policy: Arc<Policy>, api: A) -> Self {
+    pub fn new(
+        state: Arc<ClusterState>,
+        cfg: Arc<Config>,
+        policy: impl Into<PolicyCell>,
+        api: A,
+    ) -> Self {
         Self {
             state,
             cfg,
-            policy,
+            policy: policy.into(),
             api,
         }
     }
@@ -295,7 +301,7 @@ impl<A: PodApi> Binder<A> {
             .ok_or_else(|| BindError::NodeUnknown(node.clone()))?;
         let (allocation, annotations) = match request {
             Some(request) => {
-                let allocation = fit(state, request, &self.policy).map_err(|reason| {
+                let allocation = fit(state, request, &self.policy.load()).map_err(|reason| {
                     BindError::NoLongerFits {
                         pod: key.clone(),
                         node: node.clone(),

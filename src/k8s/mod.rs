@@ -7,6 +7,7 @@
 
 pub mod bind;
 pub mod events;
+pub mod learn;
 mod quantity;
 pub mod record;
 pub mod requeue;

@@ -28,6 +28,7 @@ use super::translate::pod_request;
 use super::watch::ClusterState;
 use crate::config::Config;
 use crate::engine::{NodeName, PodKey, PodRequest, Policy, Table, fit};
+use crate::k8s::learn::PolicyCell;
 use crate::telemetry::Metrics;
 
 /// The one write requeueing needs: set an annotation on a pod (a metadata-only update).
@@ -87,7 +88,7 @@ pub fn choose(
 pub async fn run<A: PodTouch>(
     state: Arc<ClusterState>,
     cfg: Arc<Config>,
-    policy: Arc<Policy>,
+    policy: PolicyCell,
     api: A,
     metrics: Metrics,
     epoch: Instant,
@@ -117,7 +118,7 @@ pub async fn run<A: PodTouch>(
         }
         let chosen = {
             let table = state.read();
-            choose(&table, &policy, &freed, &waiting, per_node)
+            choose(&table, &policy.load(), &freed, &waiting, per_node)
         };
         // Any new value makes the update; the time tells a reader when it happened.
         let stamp = (time.unix_nanos / 1_000_000_000).to_string();

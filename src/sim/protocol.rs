@@ -12,8 +12,9 @@ use rand::{Rng, RngExt};
 use super::trace::{SimPod, Workload};
 use crate::engine::{CpuMilli, MemMiB, TypicalPod, TypicalPods};
 
-/// The share of all pods the typical-pod prefix must cover (`PodPopularityThreshold` 95).
-pub const TYPICAL_COVERAGE: f64 = 0.95;
+/// The share of all pods the typical-pod prefix must cover (`PodPopularityThreshold` 95): the
+/// engine's constant, shared with the extender's learning.
+pub use crate::engine::TYPICAL_COVERAGE;
 
 /// The order in which a run submits pods.
 #[derive(Clone, Debug, PartialEq, Eq)]

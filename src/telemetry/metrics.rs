@@ -35,6 +35,10 @@ pub struct Metrics {
     pub reservations_outstanding: IntGauge,
     /// Reservations released because the pod never appeared bound.
     pub reservations_expired: IntCounter,
+    /// Classes in the typical-pod distribution FGD scores with (configured or learned).
+    pub typical_pod_classes: IntGauge,
+    /// Pods the typical-pod distribution was last learned from (`policy.typicalPods.learn`).
+    pub typical_pods_learned_from: IntGauge,
     /// Nodes and pods in the allocation table.
     pub table_nodes: IntGauge,
     pub table_pods: IntGauge,
@@ -263,6 +267,14 @@ impl Metrics {
             "gpu_extender_reservations_expired_total",
             "Reservations released because the bound pod never appeared.",
         )?;
+        let typical_pod_classes = IntGauge::new(
+            "gpu_extender_typical_pod_classes",
+            "Classes in the typical-pod distribution FGD scores with (configured or learned).",
+        )?;
+        let typical_pods_learned_from = IntGauge::new(
+            "gpu_extender_typical_pods_learned_from",
+            "Pods the typical-pod distribution was last learned from (policy.typicalPods.learn).",
+        )?;
         let table_nodes =
             IntGauge::new("gpu_extender_table_nodes", "Nodes in the allocation table.")?;
         let table_pods = IntGauge::new(
@@ -334,6 +346,8 @@ impl Metrics {
         register(&registry, &mut names, binds.clone())?;
         register(&registry, &mut names, reservations_outstanding.clone())?;
         register(&registry, &mut names, reservations_expired.clone())?;
+        register(&registry, &mut names, typical_pod_classes.clone())?;
+        register(&registry, &mut names, typical_pods_learned_from.clone())?;
         register(&registry, &mut names, table_nodes.clone())?;
         register(&registry, &mut names, table_pods.clone())?;
         register(&registry, &mut names, table_rebuild_duration.clone())?;
@@ -366,6 +380,8 @@ impl Metrics {
             binds,
             reservations_outstanding,
             reservations_expired,
+            typical_pod_classes,
+            typical_pods_learned_from,
             table_nodes,
             table_pods,
             table_rebuild_duration,

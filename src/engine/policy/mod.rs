@@ -4,6 +4,7 @@
 pub mod binpack;
 pub mod fgd;
 pub mod fgd_plus;
+pub mod learn;
 pub mod reference;
 pub mod spread;
 pub mod topology;

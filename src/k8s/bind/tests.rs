@@ -10,6 +10,7 @@ use kube::runtime::watcher::Event;
 use serde_json::json;
 
 use super::*;
+use crate::engine::Policy;
 use crate::engine::{GpuDemand, GpuMode, NodeSpec, Table};
 use crate::k8s::translate::pod_key;
 use crate::k8s::watch::Feed;

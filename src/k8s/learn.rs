@@ -1,0 +1,188 @@
+//! The policy the service decides with ([`PolicyCell`]), and `policy.typicalPods.learn`:
+//! relearning FGD's typical-pod distribution from the pods the cluster runs.
+//!
+//! Filter, prioritize, bind and the requeue task read the policy once per decision; the learning
+//! task swaps in a policy with a new distribution every [`LEARN_INTERVAL`] when what the table
+//! holds has changed it. Until the table holds [`MIN_LEARNED_PODS`] pods the configured
+//! distribution (`policy.typicalPods.pods`, possibly empty) stays in force: a handful of pods is
+//! no distribution.
+
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use tracing::info;
+
+use super::watch::ClusterState;
+use crate::engine::{Policy, TypicalPods, learn_typical};
+use crate::telemetry::Metrics;
+
+/// How often the distribution is relearned.
+pub const LEARN_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Pods the table must hold before a learned distribution replaces the configured one.
+pub const MIN_LEARNED_PODS: u64 = 20;
+
+/// The policy in force, shared by every part of the service; cheap to clone (one `Arc`).
+#[derive(Clone, Debug)]
+pub struct PolicyCell(Arc<RwLock<Arc<Policy>>>);
+
+impl PolicyCell {
+    /// The policy to decide with now. Hold the returned `Arc` for one decision, so that a
+    /// decision never mixes two distributions.
+    pub fn load(&self) -> Arc<Policy> {
+        Arc::clone(&self.0.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Puts `policy` in force for every decision that starts from now on.
+    pub fn store(&self, policy: Policy) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(policy);
+    }
+}
+
+impl From<Arc<Policy>> for PolicyCell {
+    fn from(policy: Arc<Policy>) -> Self {
+        Self(Arc::new(RwLock::new(policy)))
+    }
+}
+
+impl From<Policy> for PolicyCell {
+    fn from(policy: Policy) -> Self {
+        Arc::new(policy).into()
+    }
+}
+
+/// One round of learning: the distribution of the pods the table holds, or `configured` while
+/// there are fewer than [`MIN_LEARNED_PODS`]; stored only if it differs from the one in force.
+/// Returns (classes in force, pods learned from).
+pub fn relearn(
+    cluster: &ClusterState,
+    cell: &PolicyCell,
+    configured: &TypicalPods,
+) -> (usize, u64) {
+    let (learned, counted) = learn_typical(&cluster.read());
+    let wanted = if counted >= MIN_LEARNED_PODS {
+        learned
+    } else {
+        configured.clone()
+    };
+    let current = cell.load();
+    if current.typical != wanted {
+        info!(
+            classes = wanted.pods().len(),
+            pods = counted,
+            "typical-pod distribution relearned"
+        );
+        let mut next = Policy::clone(&current);
+        next.typical = wanted;
+        let classes = next.typical.pods().len();
+        cell.store(next);
+        return (classes, counted);
+    }
+    (current.typical.pods().len(), counted)
+}
+
+/// Relearns every [`LEARN_INTERVAL`] once the initial lists are applied, forever.
+pub async fn run(
+    cluster: Arc<ClusterState>,
+    cell: PolicyCell,
+    configured: TypicalPods,
+    metrics: Metrics,
+) {
+    let mut tick = tokio::time::interval(LEARN_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if !cluster.is_ready() {
+            continue;
+        }
+        let (classes, counted) = relearn(&cluster, &cell, &configured);
+        metrics
+            .typical_pod_classes
+            .set(i64::try_from(classes).unwrap_or(i64::MAX));
+        metrics
+            .typical_pods_learned_from
+            .set(i64::try_from(counted).unwrap_or(i64::MAX));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::model::GpuMode;
+    use crate::engine::{
+        Change, ComputeMilli, CpuMilli, GpuDemand, MemMiB, NodeSpec, PodKey, PodRequest, Table,
+        TypicalPod, fit,
+    };
+
+    fn cluster_with(pods: usize) -> ClusterState {
+        let mut table = Table::new(20);
+        let node = NodeSpec::uniform("n", GpuMode::ShareMemory, 8, "Tesla-T4", MemMiB(16_384));
+        table.apply(Change::UpsertNode(node.clone()));
+        let request = PodRequest::single(
+            CpuMilli(500),
+            MemMiB(512),
+            GpuDemand::Share {
+                gpus: 1,
+                mem_per_gpu: MemMiB(2048),
+                compute_per_gpu: ComputeMilli(0),
+            },
+        );
+        for i in 0..pods {
+            let Some(state) = table.node(&node.name).cloned() else {
+                panic!("node n is missing");
+            };
+            let allocation = fit(&state, &request, &Policy::default())
+                .unwrap_or_else(|reason| panic!("pod {i} does not fit: {reason:?}"));
+            table.apply(Change::PodBound {
+                pod: PodKey::new("ns", &format!("p{i}")),
+                allocation,
+            });
+        }
+        ClusterState::with_table(table)
+    }
+
+    fn configured() -> TypicalPods {
+        TypicalPods::new(vec![TypicalPod {
+            cpu: CpuMilli(1000),
+            memory: MemMiB(0),
+            gpus: 1,
+            milli: 1000,
+            models: Vec::new(),
+            weight: 1.0,
+        }])
+    }
+
+    #[test]
+    fn the_configured_distribution_holds_until_enough_pods_are_seen() {
+        let cell = PolicyCell::from(Policy {
+            typical: configured(),
+            ..Policy::default()
+        });
+        let few = cluster_with(5);
+        assert_eq!(relearn(&few, &cell, &configured()), (1, 5));
+        assert_eq!(cell.load().typical, configured());
+
+        let many = cluster_with(30);
+        assert_eq!(relearn(&many, &cell, &configured()), (1, 30));
+        let learned = cell.load();
+        // 2 GiB of a 16 GiB card: 125 milli-GPU, every pod alike.
+        assert_eq!(learned.typical.pods()[0].milli, 125);
+        assert_eq!(learned.typical.pods()[0].cpu, CpuMilli(500));
+
+        // Fewer pods again: back to the configured distribution.
+        assert_eq!(relearn(&few, &cell, &configured()), (1, 5));
+        assert_eq!(cell.load().typical, configured());
+    }
+
+    #[test]
+    fn a_decision_keeps_the_policy_it_loaded() {
+        let cell = PolicyCell::from(Policy::default());
+        let held = cell.load();
+        cell.store(Policy {
+            typical: configured(),
+            ..Policy::default()
+        });
+        assert!(held.typical.is_empty());
+        assert_eq!(cell.load().typical, configured());
+    }
+}
