@@ -73,6 +73,7 @@ pub const KEYS: &[&str] = &[
     "policy.scoring",
     "policy.maxPodsPerSharedGpu",
     "policy.typicalPods.learn",
+    "policy.typicalPods.learnIntervalSeconds",
     "policy.typicalPods.pods",
     "server.listen",
     "server.urlPrefix",
@@ -270,12 +271,25 @@ impl Default for PolicyConfig {
 }
 
 /// The workload FGD measures fragmentation against.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct TypicalPodsConfig {
-    /// Learn the distribution from the pods the cluster runs (the listed pods, if any, seed it).
+    /// Learn the distribution from the pods the cluster runs (the listed pods, if any, are used
+    /// until enough pods are seen).
     pub learn: bool,
+    /// How often the distribution is relearned.
+    pub learn_interval_seconds: u64,
     pub pods: Vec<TypicalPodConfig>,
+}
+
+impl Default for TypicalPodsConfig {
+    fn default() -> Self {
+        Self {
+            learn: false,
+            learn_interval_seconds: 30,
+            pods: Vec::new(),
+        }
+    }
 }
 
 /// One typical pod class.
@@ -688,6 +702,14 @@ impl Config {
             format!(
                 "{} is out of range 1..=1000",
                 self.requeue.max_pods_per_node
+            ),
+        );
+        check(
+            (1..=3600).contains(&self.policy.typical_pods.learn_interval_seconds),
+            "policy.typicalPods.learnIntervalSeconds",
+            format!(
+                "{} is out of range 1..=3600",
+                self.policy.typical_pods.learn_interval_seconds
             ),
         );
         check(

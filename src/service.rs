@@ -348,6 +348,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             cluster.clone(),
             policy.clone(),
             configured.typical.clone(),
+            Duration::from_secs(config.policy.typical_pods.learn_interval_seconds),
             metrics.clone(),
         ))
     });

@@ -2,8 +2,8 @@
 //! relearning FGD's typical-pod distribution from the pods the cluster runs.
 //!
 //! Filter, prioritize, bind and the requeue task read the policy once per decision; the learning
-//! task swaps in a policy with a new distribution every [`LEARN_INTERVAL`] when what the table
-//! holds has changed it. Until the table holds [`MIN_LEARNED_PODS`] pods the configured
+//! task swaps in a policy with a new distribution every `policy.typicalPods.learnIntervalSeconds`
+//! when what the table holds has changed it. Until the table holds [`MIN_LEARNED_PODS`] pods the configured
 //! distribution (`policy.typicalPods.pods`, possibly empty) stays in force: a handful of pods is
 //! no distribution.
 
@@ -15,9 +15,6 @@ use tracing::info;
 use super::watch::ClusterState;
 use crate::engine::{Policy, TypicalPods, learn_typical};
 use crate::telemetry::Metrics;
-
-/// How often the distribution is relearned.
-pub const LEARN_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Pods the table must hold before a learned distribution replaces the configured one.
 pub const MIN_LEARNED_PODS: u64 = 20;
@@ -81,14 +78,15 @@ pub fn relearn(
     (current.typical.pods().len(), counted)
 }
 
-/// Relearns every [`LEARN_INTERVAL`] once the initial lists are applied, forever.
+/// Relearns every `every` once the initial lists are applied, forever.
 pub async fn run(
     cluster: Arc<ClusterState>,
     cell: PolicyCell,
     configured: TypicalPods,
+    every: Duration,
     metrics: Metrics,
 ) {
-    let mut tick = tokio::time::interval(LEARN_INTERVAL);
+    let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;

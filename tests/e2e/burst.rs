@@ -88,7 +88,14 @@ fn pod(i: usize) -> PodSpec {
 fn a_burst_of_pods_onto_a_crowded_cluster_never_overcommits_a_gpu() {
     crate::harness::run("burst", async |c| {
         let nodes = cluster();
-        up(c, &nodes, "").await?;
+        // Learning the typical-pod distribution (every second here) runs beside the burst;
+        // binpack, the scoring in force, does not read it, so placements are unchanged.
+        up(
+            c,
+            &nodes,
+            "policy:\n  typicalPods:\n    learn: true\n    learnIntervalSeconds: 1\n",
+        )
+        .await?;
 
         let t0 = Instant::now();
         let specs: Vec<PodSpec> = (0..PODS).map(pod).collect();
@@ -178,6 +185,34 @@ fn a_burst_of_pods_onto_a_crowded_cluster_never_overcommits_a_gpu() {
             share_mem * 10 >= share_capacity * 7,
             "only {share_mem} of {share_capacity} MiB of GPU memory handed out"
         );
+
+        // The distribution was learned from the pods the table holds, once a second.
+        let held = report["nodes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|n| n["gpus"].as_array().into_iter().flatten())
+            .flat_map(|g| g["pods"].as_array().into_iter().flatten())
+            .filter_map(|p| p.as_str())
+            .collect::<std::collections::BTreeSet<_>>()
+            .len() as f64;
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let metrics = c.metrics().await?;
+            let learned = metric_sum(&metrics, "gpu_extender_typical_pods_learned_from", &[]);
+            let classes = metric_sum(&metrics, "gpu_extender_typical_pod_classes", &[]);
+            if learned >= held && classes >= 1.0 {
+                eprintln!(
+                    "  typical pods learned from {learned} pods ({held} on GPUs): {classes} classes"
+                );
+                break;
+            }
+            ensure!(
+                std::time::Instant::now() < deadline,
+                "typical pods learned from {learned} pods ({classes} classes); {held} pods hold GPUs"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         Ok(())
     });
 }
