@@ -25,12 +25,14 @@ use serde_json::json;
 
 use crate::harness::{Cluster, PROFILE_CONFIG, metric_sum};
 use crate::objects::{
-    GPU_MEM, GpuNode, Mode, NVIDIA_GPU, PodSpec, create_nodes, create_pod, list_pods, node_of,
-    pods, wait_settled,
+    GPU_MEM, GpuNode, Mode, NVIDIA_GPU, PodSpec, bound_count, create_nodes, create_pod, list_pods,
+    node_of, pods, wait_settled,
 };
 use crate::proxy::FaultProxy;
 use crate::record::{check_cluster, check_inspect, record_of};
-use crate::state::{bind_error, held_by, wait_inspect, wait_metric};
+use crate::state::{
+    bind_error, ensure_nothing_held, held_by, spawn_bind, wait_inspect, wait_metric,
+};
 
 /// How long an API server or watch may take to do what the scenario waits for.
 const SETTLE: Duration = Duration::from_secs(20);
@@ -197,11 +199,7 @@ fn binds_survive_api_errors_lost_answers_lapsed_reservations_and_a_crash_mid_wri
             error.contains("API server error 500"),
             "bind during the API failure answered {error:?}"
         );
-        wait_metric(c, "gpu_extender_reservations_outstanding", 0.0).await?;
-        ensure!(
-            held_by(&c.inspect().await?, "f-share", "p-500").is_empty(),
-            "a bind the API server failed left capacity held"
-        );
+        ensure_nothing_held(c, "f-share", "p-500", "a bind the API server failed").await?;
         webhooks
             .delete("e2e-fail-bindings", &DeleteParams::default())
             .await
@@ -229,17 +227,7 @@ fn binds_survive_api_errors_lost_answers_lapsed_reservations_and_a_crash_mid_wri
             metric(c, "gpu_extender_reservations_outstanding", &[]).await? == 1.0,
             "the lost bind's reservation is not held"
         );
-        let extender = c.extender_addr;
-        let retry_uid = uid["p-retry"].clone();
-        let retry = tokio::spawn(async move {
-            crate::harness::http_post_json(
-                extender,
-                "/scheduler/bind",
-                &json!({"PodName": "p-retry", "PodNamespace": "default",
-                        "PodUID": retry_uid, "Node": "f-excl"}),
-            )
-            .await
-        });
+        let retry = spawn_bind(c, "p-retry", &uid["p-retry"], "f-excl");
         // The retry's write reached the API server and was answered (409) before anything the
         // watch would tell the extender is let through.
         c.wait_audited_binding("p-retry", 409).await?;
@@ -302,17 +290,7 @@ fn binds_survive_api_errors_lost_answers_lapsed_reservations_and_a_crash_mid_wri
 
         // 4. The extender killed between the API write and the watch confirming it.
         proxy.hold();
-        let extender = c.extender_addr;
-        let crash_uid = uid["p-crash"].clone();
-        let doomed = tokio::spawn(async move {
-            crate::harness::http_post_json(
-                extender,
-                "/scheduler/bind",
-                &json!({"PodName": "p-crash", "PodNamespace": "default",
-                        "PodUID": crash_uid, "Node": "f-share"}),
-            )
-            .await
-        });
+        let doomed = spawn_bind(c, "p-crash", &uid["p-crash"], "f-share");
         c.wait_audited_binding("p-crash", 201).await?;
         c.kill_extender()?;
         // Its answer is lost with it.
@@ -335,17 +313,7 @@ fn binds_survive_api_errors_lost_answers_lapsed_reservations_and_a_crash_mid_wri
         //    node it no longer has (it does not check), the table drops the node with what was
         //    on it, and later binds to it fail cleanly.
         proxy.hold();
-        let extender = c.extender_addr;
-        let gone_uid = uid["p-gone"].clone();
-        let in_flight = tokio::spawn(async move {
-            crate::harness::http_post_json(
-                extender,
-                "/scheduler/bind",
-                &json!({"PodName": "p-gone", "PodNamespace": "default",
-                        "PodUID": gone_uid, "Node": "f-gone"}),
-            )
-            .await
-        });
+        let in_flight = spawn_bind(c, "p-gone", &uid["p-gone"], "f-gone");
         c.wait_audited_binding("p-gone", 201).await?;
         Api::<Node>::all(c.client.clone())
             .delete("f-gone", &DeleteParams::default())
@@ -375,17 +343,7 @@ fn binds_survive_api_errors_lost_answers_lapsed_reservations_and_a_crash_mid_wri
             .delete("p-deleted", &DeleteParams::default().grace_period(0))
             .await
             .context("deleting p-deleted")?;
-        let extender = c.extender_addr;
-        let deleted_uid = uid["p-deleted"].clone();
-        let in_flight = tokio::spawn(async move {
-            crate::harness::http_post_json(
-                extender,
-                "/scheduler/bind",
-                &json!({"PodName": "p-deleted", "PodNamespace": "default",
-                        "PodUID": deleted_uid, "Node": "f-share"}),
-            )
-            .await
-        });
+        let in_flight = spawn_bind(c, "p-deleted", &uid["p-deleted"], "f-share");
         c.wait_audited_binding("p-deleted", 404).await?;
         proxy.release();
         let (status, body) = in_flight.await.context("bind task")??;
@@ -393,11 +351,7 @@ fn binds_survive_api_errors_lost_answers_lapsed_reservations_and_a_crash_mid_wri
             status == 200 && body.contains("no longer exists"),
             "bind of a pod deleted meanwhile answered {status} {body}"
         );
-        wait_metric(c, "gpu_extender_reservations_outstanding", 0.0).await?;
-        ensure!(
-            held_by(&c.inspect().await?, "f-share", "p-deleted").is_empty(),
-            "a bind that met 404 left capacity held"
-        );
+        ensure_nothing_held(c, "f-share", "p-deleted", "a bind that met 404").await?;
         eprintln!("  pod deleted meanwhile: the Binding met 404, nothing held");
 
         check_table(c, &nodes, "after the bind faults").await
@@ -439,17 +393,9 @@ fn stream_pod(i: usize) -> PodSpec {
     }
 }
 
-async fn bound_count(c: &Cluster) -> Result<usize> {
-    Ok(list_pods(&c.client)
-        .await?
-        .iter()
-        .filter(|p| node_of(p).is_some())
-        .count())
-}
-
 async fn wait_bound_count(c: &Cluster, at: usize) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(90);
-    while bound_count(c).await? < at {
+    while bound_count(&c.client).await? < at {
         ensure!(
             Instant::now() < deadline,
             "{at} pods were not bound within 90s"
@@ -518,7 +464,7 @@ fn a_stream_of_pods_survives_severed_watches_an_api_restart_timeouts_and_a_node_
         proxy.sever();
         eprintln!(
             "  watches severed with {} pods bound",
-            bound_count(c).await?
+            bound_count(&c.client).await?
         );
         // Both watches connect again (and binds go on meanwhile).
         let deadline = Instant::now() + SETTLE;
@@ -534,7 +480,7 @@ fn a_stream_of_pods_survives_severed_watches_an_api_restart_timeouts_and_a_node_
         c.restart_apiserver(Duration::from_secs(2)).await?;
         eprintln!(
             "  kube-apiserver restarted with {} pods bound",
-            bound_count(c).await?
+            bound_count(&c.client).await?
         );
 
         // Answers held for 7 s: kube-scheduler's bind calls time out on its side (5 s); the
@@ -549,7 +495,7 @@ fn a_stream_of_pods_survives_severed_watches_an_api_restart_timeouts_and_a_node_
             .context("deleting node f-doomed")?;
         eprintln!(
             "  node f-doomed deleted with {} pods bound",
-            bound_count(c).await?
+            bound_count(&c.client).await?
         );
         tokio::time::sleep(Duration::from_secs(4)).await;
         proxy.release();

@@ -512,6 +512,15 @@ pub async fn list_pods(client: &kube::Client) -> Result<Vec<Pod>> {
     Ok(pods(client).list(&ListParams::default()).await?.items)
 }
 
+/// How many pods of the namespace are bound.
+pub async fn bound_count(client: &kube::Client) -> Result<usize> {
+    Ok(list_pods(client)
+        .await?
+        .iter()
+        .filter(|p| node_of(p).is_some())
+        .count())
+}
+
 /// The pod's events (reason, message), oldest first.
 pub async fn events_of(client: &kube::Client, pod: &str) -> Result<Vec<(String, String)>> {
     let api: Api<Event> = Api::namespaced(client.clone(), NS);

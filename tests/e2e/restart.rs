@@ -5,10 +5,11 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, ensure};
+use anyhow::{Context, anyhow, ensure};
 
 use crate::objects::{
-    GPU_MEM, GpuNode, Mode, NVIDIA_GPU, PodSpec, create_pod, list_pods, node_of, wait_settled,
+    GPU_MEM, GpuNode, Mode, NVIDIA_GPU, PodSpec, bound_count, create_pod, list_pods, node_of,
+    wait_settled,
 };
 use crate::record::{check_cluster, check_inspect};
 use crate::up;
@@ -22,14 +23,6 @@ fn pod(i: usize) -> PodSpec {
     } else {
         PodSpec::new(&name, GPU_MEM, [2, 4, 2, 6, 2][i % 6])
     }
-}
-
-async fn bound_count(client: &kube::Client) -> Result<usize> {
-    Ok(list_pods(client)
-        .await?
-        .iter()
-        .filter(|p| node_of(p).is_some())
-        .count())
 }
 
 #[test]

@@ -90,6 +90,35 @@ pub fn held_by(report: &Value, node_name: &str, pod: &str) -> Vec<u64> {
         .collect()
 }
 
+/// Waits until no reservation is outstanding, then checks that `pod` holds nothing on `node`:
+/// what every failed bind must leave behind.
+pub async fn ensure_nothing_held(
+    c: &Cluster,
+    node_name: &str,
+    pod: &str,
+    what: &str,
+) -> Result<()> {
+    wait_metric(c, "gpu_extender_reservations_outstanding", 0.0).await?;
+    ensure!(
+        held_by(&c.inspect().await?, node_name, pod).is_empty(),
+        "{what} left capacity held"
+    );
+    Ok(())
+}
+
+/// Posts a bind for `pod` to `node` in a task of its own, the way kube-scheduler would: for a
+/// bind whose answer a fault holds back. The task gives the HTTP status and body.
+pub fn spawn_bind(
+    c: &Cluster,
+    pod: &str,
+    uid: &str,
+    node: &str,
+) -> tokio::task::JoinHandle<Result<(u16, String)>> {
+    let extender = c.extender_addr;
+    let body = json!({"PodName": pod, "PodNamespace": "default", "PodUID": uid, "Node": node});
+    tokio::spawn(async move { http_post_json(extender, "/scheduler/bind", &body).await })
+}
+
 /// Posts a bind for `pod` to `node` the way kube-scheduler would; returns the `Error` field.
 pub async fn bind_error(c: &Cluster, pod: &str, uid: &str, node: &str) -> Result<String> {
     let (status, body) = http_post_json(
@@ -198,11 +227,7 @@ fn the_table_follows_pods_bound_by_others_node_changes_and_failed_binds() {
             error.contains("recreated"),
             "bind with another pod's UID: {error:?}"
         );
-        wait_metric(c, "gpu_extender_reservations_outstanding", 0.0).await?;
-        ensure!(
-            held_by(&c.inspect().await?, "st-share", "lost").is_empty(),
-            "a failed bind left capacity held"
-        );
+        ensure_nothing_held(c, "st-share", "lost", "a failed bind").await?;
 
         // Removed: the node leaves the table.
         kube::Api::<k8s_openapi::api::core::v1::Node>::all(c.client.clone())
