@@ -14,7 +14,7 @@ use tracing::info;
 
 use crate::config::{Config, ConfigFlags};
 use crate::engine::{Hold, NodeSpec, PodKey, PodRequest, Policy};
-use crate::http::server::{Adapter, AppState, admin_router, router};
+use crate::http::server::{Adapter, AppState, admin_router, guarded_router};
 use crate::http::wire::ExtenderBindingArgs;
 use crate::inspect::{self, ClusterReport};
 use crate::k8s::bind::{BindError, BindOutcome, BindRequest, BindTime, Binder, KubeApi, PodApi};
@@ -369,8 +369,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         body_limit: usize::try_from(config.server.body_limit_bytes).unwrap_or(usize::MAX),
     };
     let limit = usize::try_from(config.limits.max_concurrent_requests).unwrap_or(usize::MAX);
-    let extender = router(state.clone(), &config.server.url_prefix)
-        .layer(tower::limit::GlobalConcurrencyLimitLayer::new(limit));
+    let extender = guarded_router(state.clone(), &config.server.url_prefix, limit, budget);
     let admin = admin_router(state);
 
     let extender_listener = TcpListener::bind(config.server.listen)

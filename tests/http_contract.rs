@@ -469,3 +469,91 @@ async fn admin_surface_reports_health_readiness_metrics_and_inspection() {
     assert_eq!(report["totals"]["gpus"], 4);
     assert_eq!(report["nodes"][0]["name"], "gpu-a");
 }
+
+/// A binder that holds its bind until the test lets it go, saying when it has started.
+struct HeldBinder {
+    started: tokio::sync::Notify,
+    release: tokio::sync::Notify,
+}
+
+impl gpu_extender::service::Bind for HeldBinder {
+    fn bind(
+        &self,
+        _args: gpu_extender::http::wire::ExtenderBindingArgs,
+    ) -> futures::future::BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            self.started.notify_one();
+            self.release.notified().await;
+            Ok(())
+        })
+    }
+
+    fn pod_key_for_uid(&self, _uid: &str) -> Option<gpu_extender::engine::PodKey> {
+        None
+    }
+}
+
+/// Over the concurrency limit, a request that cannot get a turn within the budget is answered
+/// 503 with the reason (and counted), instead of waiting on; once a turn frees, requests are
+/// served again. The limit is 1 and the only turn is held by a bind the test controls, so the
+/// outcome does not depend on timing.
+#[tokio::test]
+async fn over_the_concurrency_limit_a_request_is_shed_with_503_not_queued_forever() {
+    let config = Arc::new(Config::default());
+    let binder = Arc::new(HeldBinder {
+        started: tokio::sync::Notify::new(),
+        release: tokio::sync::Notify::new(),
+    });
+    let state = AppState {
+        cluster: Arc::new(ClusterState::with_table(Table::rebuild(
+            20,
+            recorded_nodes(&config),
+            [],
+        ))),
+        policy: config.engine_policy().into(),
+        adapter: Arc::new(KubeAdapter::new(config, Some(binder.clone()))),
+        metrics: Metrics::new().unwrap(),
+        body_limit: 1024 * 1024,
+    };
+    let extender = gpu_extender::http::server::guarded_router(
+        state.clone(),
+        "/scheduler",
+        1,
+        std::time::Duration::from_millis(50),
+    );
+    let call = |verb: &str, body: String| {
+        Request::post(format!("/scheduler/{verb}"))
+            .header("content-type", "application/json")
+            .body(Body::from(body))
+            .unwrap()
+    };
+    let bind = json!({"PodName": "p", "PodNamespace": "ns", "PodUID": "u", "Node": "gpu-a"});
+    let held = tokio::spawn(extender.clone().oneshot(call("bind", bind.to_string())));
+    binder.started.notified().await;
+
+    let filter = fixture("filter-cache.json").to_string();
+    let shed = extender
+        .clone()
+        .oneshot(call("filter", filter.clone()))
+        .await
+        .unwrap();
+    assert_eq!(shed.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let message = shed.into_body().collect().await.unwrap().to_bytes();
+    let message = String::from_utf8_lossy(&message);
+    assert!(
+        message.contains("limits.maxConcurrentRequests"),
+        "{message}"
+    );
+    assert!(
+        state
+            .metrics
+            .render()
+            .unwrap()
+            .contains("gpu_extender_requests_shed_total 1")
+    );
+
+    binder.release.notify_one();
+    assert_eq!(held.await.unwrap().unwrap().status(), StatusCode::OK);
+    let served = extender.oneshot(call("filter", filter)).await.unwrap();
+    assert_eq!(served.status(), StatusCode::OK);
+}

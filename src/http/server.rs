@@ -4,17 +4,19 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLockReadGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::{Deserialize, Serialize};
+use tokio::sync::Semaphore;
 use tracing::{Instrument, info_span, warn};
 
 use crate::engine::{NodeSpec, NodeState, PodAllocation, PodKey, PodRequest, RejectReason, Table};
@@ -86,6 +88,65 @@ pub fn router(state: AppState, prefix: &str) -> Router {
         .route(&format!("{prefix}/preempt"), post(preempt))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
+}
+
+/// The extender's verbs behind the limits that protect the process: at most `max_concurrent`
+/// requests are served at once, and one that waits longer than `queue_budget` for its turn is
+/// answered 503 at once instead of waiting on (kube-scheduler stops waiting at its
+/// `httpTimeout`; a queue that only grows would answer everyone late). Shed requests are counted
+/// in `gpu_extender_requests_shed_total`.
+pub fn guarded_router(
+    state: AppState,
+    prefix: &str,
+    max_concurrent: usize,
+    queue_budget: Duration,
+) -> Router {
+    let gate = Arc::new(Gate {
+        permits: Semaphore::new(max_concurrent.clamp(1, Semaphore::MAX_PERMITS)),
+        max_concurrent,
+        budget: queue_budget,
+        metrics: state.metrics.clone(),
+    });
+    router(state, prefix).layer(axum::middleware::from_fn_with_state(gate, admit))
+}
+
+/// The admission state of [`guarded_router`].
+#[derive(Debug)]
+struct Gate {
+    permits: Semaphore,
+    max_concurrent: usize,
+    budget: Duration,
+    metrics: Metrics,
+}
+
+async fn admit(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> Response {
+    match tokio::time::timeout(gate.budget, gate.permits.acquire()).await {
+        Ok(Ok(permit)) => {
+            let response = next.run(request).await;
+            drop(permit);
+            response
+        }
+        // Timed out waiting, or (never: the semaphore is not closed) closed.
+        Ok(Err(_)) | Err(_) => {
+            gate.metrics.requests_shed.inc();
+            warn!(
+                limit = gate.max_concurrent,
+                waited_ms = gate.budget.as_millis() as u64,
+                "request shed: the extender is at its concurrency limit"
+            );
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "gpu-extender is serving its limit of {} concurrent requests \
+                     (limits.maxConcurrentRequests) and this one waited {} ms \
+                     (server.requestTimeoutMs) without a turn",
+                    gate.max_concurrent,
+                    gate.budget.as_millis()
+                ),
+            )
+                .into_response()
+        }
+    }
 }
 
 /// The admin routes: `/healthz`, `/readyz`, `/metrics`, `/inspect`.

@@ -27,6 +27,8 @@ pub struct Metrics {
     pub filter_nodes: IntCounterVec,
     /// Node rejections by reason code.
     pub rejections: IntCounterVec,
+    /// Requests answered 503 because they waited too long for a turn under the concurrency limit.
+    pub requests_shed: IntCounter,
     /// Pods whose GPU request could not be read (malformed quantities, uneven splits...).
     pub invalid_requests: IntCounter,
     /// Bind outcomes (`bound`, `already_bound`, `no_fit`, `pod_gone`, `node_gone`, `api_error`).
@@ -263,6 +265,10 @@ impl Metrics {
             "gpu_extender_reservations_outstanding",
             "GPU reservations held between bind and the watch confirming the bound pod.",
         )?;
+        let requests_shed = IntCounter::new(
+            "gpu_extender_requests_shed_total",
+            "Requests answered 503 after waiting server.requestTimeoutMs for a turn under limits.maxConcurrentRequests.",
+        )?;
         let reservations_expired = IntCounter::new(
             "gpu_extender_reservations_expired_total",
             "Reservations released because the bound pod never appeared.",
@@ -346,6 +352,7 @@ impl Metrics {
         register(&registry, &mut names, binds.clone())?;
         register(&registry, &mut names, reservations_outstanding.clone())?;
         register(&registry, &mut names, reservations_expired.clone())?;
+        register(&registry, &mut names, requests_shed.clone())?;
         register(&registry, &mut names, typical_pod_classes.clone())?;
         register(&registry, &mut names, typical_pods_learned_from.clone())?;
         register(&registry, &mut names, table_nodes.clone())?;
@@ -380,6 +387,7 @@ impl Metrics {
             binds,
             reservations_outstanding,
             reservations_expired,
+            requests_shed,
             typical_pod_classes,
             typical_pods_learned_from,
             table_nodes,
