@@ -27,10 +27,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use gpu_extender::engine::{
-    Change, CpuMilli, Evaluation, Gpu, GpuConstraints, GpuDemand, GpuMode, GpuPlacement, Grant,
-    Hold, Link, LinkMatrix, MemMiB, ModelPattern, NodeName, NodeSpec, NodeState, PodAllocation,
-    PodKey, PodRequest, Policy, RejectReason, ScoringPolicy, Table, TopologyIndex,
-    TopologyPreference, TypicalPod, TypicalPods, fit,
+    Change, ComputeMilli, CpuMilli, Evaluation, Gpu, GpuConstraints, GpuDemand, GpuMode,
+    GpuPlacement, GpuUsage, Grant, Hold, Link, LinkMatrix, MemMiB, ModelPattern, NodeName,
+    NodeSpec, NodeState, PodAllocation, PodKey, PodRequest, Policy, RejectReason, ScoringPolicy,
+    Table, TopologyIndex, TopologyPreference, TypicalPod, TypicalPods, fit,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -945,6 +945,65 @@ proptest! {
         ops in prop::collection::vec(op(), 1..=30),
     ) {
         run(&nodes, &classes, max_shares, truncate, &ops)?;
+    }
+
+    /// A node reads its GPUs' free parts through divisors prepared from their memory (a
+    /// multiplication instead of a division): for any memory, from none to far past any GPU,
+    /// uniform across the node or not, and any usage, the free part is the one
+    /// `state::gpu_free_milli` computes by dividing.
+    #[test]
+    fn prepared_divisors_give_the_free_part_that_division_gives(
+        gpus in prop::collection::vec(
+            (
+                prop_oneof![
+                    Just(0u64),
+                    1u64..=64,
+                    1u64..=200_000,
+                    (1u64 << 27) - 2..=(1u64 << 27) + 2,
+                    any::<u64>(),
+                ],
+                any::<bool>(),
+                prop_oneof![0u64..=200_000, any::<u64>()],
+                0u32..=1200,
+                0u16..=2,
+            ),
+            1..=10,
+        ),
+        uniform in any::<bool>(),
+    ) {
+        let first_memory = gpus[0].0;
+        let specs: Vec<Gpu> = gpus
+            .iter()
+            .enumerate()
+            .map(|(index, &(memory, healthy, ..))| {
+                let memory = if uniform { first_memory } else { memory };
+                let mut gpu = Gpu::new(index as u16, "A10", MemMiB(memory));
+                gpu.healthy = healthy;
+                gpu
+            })
+            .collect();
+        let spec = NodeSpec::with_gpus(
+            "n",
+            GpuMode::ShareMemory,
+            specs.clone(),
+            LinkMatrix::uniform(specs.len()),
+        );
+        let mut state = NodeState::new(spec);
+        for (position, &(_, _, mem, compute, whole_pods)) in gpus.iter().enumerate() {
+            state.gpus[position] = GpuUsage {
+                mem: MemMiB(mem),
+                compute: ComputeMilli(compute),
+                shares: 1,
+                whole_pods,
+            };
+        }
+        for (position, gpu) in specs.iter().enumerate() {
+            prop_assert_eq!(
+                state.gpu_free_milli(position),
+                gpu_extender::engine::state::gpu_free_milli(gpu, &state.gpus[position]),
+                "{:?} {:?}", gpu, state.gpus[position]
+            );
+        }
     }
 
     /// Filter and prioritize judge every candidate through `evaluate_score`, bind through `fit`:

@@ -157,6 +157,7 @@ pub(crate) fn fit_with(
         policy,
         choice,
         cache,
+        &mut PerGpu::copy_of(&node.gpus),
         &mut |role, container, placed| {
             let allocation = ContainerAllocation {
                 name: container.name.clone(),
@@ -178,8 +179,8 @@ pub(crate) fn fit_with(
 }
 
 /// What placing `request` on `node` does to the node, without building the [`PodAllocation`]:
-/// the node's GPU usage once the pod's footprint is added, and the topology quality of the
-/// placement. Filter and prioritize ask only this of every candidate; the allocation itself is
+/// `after` (which comes in as a copy of the node's usage) is left with the pod's footprint
+/// added, and the topology quality of the placement is returned. Filter and prioritize ask only this of every candidate; the allocation itself is
 /// built by [`fit`] at bind, for the chosen node alone.
 ///
 /// Exactly what [`fit`] followed by `add_allocation` and `topology::quality` give, because the
@@ -191,21 +192,47 @@ pub(crate) fn footprint_with(
     request: &PodRequest,
     policy: &Policy,
     cache: &mut FgdCache,
-) -> Result<Footprint, RejectReason> {
+    after: &mut [GpuUsage],
+) -> Result<f64, RejectReason> {
+    let choice = policy.share_choice(node, request);
+    let mut quality: f64 = 1.0;
+    let mut rate = |role: Role, placed: &Placed| {
+        if role == Role::App && placed.grant == Grant::Whole {
+            quality = quality.min(group_quality(node, placed.positions.mask()));
+        }
+    };
+    if !request
+        .init_containers
+        .iter()
+        .any(|container| !container.gpu.is_none())
+    {
+        // No init container holds a GPU (nearly every pod): the footprint is the app
+        // containers' grants, which the placement's own scratch usage already adds to the
+        // node's, each GPU the pod shares counted once, as `PodAllocation::footprint` counts it.
+        place(
+            node,
+            request,
+            policy,
+            choice,
+            cache,
+            after,
+            &mut |role, _, placed| rate(role, placed),
+        )?;
+        return Ok(quality);
+    }
     // Per position, what the app containers hold together and the most any single init
     // container holds: the pod's footprint is their larger (Kubernetes' init-container rule,
     // as `PodAllocation::footprint` applies it GPU by GPU).
     let mut apps = PerGpu::<Take>::defaults(node.gpus.len());
     let mut inits = PerGpu::<Take>::defaults(node.gpus.len());
     let mut touched = 0u64;
-    let mut quality: f64 = 1.0;
-    let choice = policy.share_choice(node, request);
     place(
         node,
         request,
         policy,
         choice,
         cache,
+        after,
         &mut |role, _, placed| {
             let takes = match role {
                 Role::App => &mut apps,
@@ -227,12 +254,10 @@ pub(crate) fn footprint_with(
                     }
                 }
             }
-            if role == Role::App && placed.grant == Grant::Whole {
-                quality = quality.min(group_quality(node, placed.positions.mask()));
-            }
+            rate(role, placed);
         },
     )?;
-    let mut after = PerGpu::copy_of(&node.gpus);
+    after.copy_from_slice(&node.gpus);
     for position in positions(touched) {
         let (app, init) = (apps[position], inits[position]);
         let slot = &mut after[position];
@@ -248,15 +273,7 @@ pub(crate) fn footprint_with(
             slot.shares = slot.shares.saturating_add(1);
         }
     }
-    Ok(Footprint { after, quality })
-}
-
-/// What [`footprint_with`] finds: the node's GPU usage with the pod added, and the placement's
-/// topology quality (`policy::topology::quality` of the allocation [`fit`] would build).
-#[derive(Debug)]
-pub(crate) struct Footprint {
-    pub(crate) after: PerGpu<GpuUsage>,
-    pub(crate) quality: f64,
+    Ok(quality)
 }
 
 /// What one pod's containers of one kind take from one GPU.
@@ -300,13 +317,16 @@ impl Placed {
 }
 
 /// Decides where every container of `request` goes on `node` and hands each placed container to
-/// `record`: the one placement procedure behind both [`fit`] and [`footprint_with`].
+/// `record`: the one placement procedure behind both [`fit`] and [`footprint_with`]. `usage`,
+/// a copy of the node's usage, is left with the app containers placed (see
+/// [`Placer::place_pod`]).
 fn place(
     node: &NodeState,
     request: &PodRequest,
     policy: &Policy,
     choice: ShareChoice,
     cache: &mut FgdCache,
+    usage: &mut [GpuUsage],
     record: &mut impl FnMut(Role, &ContainerRequest, &Placed),
 ) -> Result<(), RejectReason> {
     let eligible = check_capability(node, request)?;
@@ -322,7 +342,7 @@ fn place(
         return Err(placer.confirm_resolvable(request, reason));
     }
     placer
-        .place_pod(request, &node.gpus, cache, record)
+        .place_pod(request, &node.gpus, usage, cache, record)
         .map_err(|reason| placer.confirm_resolvable(request, reason))
 }
 
@@ -436,19 +456,22 @@ struct Placer<'a> {
 impl Placer<'_> {
     /// Places every container of the pod on top of `base` usage: app containers together, each
     /// init container alone. Each placed container goes to `record` as soon as it is placed.
+    /// `usage` comes in equal to `base` and is left with the app containers' grants added (each
+    /// GPU a pod shares counted once): the usage the pod leaves when no init container holds a
+    /// GPU. The caller provides it so that it is written in place rather than moved out.
     fn place_pod(
         &self,
         request: &PodRequest,
         base: &[GpuUsage],
+        usage: &mut [GpuUsage],
         cache: &mut FgdCache,
         record: &mut impl FnMut(Role, &ContainerRequest, &Placed),
     ) -> Result<(), RejectReason> {
-        let mut usage = PerGpu::copy_of(base);
         let mut pod_shares = 0u64;
         let mut held_by_apps = 0u64;
         for container in &request.containers {
             let placed = self.place(
-                &mut usage,
+                usage,
                 &mut pod_shares,
                 container.gpu,
                 0,
@@ -498,7 +521,9 @@ impl Placer<'_> {
             ..*self
         };
         let idle = PerGpu::<GpuUsage>::defaults(self.node.gpus.len());
-        match placer.place_pod(request, &idle, &mut FgdCache::default(), &mut |_, _, _| {}) {
+        let mut usage = idle.clone();
+        let mut cache = FgdCache::default();
+        match placer.place_pod(request, &idle, &mut usage, &mut cache, &mut |_, _, _| {}) {
             Ok(()) => reason,
             Err(RejectReason::InsufficientGpuMemory) => RejectReason::GpuMemoryTooSmall,
             Err(_) => RejectReason::TooFewGpus,

@@ -64,6 +64,11 @@ pub(crate) struct GpuProfile {
     pub(crate) uniform_memory: Option<MemMiB>,
     /// Memory of each GPU, by position.
     pub(crate) memory: Box<[MemMiB]>,
+    /// `uniform_memory` and `memory` as divisors for [`free_milli_by`]: the free part of a GPU
+    /// is read for every candidate GPU and again for every GPU when scoring, and a 64-bit
+    /// division each time was the largest single cost of filtering a share pod.
+    pub(crate) uniform_divisor: Option<MemDivisor>,
+    pub(crate) divisors: Box<[MemDivisor]>,
     /// The distinct models in comparison form, each with the positions that carry it: a
     /// model constraint is matched once per model, not once per GPU.
     pub(crate) models: Box<[(String, u64)]>,
@@ -100,6 +105,17 @@ impl GpuProfile {
                 _ => None,
             },
             memory: spec.gpus.iter().map(|gpu| gpu.memory).collect(),
+            uniform_divisor: match spec.gpus.first() {
+                Some(first) if spec.gpus.iter().all(|gpu| gpu.memory == first.memory) => {
+                    Some(MemDivisor::new(first.memory))
+                }
+                _ => None,
+            },
+            divisors: spec
+                .gpus
+                .iter()
+                .map(|gpu| MemDivisor::new(gpu.memory))
+                .collect(),
             models: models.into_boxed_slice(),
             contiguous: spec
                 .gpus
@@ -113,6 +129,12 @@ impl GpuProfile {
     /// The memory of the GPU at `position`.
     pub(crate) fn memory(&self, position: usize) -> MemMiB {
         self.uniform_memory.unwrap_or_else(|| self.memory[position])
+    }
+
+    /// The memory of the GPU at `position`, as a divisor.
+    pub(crate) fn divisor(&self, position: usize) -> MemDivisor {
+        self.uniform_divisor
+            .unwrap_or_else(|| self.divisors[position])
     }
 
     /// The positions of GPUs with at least `min` memory.
@@ -206,7 +228,7 @@ impl NodeState {
         if !self.profile.is_healthy(&self.spec, position) {
             return 0;
         }
-        free_milli(self.profile.memory(position), usage)
+        free_milli_by(self.profile.divisor(position), usage)
     }
 
     /// Healthy GPUs with nothing on them, as a position mask.
@@ -303,6 +325,62 @@ pub(crate) fn free_milli(memory: MemMiB, usage: &GpuUsage) -> u32 {
     }
     let by_mem = (mem_free(memory, usage).0.saturating_mul(1000) / memory.0) as u32;
     compute.min(by_mem)
+}
+
+/// [`free_milli`] with the GPU's memory given as a prepared divisor: the same value, without a
+/// division in the usual case.
+pub(crate) fn free_milli_by(memory: MemDivisor, usage: &GpuUsage) -> u32 {
+    let compute = gpu_compute_free(usage).0;
+    if memory.memory == 0 {
+        return compute;
+    }
+    let by_mem = memory.per_mille(mem_free(MemMiB(memory.memory), usage).0) as u32;
+    compute.min(by_mem)
+}
+
+/// A GPU's memory prepared for dividing by it: `free * 1000 / memory` as a multiplication and a
+/// shift (a few cycles instead of a 64-bit division), exact for every `free <= memory`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MemDivisor {
+    memory: u64,
+    /// `floor(2^64 / memory) + 1`, or 0 where the multiplication is not known to be exact (then
+    /// [`MemDivisor::per_mille`] divides).
+    magic: u64,
+}
+
+impl MemDivisor {
+    /// Memory below this takes the multiplication: see [`MemDivisor::per_mille`] for why it is
+    /// exact there. 2^27 MiB is 128 TiB, far above any GPU.
+    const EXACT_BELOW: u64 = 1 << 27;
+
+    pub(crate) fn new(memory: MemMiB) -> Self {
+        let magic = if (2..Self::EXACT_BELOW).contains(&memory.0) {
+            // At most 2^63 + 1 for memory >= 2, so it fits.
+            u64::try_from((1u128 << 64) / u128::from(memory.0) + 1).unwrap_or(0)
+        } else {
+            0
+        };
+        Self {
+            memory: memory.0,
+            magic,
+        }
+    }
+
+    /// `free.saturating_mul(1000) / memory`, the per-mille of memory that `free` is (memory > 0).
+    ///
+    /// Why the multiplication is exact: with `d = memory`, `n = 1000 * free` and
+    /// `magic = 2^64 / d + e` (0 < e <= 1), `n * magic / 2^64 = n / d + n * e / 2^64`. The
+    /// fraction of `n / d` is at most `(d - 1) / d`, so the floor is unchanged as long as
+    /// `n * e / 2^64 < 1 / d`, which holds when `n * d < 2^64`. Here `free <= d` and
+    /// `d < 2^27`, so `n * d <= 1000 * 2^54 < 2^64`. Anything outside that divides.
+    pub(crate) fn per_mille(self, free: u64) -> u64 {
+        if self.magic != 0 && free <= self.memory {
+            let n = u128::from(free * 1000);
+            ((n * u128::from(self.magic)) >> 64) as u64
+        } else {
+            free.saturating_mul(1000) / self.memory.max(1)
+        }
+    }
 }
 
 /// Per-GPU values of one node, read as a slice: inline for nodes of up to 8 GPUs (nearly all of
@@ -418,5 +496,108 @@ impl<T: std::hash::Hash> std::hash::Hash for PerGpu<T> {
 impl<T: std::fmt::Debug> std::fmt::Debug for PerGpu<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         (**self).fmt(f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The division it replaces.
+    fn divided(memory: u64, free: u64) -> u64 {
+        free.saturating_mul(1000) / memory
+    }
+
+    #[test]
+    fn the_prepared_divisor_divides_exactly_for_every_small_memory_and_free_part() {
+        for memory in 1..=1500u64 {
+            let divisor = MemDivisor::new(MemMiB(memory));
+            for free in 0..=memory {
+                assert_eq!(
+                    divisor.per_mille(free),
+                    divided(memory, free),
+                    "{free}/{memory}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_prepared_divisor_divides_exactly_near_multiples_and_at_its_limit() {
+        // Real GPU sizes (MiB), powers of two and their neighbours, and both sides of the limit
+        // where the multiplication stops being taken.
+        let mut memories = vec![
+            16_384,
+            24_576,
+            32_768,
+            40_960,
+            81_920,
+            141_312,
+            MemDivisor::EXACT_BELOW - 1,
+            MemDivisor::EXACT_BELOW,
+            MemDivisor::EXACT_BELOW + 1,
+            u64::MAX / 1000,
+            u64::MAX,
+        ];
+        memories
+            .extend((1..27).flat_map(|shift| [(1u64 << shift) - 1, 1 << shift, (1 << shift) + 1]));
+        for memory in memories {
+            let divisor = MemDivisor::new(MemMiB(memory));
+            // Just below, at and just above every free part that makes a whole per-mille, for
+            // 1,000 of them spread over 0..=memory, and the ends.
+            let steps = (0..=1000u64).map(|k| u128::from(memory) * u128::from(k) / 1000);
+            for step in steps {
+                let step = u64::try_from(step).unwrap_or(u64::MAX);
+                for free in [step.saturating_sub(1), step, step.saturating_add(1)] {
+                    let free = free.min(memory);
+                    assert_eq!(
+                        divisor.per_mille(free),
+                        divided(memory, free),
+                        "{free}/{memory}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn free_milli_by_equals_free_milli() {
+        let usages = [
+            GpuUsage::default(),
+            GpuUsage {
+                mem: MemMiB(8192),
+                compute: ComputeMilli(300),
+                shares: 2,
+                whole_pods: 0,
+            },
+            GpuUsage {
+                mem: MemMiB(100_000),
+                compute: ComputeMilli(1200),
+                shares: 9,
+                whole_pods: 0,
+            },
+            GpuUsage {
+                whole_pods: 1,
+                ..GpuUsage::default()
+            },
+        ];
+        for memory in [
+            0,
+            1,
+            7,
+            16_384,
+            24_576,
+            81_920,
+            MemDivisor::EXACT_BELOW,
+            u64::MAX,
+        ] {
+            for usage in &usages {
+                assert_eq!(
+                    free_milli_by(MemDivisor::new(MemMiB(memory)), usage),
+                    free_milli(MemMiB(memory), usage),
+                    "{memory} {usage:?}"
+                );
+            }
+        }
     }
 }
