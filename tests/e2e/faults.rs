@@ -223,10 +223,8 @@ fn binds_survive_api_errors_lost_answers_lapsed_reservations_and_a_crash_mid_wri
             node == "f-excl" && written.len() == 1,
             "the lost bind's write: node {node:?}, GPUs {written:?}"
         );
-        ensure!(
-            metric(c, "gpu_extender_reservations_outstanding", &[]).await? == 1.0,
-            "the lost bind's reservation is not held"
-        );
+        // (Its reservation is kept, but for 3 s only: whether it is still there by now depends
+        // on the machine's speed, so it is not checked here; step 3 checks that it lapses.)
         let retry = spawn_bind(c, "p-retry", &uid["p-retry"], "f-excl");
         // The retry's write reached the API server and was answered (409) before anything the
         // watch would tell the extender is let through.
