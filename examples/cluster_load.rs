@@ -36,7 +36,10 @@ use serde_json::{Value, json};
 
 #[path = "support/http_load.rs"]
 mod http_load;
+#[path = "support/rss.rs"]
+mod rss;
 use http_load::{Percentiles, post};
+use rss::rss_kib;
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -221,7 +224,7 @@ async fn run(args: &Args, plane: &mut Plane) -> Result<()> {
     println!(
         "extender ready in {:.1}s (pid {pid}, RSS {} MiB with {} nodes)",
         t0.elapsed().as_secs_f64(),
-        rss_kib(pid)? / 1024,
+        rss_kib(Some(pid))? / 1024,
         nodes.len()
     );
 
@@ -232,7 +235,7 @@ async fn run(args: &Args, plane: &mut Plane) -> Result<()> {
         std::thread::spawn(move || {
             let start = Instant::now();
             while sampling.load(Ordering::Acquire) {
-                if let Ok(kib) = rss_kib(pid) {
+                if let Ok(kib) = rss_kib(Some(pid)) {
                     memory.sample(start.elapsed(), kib);
                 }
                 std::thread::sleep(Duration::from_millis(500));
@@ -781,17 +784,6 @@ fn connect(addr: SocketAddr) -> Result<TcpStream> {
 fn free_addr() -> Result<SocketAddr> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?)
-}
-
-/// The process's resident set, KiB.
-fn rss_kib(pid: u32) -> Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|kib| kib.parse().ok())
-        .ok_or_else(|| anyhow!("no VmRSS for pid {pid}"))
 }
 
 async fn wait_ready(admin: SocketAddr) -> Result<()> {

@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Parser;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::watcher::Event;
@@ -19,6 +19,10 @@ use serde_json::json;
 
 use gpu_extender::config::Config;
 use gpu_extender::k8s::watch::{ClusterState, Feed};
+
+#[path = "support/rss.rs"]
+mod rss;
+use rss::rss_kib;
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -53,7 +57,7 @@ fn main() -> Result<()> {
     feed.apply_pod_event(&Event::Init);
     feed.apply_pod_event(&Event::InitDone);
 
-    let before = rss_kib()?;
+    let before = rss_kib(None)?;
     for i in 0..args.pods {
         let node = node_name(i % args.nodes.max(1));
         let gpu = (i / args.nodes.max(1)) % 8;
@@ -72,7 +76,7 @@ fn main() -> Result<()> {
         }))?;
         feed.apply_pod_event(&Event::Apply(pod));
     }
-    let after = rss_kib()?;
+    let after = rss_kib(None)?;
     let stats = state.stats();
     println!(
         "{} nodes, {} bound pods in the table (records missing {}, corrupt {}): resident set +{} KiB, {} bytes per pod",
@@ -88,14 +92,4 @@ fn main() -> Result<()> {
 
 fn node_name(i: usize) -> String {
     format!("gpu-{i:05}")
-}
-
-fn rss_kib() -> Result<u64> {
-    let status = std::fs::read_to_string("/proc/self/status")?;
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|kib| kib.parse().ok())
-        .context("no VmRSS in /proc/self/status")
 }

@@ -512,29 +512,34 @@ impl Placer<'_> {
             .iter()
             .filter(|c| !c.gpu.is_none())
             .count();
-        let idle = PerGpu::<GpuUsage>::defaults(self.node.gpus.len());
-        let mut usage = idle.clone();
-        let mut cache = FgdCache::default();
-        let outcome = if gpu_apps <= 1 {
-            let placer = Placer {
+        let empty;
+        let placer = if gpu_apps <= 1 {
+            Placer {
                 choice: ShareChoice::Binpack,
                 ..*self
-            };
-            placer.place_pod(request, &idle, &mut usage, &mut cache, &mut |_, _, _| {})
+            }
         } else {
             // The replayed choice must be the one the node would make with nothing on it: FGD's
             // reads the node's free CPU (and usage), and on this busy node's values it can pick
             // a GPU that leaves a later container no room where the empty node would not (found
             // by `random_histories_keep_the_engine_consistent`). Rare (pods with several GPU
             // containers, rejected), so the empty node is built only here.
-            let empty = NodeState::new(self.node.spec.clone());
-            let placer = Placer {
+            empty = NodeState::new(self.node.spec.clone());
+            Placer {
                 node: &empty,
                 cpu_after: CpuMilli(empty.cpu_free().0.saturating_sub(request.cpu.0)),
                 ..*self
-            };
-            placer.place_pod(request, &idle, &mut usage, &mut cache, &mut |_, _, _| {})
+            }
         };
+        let idle = PerGpu::<GpuUsage>::defaults(self.node.gpus.len());
+        let mut usage = idle.clone();
+        let outcome = placer.place_pod(
+            request,
+            &idle,
+            &mut usage,
+            &mut FgdCache::default(),
+            &mut |_, _, _| {},
+        );
         match outcome {
             Ok(()) => reason,
             Err(RejectReason::InsufficientGpuMemory) => RejectReason::GpuMemoryTooSmall,

@@ -27,7 +27,7 @@ pub use model::{
     NodeName, NodeSpec, PodKey, WHOLE_GPU_COMPUTE,
 };
 pub use policy::fgd::{TypicalPod, TypicalPods};
-pub use policy::learn::{TYPICAL_COVERAGE, learn_typical};
+pub use policy::learn::{TYPICAL_COVERAGE, learn_typical, typical_from_classes};
 pub use policy::{Evaluation, Policy, ScoringPolicy, ShareChoice};
 pub use request::{
     ContainerRequest, GpuConstraints, GpuDemand, ModelPattern, PodRequest, RequestError,

@@ -625,6 +625,7 @@ fn preempt_decision(state: &AppState, args: ExtenderPreemptionArgs) -> ExtenderP
         .as_ref()
         .and_then(|pod| state.adapter.pod_request(pod).ok().flatten());
     let table = state.snapshot();
+    let policy = state.policy.load();
     let mut out = ExtenderPreemptionResult::default();
     for (node_name, uids, violations) in proposals {
         let meta = |uids: Vec<String>| MetaVictims {
@@ -650,8 +651,7 @@ fn preempt_decision(state: &AppState, args: ExtenderPreemptionArgs) -> ExtenderP
             }
         }
         let allocations: Vec<PodAllocation> = tracked.iter().map(|(_, a)| a.clone()).collect();
-        let Some(needed) = verbs::victims_needed(node, &allocations, request, &state.policy.load())
-        else {
+        let Some(needed) = verbs::victims_needed(node, &allocations, request, &policy) else {
             continue;
         };
         let mut keep = untracked;

@@ -50,9 +50,9 @@ pub struct ClusterState {
     /// in the table, and at 150,000 pods a slimmed `Pod` each (7.5 KiB, the k8s-openapi structs
     /// are large even when mostly empty) would be a gigabyte.
     pods: RwLock<HashMap<PodKey, Arc<Pod>>>,
-    /// The UID of every GPU pod the watch shows, pending or bound (preemption names its victims
-    /// by UID only).
-    uids: RwLock<HashMap<PodKey, Box<str>>>,
+    /// Every GPU pod the watch shows, pending or bound, by UID (preemption names its victims by
+    /// UID only).
+    uids: RwLock<HashMap<Box<str>, PodKey>>,
     ready: AtomicBool,
     stats: Mutex<FeedStats>,
     /// Nodes where capacity was freed since the requeue task last looked (see `requeue`).
@@ -143,14 +143,13 @@ impl ClusterState {
     }
 
     /// The key of the GPU pod with this UID, if the watch has seen it (preemption victims are
-    /// named by UID only). A scan: preemption is rare and the map holds only GPU pods.
+    /// named by UID only).
     pub fn pod_key_for_uid(&self, uid: &str) -> Option<PodKey> {
         self.uids
             .read()
             .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .find(|(_, known)| known.as_ref() == uid)
-            .map(|(key, _)| key.clone())
+            .get(uid)
+            .cloned()
     }
 
     /// One consistent snapshot for filter, prioritize and inspect. Hold it only to decide.
@@ -275,8 +274,8 @@ impl ClusterState {
     fn note_gpu_pod(&self, key: PodKey, uid: &str, pending: Option<Arc<Pod>>) {
         {
             let mut uids = self.uids.write().unwrap_or_else(PoisonError::into_inner);
-            if uids.get(&key).is_none_or(|known| known.as_ref() != uid) {
-                uids.insert(key.clone(), uid.into());
+            if uids.get(uid) != Some(&key) {
+                uids.insert(uid.into(), key.clone());
             }
         }
         let mut pods = self.pods.write().unwrap_or_else(PoisonError::into_inner);
@@ -290,15 +289,22 @@ impl ClusterState {
         }
     }
 
-    fn forget_pod(&self, key: &PodKey) {
+    /// Forgets a pod that is gone; `uid` is the one the feed last saw for it, if any.
+    fn forget_pod(&self, key: &PodKey, uid: Option<&str>) {
         self.pods
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(key);
-        self.uids
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(key);
+        let mut uids = self.uids.write().unwrap_or_else(PoisonError::into_inner);
+        match uid {
+            Some(uid) => {
+                if uids.get(uid) == Some(key) {
+                    uids.remove(uid);
+                }
+            }
+            // The feed kept no memo of the pod: find its UID the slow way (rare).
+            None => uids.retain(|_, known| known != key),
+        }
     }
 
     fn update_stats(&self, update: impl FnOnce(&mut FeedStats)) {
@@ -736,7 +742,8 @@ impl Feed {
     }
 
     fn pod_gone(&mut self, table: &mut Table, key: &PodKey) {
-        if let Some(memo) = self.take_memo(key)
+        let memo = self.take_memo(key);
+        if let Some(memo) = &memo
             && let Applied::WaitingForNode { node, .. } = &memo.applied
             && let Some(waiting) = self.waiting.get_mut(node)
         {
@@ -749,7 +756,8 @@ impl Feed {
             self.state.note_freed(&entry.allocation.node);
         }
         table.apply(Change::PodGone(key.clone()));
-        self.state.forget_pod(key);
+        self.state
+            .forget_pod(key, memo.as_ref().map(|memo| memo.uid.as_str()));
     }
 
     fn publish_stats(&self) {

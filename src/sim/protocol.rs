@@ -3,14 +3,13 @@
 //! permutation that breaks score ties, and FGD's typical pods from the original trace (§3).
 //! Every random draw of a run comes from one seeded generator, in this order.
 
-use std::cmp::Reverse;
 use std::collections::HashMap;
 
 use rand::seq::SliceRandom;
 use rand::{Rng, RngExt};
 
 use super::trace::{SimPod, Workload};
-use crate::engine::{CpuMilli, MemMiB, TypicalPod, TypicalPods};
+use crate::engine::{CpuMilli, MemMiB, TypicalPod, TypicalPods, typical_from_classes};
 
 /// The share of all pods the typical-pod prefix must cover (`PodPopularityThreshold` 95): the
 /// engine's constant, shared with the extender's learning.
@@ -105,23 +104,19 @@ pub fn typical_pods(pods: &[SimPod]) -> TypicalPods {
         entry.1 += 1;
         entry.2 += pod.memory.0;
     }
-    let mut classes: Vec<_> = counts.into_iter().collect();
-    classes.sort_by_key(|&(key, (_, count, _))| Reverse((count, key)));
-    let classes = classes
-        .into_iter()
-        .map(|((cpu, milli, gpus, _), (example, count, memory))| {
-            let pod = TypicalPod {
-                cpu: CpuMilli(cpu),
-                memory: MemMiB(memory / count),
-                gpus,
-                milli,
-                models: pods[example].models.clone(),
-                weight: 0.0,
-            };
-            (pod, count)
-        })
-        .collect();
-    TypicalPods::from_counts(classes, TYPICAL_COVERAGE)
+    let classes = counts.into_iter().map(|(key, (example, count, memory))| {
+        let (cpu, milli, gpus, _) = key;
+        let pod = TypicalPod {
+            cpu: CpuMilli(cpu),
+            memory: MemMiB(0),
+            gpus,
+            milli,
+            models: pods[example].models.clone(),
+            weight: 0.0,
+        };
+        (key, pod, count, memory)
+    });
+    typical_from_classes(classes)
 }
 
 #[cfg(test)]

@@ -8,7 +8,6 @@
 //! share of the card and its compute share. Model constraints are not recorded in allocations,
 //! so learned classes accept any model.
 
-use std::cmp::Reverse;
 use std::collections::HashMap;
 
 use super::fgd::{TypicalPod, TypicalPods};
@@ -55,23 +54,39 @@ pub fn learn_typical(table: &Table) -> (TypicalPods, u64) {
         entry.1 += allocation.memory.0;
     }
     let total = counts.values().map(|(count, _)| count).sum();
-    let mut classes: Vec<_> = counts.into_iter().collect();
-    classes.sort_by_key(|&(key, (count, _))| Reverse((count, key)));
-    let classes = classes
+    let classes = counts
         .into_iter()
         .map(|((cpu, milli, gpus), (count, memory))| {
             let pod = TypicalPod {
                 cpu: CpuMilli(cpu),
-                memory: MemMiB(memory / count.max(1)),
+                memory: MemMiB(0),
                 gpus,
                 milli,
                 models: Vec::new(),
                 weight: 0.0,
             };
+            ((cpu, milli, gpus), pod, count, memory)
+        });
+    (typical_from_classes(classes), total)
+}
+
+/// `GetTypicalPods` from counted classes, each `(key, pod, count, memory total)`: most frequent
+/// first, ties by key descending, each class's memory the mean of its pods', cut at
+/// [`TYPICAL_COVERAGE`]. The simulator (classes from the trace) and the extender (classes from
+/// the table) both build their distribution here.
+pub fn typical_from_classes<K: Ord>(
+    classes: impl IntoIterator<Item = (K, TypicalPod, u64, u64)>,
+) -> TypicalPods {
+    let mut classes: Vec<_> = classes.into_iter().collect();
+    classes.sort_by(|a, b| (b.2, &b.0).cmp(&(a.2, &a.0)));
+    let classes = classes
+        .into_iter()
+        .map(|(_, mut pod, count, memory)| {
+            pod.memory = MemMiB(memory / count.max(1));
             (pod, count)
         })
         .collect();
-    (TypicalPods::from_counts(classes, TYPICAL_COVERAGE), total)
+    TypicalPods::from_counts(classes, TYPICAL_COVERAGE)
 }
 
 #[cfg(test)]
