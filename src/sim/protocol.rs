@@ -1,13 +1,12 @@
 //! The reference experiment's protocol (simulation.md §1): the seeded arrival order (shuffled
 //! originals, then inflation to a target share of GPU capacity), the seeded node-priority
 //! permutation that breaks score ties, and FGD's typical pods from the original trace (§3).
-//! Every random draw of a run comes from one seeded generator, in this order.
+//! Every random draw of a run comes from one generator, Go's `math/rand` seeded with the run's
+//! seed, in the reference's order, so a seed draws the same run as the paper's seed.
 
 use std::collections::HashMap;
 
-use rand::seq::SliceRandom;
-use rand::{Rng, RngExt};
-
+use super::go_rand::GoRand;
 use super::trace::{SimPod, Workload};
 use crate::engine::{CpuMilli, MemMiB, TypicalPod, TypicalPods, typical_from_classes};
 
@@ -26,6 +25,14 @@ pub struct Arrivals {
     pub removed: usize,
 }
 
+/// The generator of a run: Go's `math/rand` seeded with `seed` (`rand.Seed(tuneseed)`), after
+/// the one `rand.Int()` the reference consumes at once (inside a log call's arguments).
+pub fn run_generator(seed: u64) -> GoRand {
+    let mut go = GoRand::new(seed as i64);
+    go.int();
+    go
+}
+
 /// Builds a run's arrival order: the name-sorted originals, shuffled, then resized towards
 /// `tune × capacity_milli` of GPU demand (no resizing when `tune` is not positive).
 ///
@@ -35,15 +42,10 @@ pub struct Arrivals {
 /// last multi-GPU pod may overshoot by up to 7000: the reference's behaviour, kept on purpose.
 /// Shrinking (`tuneDownPods`): remove uniformly random positions until the total is within the
 /// target, keeping the order of the rest.
-pub fn arrivals<R: Rng + ?Sized>(
-    workload: &Workload,
-    capacity_milli: u64,
-    tune: f64,
-    rng: &mut R,
-) -> Arrivals {
+pub fn arrivals(workload: &Workload, capacity_milli: u64, tune: f64, go: &mut GoRand) -> Arrivals {
     let pods = workload.pods();
     let mut order: Vec<usize> = (0..pods.len()).collect();
-    order.shuffle(rng);
+    go.shuffle(order.len(), |i, j| order.swap(i, j));
     let mut total: u64 = order.iter().map(|&i| pods[i].gpu_total()).sum();
     let target = tune * capacity_milli as f64;
     let mut added = 0;
@@ -52,7 +54,7 @@ pub fn arrivals<R: Rng + ?Sized>(
     if tune > 0.0 && workload.gpu_milli() > 0 {
         if (total as f64) < target {
             loop {
-                let pick = rng.random_range(0..pods.len());
+                let pick = go.intn(pods.len());
                 let pod = &pods[pick];
                 if total as f64 + f64::from(pod.shape().milli) > target {
                     break;
@@ -63,7 +65,7 @@ pub fn arrivals<R: Rng + ?Sized>(
             }
         } else {
             while total as f64 > target && !order.is_empty() {
-                let position = rng.random_range(0..order.len());
+                let position = go.intn(order.len());
                 total -= pods[order.remove(position)].gpu_total();
                 removed += 1;
             }
@@ -77,11 +79,10 @@ pub fn arrivals<R: Rng + ?Sized>(
 }
 
 /// The node-priority key of each node (by name order): a uniformly random permutation of
-/// `0..nodes`. Ties in score go to the lowest key, as the reference's `"%04d-"` name prefixes do.
-pub fn node_priority<R: Rng + ?Sized>(nodes: usize, rng: &mut R) -> Vec<u32> {
-    let mut priority: Vec<u32> = (0..nodes as u32).collect();
-    priority.shuffle(rng);
-    priority
+/// `0..nodes` (`rand.Perm`; node i is renamed `"%04d-"` of `perm[i]`). Ties in score go to the
+/// lowest key, as the reference's name prefixes do.
+pub fn node_priority(nodes: usize, go: &mut GoRand) -> Vec<u32> {
+    go.perm(nodes).into_iter().map(|key| key as u32).collect()
 }
 
 /// A typical-pod class: (CPU, milli-GPU, GPU count, model list as written).
@@ -123,8 +124,6 @@ pub fn typical_pods(pods: &[SimPod]) -> TypicalPods {
 mod tests {
     use super::*;
     use crate::engine::ModelPattern;
-    use rand::SeedableRng;
-    use rand_chacha::ChaCha8Rng;
 
     fn pod(name: &str, gpus: u16, milli: u32) -> SimPod {
         SimPod {
@@ -154,7 +153,7 @@ mod tests {
     fn inflation_stops_at_the_first_per_gpu_overshoot() {
         let workload = workload();
         for seed in 0..50 {
-            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let mut rng = run_generator(seed);
             // Capacity 16 GPUs, target 1.3 × 16000 = 20800.
             let arrivals = arrivals(&workload, 16_000, 1.3, &mut rng);
             let pods = workload.pods();
@@ -178,7 +177,7 @@ mod tests {
     #[test]
     fn deflation_removes_until_within_target() {
         let workload = workload();
-        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let mut rng = run_generator(7);
         // Capacity 8 GPUs × 1.0 = 8000 < 9500 of demand.
         let arrivals = arrivals(&workload, 8000, 1.0, &mut rng);
         let total: u64 = arrivals
@@ -194,7 +193,7 @@ mod tests {
     fn the_same_seed_gives_the_same_run_and_another_does_not() {
         let workload = workload();
         let draw = |seed| {
-            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let mut rng = run_generator(seed);
             let a = arrivals(&workload, 16_000, 1.3, &mut rng);
             (a, node_priority(50, &mut rng))
         };
@@ -209,7 +208,7 @@ mod tests {
     #[test]
     fn no_gpu_demand_means_no_inflation() {
         let workload = Workload::new("w", vec![pod("c", 0, 0)]);
-        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let mut rng = run_generator(1);
         assert_eq!(arrivals(&workload, 8000, 1.3, &mut rng).order, [0]);
     }
 

@@ -9,10 +9,7 @@
 
 use std::collections::HashMap;
 
-use rand::RngExt;
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
-
+use super::go_rand::GoRand;
 use super::metrics::{Curves, Step};
 use super::protocol::{self, Arrivals};
 use super::trace::{Cluster, Workload};
@@ -266,11 +263,11 @@ impl Prepared {
     }
 
     /// The arrival order and node priorities of a seed, drawn as a run draws them.
-    pub fn plan(&self, seed: u64, tune: f64) -> (Arrivals, Vec<u32>, ChaCha8Rng) {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let arrivals = protocol::arrivals(&self.workload, self.capacity_milli, tune, &mut rng);
-        let priority = protocol::node_priority(self.nodes.len(), &mut rng);
-        (arrivals, priority, rng)
+    pub fn plan(&self, seed: u64, tune: f64) -> (Arrivals, Vec<u32>, GoRand) {
+        let mut go = protocol::run_generator(seed);
+        let arrivals = protocol::arrivals(&self.workload, self.capacity_milli, tune, &mut go);
+        let priority = protocol::node_priority(self.nodes.len(), &mut go);
+        (arrivals, priority, go)
     }
 }
 
@@ -354,7 +351,7 @@ impl Scorer {
         &self,
         feasible: &[(usize, f64)],
         priority: &[u32],
-        rng: &mut ChaCha8Rng,
+        go: &mut GoRand,
     ) -> Option<usize> {
         match feasible {
             [] => None,
@@ -362,8 +359,9 @@ impl Scorer {
             [(node, _)] => Some(*node),
             _ => match self.policy {
                 SimPolicy::Reference(ReferencePolicy::Random) => {
-                    let index = reference::drawn_index(feasible.len(), rng.random());
-                    Some(feasible[index].0)
+                    // `nodes[rand.Intn(len)]` of the feasible list (whose order in the
+                    // reference depends on its filter goroutines; here it is node order).
+                    Some(feasible[go.intn(feasible.len())].0)
                 }
                 SimPolicy::Reference(policy) if policy.normalizes() => {
                     let (lo, hi) = feasible
@@ -389,17 +387,12 @@ impl Scorer {
     }
 
     /// The GPU choice for shares on the chosen node.
-    fn share_choice(
-        &self,
-        node: &NodeState,
-        class: &PodClass,
-        rng: &mut ChaCha8Rng,
-    ) -> ShareChoice {
+    fn share_choice(&self, node: &NodeState, class: &PodClass, go: &mut GoRand) -> ShareChoice {
         match self.policy {
             SimPolicy::Reference(policy) => match policy.gpu_selection() {
                 GpuSelection::Best => ShareChoice::Binpack,
                 GpuSelection::FgdScore => ShareChoice::Fgd,
-                GpuSelection::Random if class.shape.is_share() => ShareChoice::Drawn(rng.random()),
+                GpuSelection::Random if class.shape.is_share() => ShareChoice::Drawn(go.uint32()),
                 GpuSelection::Random => ShareChoice::Binpack,
             },
             SimPolicy::Engine { .. } => self.engine.share_choice(node, &class.request),
@@ -462,7 +455,7 @@ pub fn run(
     keep_steps: bool,
     progress: &(dyn Fn(u64) + Sync),
 ) -> RunResult {
-    let (arrivals, priority, mut rng) = prepared.plan(seed, tune);
+    let (arrivals, priority, mut go) = prepared.plan(seed, tune);
     let scorer = Scorer::new(policy, &prepared.typical);
     let node_count = prepared.nodes.len();
     let class_count = prepared.classes.len();
@@ -507,8 +500,11 @@ pub fn run(
                 feasible.push((n, entry.score));
             }
         }
-        let placed = scorer.choose(&feasible, &priority, &mut rng).and_then(|n| {
-            let choice = scorer.share_choice(&nodes[n], class, &mut rng);
+        // kube-scheduler's plugin-metrics sampling draws once per pod (`rand.Intn(100)`), so the
+        // Random policy's draws fall where the reference's did.
+        go.intn(100);
+        let placed = scorer.choose(&feasible, &priority, &mut go).and_then(|n| {
+            let choice = scorer.share_choice(&nodes[n], class, &mut go);
             let allocation =
                 fit_choosing(&nodes[n], &class.request, &scorer.engine, choice).ok()?;
             Some((n, allocation))

@@ -44,7 +44,7 @@ impl Default for Tuning {
             demand_weighted: false,
             host_weight: 1000,
             lookahead: 1600,
-            idle_node_penalty: 100,
+            idle_node_penalty: 500,
             quantum: 0,
             tie_break: TieBreak::UsedNodes,
         }
