@@ -42,7 +42,7 @@ pub struct SimArgs {
     pub scenario: Option<PathBuf>,
 
     /// Policies, comma-separated: random, dot-product, gpu-clustering, gpu-packing, best-fit,
-    /// fgd, and engine policies as engine-<name>. `all` = the six reference policies and ours.
+    /// fgd, and engine policies as engine-NAME. `all` = the six reference policies and ours.
     #[arg(long, value_delimiter = ',', default_value = "all")]
     pub policies: Vec<String>,
 
@@ -55,7 +55,7 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 1.3)]
     pub tune: f64,
 
-    /// Where to write summary.md, runs.csv, discrete.csv, steps.csv and alloc-<trace>.svg.
+    /// Where to write summary.md, runs.csv, discrete.csv, steps.csv and alloc-TRACE.svg.
     #[arg(long, value_name = "DIR", default_value = "sim-out")]
     pub out: PathBuf,
 

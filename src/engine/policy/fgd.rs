@@ -448,7 +448,7 @@ const REDUCTION_GRID: f64 = (1u64 << 20) as f64;
 
 /// FGD's score for a fragmentation change (`before - after`, milli-GPU): 50 means no change,
 /// higher means the placement reduced fragmentation. On 0..=100. Changes equal to within
-/// floating-point noise score exactly equal ([`REDUCTION_GRID`]).
+/// floating-point noise score exactly equal (`REDUCTION_GRID`).
 pub fn score_from_reduction(reduction: f64) -> f64 {
     let reduction = (reduction * REDUCTION_GRID).round() / REDUCTION_GRID;
     100.0 / (1.0 + (-reduction / 1000.0).exp())

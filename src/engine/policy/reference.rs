@@ -4,7 +4,7 @@
 //! because its ties decide placements. Randomness never happens here: the caller passes draws in.
 //!
 //! Units follow the reference: CPU in milli-cores, GPU in milli-GPU (1000 = one card); memory is
-//! only ever checked by the filter ([`crate::engine::fit`]), never scored.
+//! only ever checked by the filter ([`crate::engine::fit()`]), never scored.
 
 use crate::engine::model::{CpuMilli, WHOLE_GPU_COMPUTE};
 use crate::engine::request::{GpuDemand, PodRequest};
@@ -296,7 +296,8 @@ pub fn fgd(before: f64, after: f64) -> i64 {
 
 /// The reference score of a non-FGD policy for `pod` on `node`, from the node's free CPU and
 /// per-GPU free milli-GPU. FGD needs the typical pods and goes through [`super::Policy::score`];
-/// Random scores nothing (the node is drawn, see [`drawn_index`]), so both return 0 here.
+/// Random scores nothing (the simulator draws the node from the feasible list with the run's
+/// generator, `sim::replay`), so both return 0 here.
 pub fn node_score(
     policy: ReferencePolicy,
     node: &NodeState,
@@ -316,7 +317,7 @@ pub fn node_score(
 
 /// Maps a uniform 32-bit draw to an index below `len` (multiply-shift: no modulo bias worth
 /// the name for small `len`). `len` must be positive.
-pub fn drawn_index(len: usize, draw: u32) -> usize {
+fn drawn_index(len: usize, draw: u32) -> usize {
     ((u64::from(draw) * len as u64) >> 32) as usize
 }
 
