@@ -202,8 +202,9 @@ pub fn fetch_report(url: &str) -> anyhow::Result<ClusterReport> {
 }
 
 /// A minimal HTTP/1.0 GET: one request, the whole response read until the server closes (no
-/// chunked encoding in HTTP/1.0), so no HTTP client library is needed for one document.
-fn http_get(url: &str) -> anyhow::Result<String> {
+/// chunked encoding in HTTP/1.0), so no HTTP client library is needed for one document. The
+/// body of a 200 answer; anything else is an error.
+pub fn http_get(url: &str) -> anyhow::Result<String> {
     let rest = url.strip_prefix("http://").ok_or_else(|| {
         anyhow!(
             "{url}: only http:// URLs are supported (the extender's admin listener is plain HTTP)"

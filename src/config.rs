@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use serde_yaml_ng::{Mapping, Value};
 use thiserror::Error;
 
-use crate::engine::{ModelPattern, Policy, ScoringPolicy, TypicalPod, TypicalPods};
+use crate::engine::{ModelPattern, Policy, ScoringPolicy, ShareRules, TypicalPod, TypicalPods};
 
 /// The prefix of every environment variable this module reads.
 pub const ENV_PREFIX: &str = "GPU_EXTENDER_";
@@ -53,6 +53,8 @@ pub const KEYS: &[&str] = &[
     "resources.gpuCore",
     "resources.topologyGpu",
     "resources.gpuCount",
+    "resources.gpuCorePercentStep",
+    "resources.gpuCoreWithoutMemory",
     "nodeLabels.mode",
     "nodeLabels.placement",
     "nodeLabels.model",
@@ -153,6 +155,21 @@ pub struct Resources {
     /// Pod label: split the GPU memory request over this many GPUs. Also read as a node
     /// capacity (the gpushare device plugin advertises the GPU count under this name).
     pub gpu_count: String,
+    /// Compute percentages must be a multiple of this: 5 as cGPU, 1 for HAMi's `gpucores`.
+    pub gpu_core_percent_step: u32,
+    /// A compute percentage without GPU memory asks for compute alone on one GPU (HAMi's
+    /// `gpucores` without `gpumem`, and the trace replay's milli-GPU shares); cGPU refuses it.
+    pub gpu_core_without_memory: bool,
+}
+
+impl Resources {
+    /// How compute percentages are read.
+    pub fn share_rules(&self) -> ShareRules {
+        ShareRules {
+            core_percent_step: self.gpu_core_percent_step,
+            core_without_memory: self.gpu_core_without_memory,
+        }
+    }
 }
 
 impl Default for Resources {
@@ -163,6 +180,8 @@ impl Default for Resources {
             gpu_core: "aliyun.com/gpu-core.percentage".into(),
             topology_gpu: "aliyun.com/gpu".into(),
             gpu_count: "aliyun.com/gpu-count".into(),
+            gpu_core_percent_step: 5,
+            gpu_core_without_memory: false,
         }
     }
 }
@@ -572,6 +591,11 @@ impl Config {
             distinct(&[&r.whole_gpu, &r.gpu_mem, &r.gpu_core, &r.topology_gpu]),
             "resources",
             "wholeGpu, gpuMem, gpuCore and topologyGpu must be different resources".into(),
+        );
+        check(
+            (1..=100).contains(&r.gpu_core_percent_step),
+            "resources.gpuCorePercentStep",
+            format!("{} is out of range 1..=100", r.gpu_core_percent_step),
         );
         let l = &self.node_labels;
         for (key, name) in [

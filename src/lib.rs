@@ -23,6 +23,8 @@
 //! - [`explain`]: why a pod fits or does not fit each node now.
 //! - [`cli`]: the `inspect` and `explain` commands (reading the cluster or an extender).
 //! - [`sim`]: the trace-replay simulator behind `gpu-extender simulate` (seeded, with I/O).
+//! - [`replay`]: the same trace through a real kube-apiserver, kube-scheduler and gpu-extender
+//!   (`gpu-extender replay`), and kube-scheduler's throughput with and without the extender.
 //! - [`telemetry`]: Prometheus metric families and tracing setup.
 
 pub mod cli;
@@ -32,6 +34,7 @@ pub mod explain;
 pub mod http;
 pub mod inspect;
 pub mod k8s;
+pub mod replay;
 pub mod service;
 pub mod sim;
 pub mod telemetry;

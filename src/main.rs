@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use gpu_extender::cli::{self, ExplainArgs, InspectArgs};
 use gpu_extender::config::ConfigFlags;
+use gpu_extender::replay::ReplayArgs;
 use gpu_extender::service::{ServeArgs, serve};
 use gpu_extender::sim::{SimArgs, run_cli};
 use gpu_extender::telemetry::tracing_setup::{self, LogFormat};
@@ -40,6 +41,10 @@ enum Command {
     Explain(ExplainArgs),
     /// Replay a GPU workload trace under placement policies (no arguments: a built-in example).
     Simulate(SimArgs),
+    /// Replay a trace through a real kube-apiserver, kube-scheduler and gpu-extender (a loopback
+    /// plane, or --kubeconfig), or measure kube-scheduler's throughput with and without the
+    /// extender (--throughput).
+    Replay(Box<ReplayArgs>),
 }
 
 /// Installed as `kubectl-inspect-gpu`, the binary is the kubectl plugin `kubectl inspect gpu`:
@@ -75,6 +80,8 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Command::Replay(args) => block_on(gpu_extender::replay::run_cli(*args))
+            .map_or(ExitCode::FAILURE, |()| ExitCode::SUCCESS),
         Command::Simulate(args) => match run_cli(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {

@@ -928,11 +928,51 @@ fn request_validation_table() {
         (4, 1, Some(5), ok(1, 4, 50)),
         (4, 1, Some(100), ok(1, 4, 1000)),
         (4, 1, Some(35), ok(1, 4, 350)),
-        (4, 1, Some(3), Err(RequestError::BadCorePercent(3))),
-        (4, 1, Some(33), Err(RequestError::BadCorePercent(33))),
-        (4, 1, Some(99), Err(RequestError::BadCorePercent(99))),
-        (4, 1, Some(0), Err(RequestError::BadCorePercent(0))),
-        (4, 1, Some(105), Err(RequestError::BadCorePercent(105))),
+        (
+            4,
+            1,
+            Some(3),
+            Err(RequestError::BadCorePercent {
+                percent: 3,
+                step: 5,
+            }),
+        ),
+        (
+            4,
+            1,
+            Some(33),
+            Err(RequestError::BadCorePercent {
+                percent: 33,
+                step: 5,
+            }),
+        ),
+        (
+            4,
+            1,
+            Some(99),
+            Err(RequestError::BadCorePercent {
+                percent: 99,
+                step: 5,
+            }),
+        ),
+        (
+            4,
+            1,
+            Some(0),
+            Err(RequestError::BadCorePercent {
+                percent: 0,
+                step: 5,
+            }),
+        ),
+        (
+            4,
+            1,
+            Some(105),
+            Err(RequestError::BadCorePercent {
+                percent: 105,
+                step: 5,
+            }),
+        ),
         (0, 1, Some(50), Err(RequestError::CoreWithoutMemory)),
         (0, 1, None, Ok(GpuDemand::None)),
         (4, 0, None, Err(RequestError::ZeroGpuCount)),

@@ -31,7 +31,7 @@ pub use policy::learn::{TYPICAL_COVERAGE, learn_typical, typical_from_classes};
 pub use policy::{Evaluation, Policy, ScoringPolicy, ShareChoice};
 pub use request::{
     ContainerRequest, GpuConstraints, GpuDemand, ModelPattern, PodRequest, RequestError,
-    TopologyPreference,
+    ShareRules, TopologyPreference,
 };
 pub use state::{GpuUsage, NodeState, PerGpu};
 pub use table::{Change, Hold, PodEntry, Table, TableError};

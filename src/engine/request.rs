@@ -30,8 +30,8 @@ pub enum GpuDemand {
 pub enum RequestError {
     #[error("GPU memory {total_gib} GiB cannot be split evenly over {gpus} GPUs")]
     UnevenSplit { total_gib: u64, gpus: u16 },
-    #[error("GPU core percentage {0} must be a multiple of 5 between 5 and 100")]
-    BadCorePercent(u32),
+    #[error("GPU core percentage {percent} must be a multiple of {step} between {step} and 100")]
+    BadCorePercent { percent: u32, step: u32 },
     #[error("GPU core percentage needs a GPU memory request as well")]
     CoreWithoutMemory,
     #[error("a GPU count of 0 was requested together with GPU memory")]
@@ -44,6 +44,37 @@ pub enum RequestError {
     BadModelPattern(String),
     #[error("conflicting GPU requests in one container: {0}")]
     Conflicting(&'static str),
+}
+
+/// How compute percentages are read: cGPU's rules by default (multiples of 5, always with GPU
+/// memory); HAMi's `gpucores` take any whole percent and may come without memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ShareRules {
+    /// Percentages must be a multiple of this (1..=100).
+    pub core_percent_step: u32,
+    /// A percentage without a memory request asks for that much compute on one GPU and no memory.
+    pub core_without_memory: bool,
+}
+
+impl Default for ShareRules {
+    fn default() -> Self {
+        Self {
+            core_percent_step: 5,
+            core_without_memory: false,
+        }
+    }
+}
+
+impl ShareRules {
+    /// A compute percentage per GPU in milli-GPU, if these rules accept it.
+    fn compute(self, percent: u32) -> Result<ComputeMilli, RequestError> {
+        let step = self.core_percent_step.max(1);
+        if percent.is_multiple_of(step) && (step..=100).contains(&percent) {
+            Ok(ComputeMilli(percent * 10))
+        } else {
+            Err(RequestError::BadCorePercent { percent, step })
+        }
+    }
 }
 
 impl GpuDemand {
@@ -68,16 +99,32 @@ impl GpuDemand {
     }
 
     /// A memory share: `total_gib` GiB split evenly over `gpus` GPUs, with an optional compute
-    /// percentage per GPU (5..=100, a multiple of 5).
+    /// percentage per GPU (5..=100, a multiple of 5), under cGPU's rules ([`ShareRules::default`]).
     pub fn share(
         total_gib: u64,
         gpus: u64,
         core_percent: Option<u32>,
     ) -> Result<Self, RequestError> {
+        Self::share_under(total_gib, gpus, core_percent, ShareRules::default())
+    }
+
+    /// [`GpuDemand::share`] under the given rules: the compute percentage's step, and whether a
+    /// percentage alone (no memory) is a compute-only share of one GPU.
+    pub fn share_under(
+        total_gib: u64,
+        gpus: u64,
+        core_percent: Option<u32>,
+        rules: ShareRules,
+    ) -> Result<Self, RequestError> {
         if total_gib == 0 {
             return match core_percent {
-                Some(_) => Err(RequestError::CoreWithoutMemory),
                 None => Ok(Self::None),
+                Some(_) if !rules.core_without_memory => Err(RequestError::CoreWithoutMemory),
+                Some(percent) => Ok(Self::Share {
+                    gpus: 1,
+                    mem_per_gpu: MemMiB(0),
+                    compute_per_gpu: rules.compute(percent)?,
+                }),
             };
         }
         if gpus == 0 {
@@ -89,10 +136,7 @@ impl GpuDemand {
         }
         let compute_per_gpu = match core_percent {
             None => ComputeMilli(0),
-            Some(percent) if percent.is_multiple_of(5) && (5..=100).contains(&percent) => {
-                ComputeMilli(percent * 10)
-            }
-            Some(percent) => return Err(RequestError::BadCorePercent(percent)),
+            Some(percent) => rules.compute(percent)?,
         };
         // Saturating: an absurd quantity must not wrap into a small one (or panic); it becomes a
         // demand no GPU has room for, which `fit` rejects as too large for the node.
@@ -207,6 +251,17 @@ impl ModelPattern {
         } else {
             model == self.normalized
         }
+    }
+}
+
+/// The pattern as written in its normalised form (`a100*`): parsing it gives the same pattern.
+impl std::fmt::Display for ModelPattern {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.normalized)?;
+        if self.prefix {
+            f.write_str("*")?;
+        }
+        Ok(())
     }
 }
 
@@ -374,6 +429,66 @@ mod tests {
     }
 
     #[test]
+    fn a_model_pattern_written_out_parses_back_to_itself() {
+        for raw in ["Tesla V100_SXM2", "A100*", "t4", "G2"] {
+            let pattern = ModelPattern::parse(raw).unwrap();
+            assert_eq!(ModelPattern::parse(&pattern.to_string()).unwrap(), pattern);
+        }
+    }
+
+    #[test]
+    fn hami_rules_take_any_whole_percent_and_compute_alone() {
+        let hami = ShareRules {
+            core_percent_step: 1,
+            core_without_memory: true,
+        };
+        assert_eq!(
+            GpuDemand::share_under(0, 1, Some(81), hami),
+            Ok(GpuDemand::Share {
+                gpus: 1,
+                mem_per_gpu: MemMiB(0),
+                compute_per_gpu: ComputeMilli(810),
+            })
+        );
+        assert!(matches!(
+            GpuDemand::share_under(4, 1, Some(33), hami),
+            Ok(GpuDemand::Share {
+                compute_per_gpu: ComputeMilli(330),
+                ..
+            })
+        ));
+        for bad in [0, 101] {
+            assert_eq!(
+                GpuDemand::share_under(0, 1, Some(bad), hami),
+                Err(RequestError::BadCorePercent {
+                    percent: bad,
+                    step: 1
+                })
+            );
+        }
+        assert_eq!(
+            GpuDemand::share_under(0, 1, None, hami),
+            Ok(GpuDemand::None)
+        );
+        let step_ten = ShareRules {
+            core_percent_step: 10,
+            core_without_memory: false,
+        };
+        assert!(GpuDemand::share_under(4, 1, Some(30), step_ten).is_ok());
+        assert_eq!(
+            GpuDemand::share_under(4, 1, Some(35), step_ten),
+            Err(RequestError::BadCorePercent {
+                percent: 35,
+                step: 10
+            })
+        );
+        assert_eq!(
+            GpuDemand::share_under(0, 1, Some(30), step_ten),
+            Err(RequestError::CoreWithoutMemory)
+        );
+    }
+
+    #[test]
     fn core_percent_must_be_a_multiple_of_five_in_range() {
         assert!(matches!(
             GpuDemand::share(4, 1, Some(35)),
@@ -385,7 +500,10 @@ mod tests {
         for bad in [0, 3, 33, 101, 105] {
             assert_eq!(
                 GpuDemand::share(4, 1, Some(bad)),
-                Err(RequestError::BadCorePercent(bad))
+                Err(RequestError::BadCorePercent {
+                    percent: bad,
+                    step: 5
+                })
             );
         }
         assert_eq!(

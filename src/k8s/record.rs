@@ -270,9 +270,11 @@ pub fn decode(pod: &Pod, cfg: &Config) -> Result<Option<PodAllocation>, RecordEr
                                     gpu.index
                                 )));
                             }
-                            (false, 0, _) => {
+                            // A share holds memory, compute or both; compute alone is a
+                            // compute-only share (`resources.gpuCoreWithoutMemory`).
+                            (false, 0, 0) => {
                                 return Err(corrupt(format!(
-                                    "GPU {} has neither whole nor a memory share",
+                                    "GPU {} has neither whole nor a share amount",
                                     gpu.index
                                 )));
                             }

@@ -693,7 +693,7 @@ fn container_request(
             None
         };
         let gpus = if mem_gib > 0 { gpu_count.clone()? } else { 1 };
-        GpuDemand::share(mem_gib, gpus, core)
+        GpuDemand::share_under(mem_gib, gpus, core, r.share_rules())
     }
     .map_err(request_error)?;
     Ok(ContainerRequest {

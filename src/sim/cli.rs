@@ -21,9 +21,10 @@ pub const EXAMPLE_SCENARIO: &str = include_str!("../../examples/sim-small.yaml")
 /// The openb node list's file name inside a trace folder.
 pub const OPENB_NODES: &str = "openb_node_list_gpu_node.csv";
 
-/// Replay a GPU workload trace against a cluster under several placement policies.
-#[derive(Clone, Debug, clap::Args)]
-pub struct SimArgs {
+/// Where a cluster and its workloads come from: an openb folder, CSV or YAML files, a YAML
+/// scenario, or (none of these) the built-in example. `simulate` and `replay` read them alike.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct TraceInputs {
     /// Folder with the openb trace (`openb_node_list_gpu_node.csv`, `openb_pod_list_<name>.csv`).
     #[arg(long, value_name = "DIR")]
     pub trace_dir: Option<PathBuf>,
@@ -40,6 +41,13 @@ pub struct SimArgs {
     /// A YAML scenario with both nodes and pods (see docs/simulate.md).
     #[arg(long, value_name = "FILE", conflicts_with_all = ["trace_dir", "nodes"])]
     pub scenario: Option<PathBuf>,
+}
+
+/// Replay a GPU workload trace against a cluster under several placement policies.
+#[derive(Clone, Debug, clap::Args)]
+pub struct SimArgs {
+    #[command(flatten)]
+    pub inputs: TraceInputs,
 
     /// Policies, comma-separated: random, dot-product, gpu-clustering, gpu-packing, best-fit,
     /// fgd, and engine policies as engine-NAME. `all` = the six reference policies and ours.
@@ -147,54 +155,57 @@ fn known_policies() -> Vec<String> {
         .collect()
 }
 
-/// Resolves the inputs to one cluster and its workloads.
-fn inputs(args: &SimArgs) -> anyhow::Result<(Cluster, Vec<Workload>)> {
-    if let Some(path) = &args.scenario {
-        let scenario = load::load_scenario(path)?;
-        let cluster = scenario
-            .cluster
-            .with_context(|| format!("{}: the scenario has no nodes", path.display()))?;
-        let mut workloads: Vec<Workload> = scenario.workload.into_iter().collect();
-        for trace in &args.traces {
-            workloads.push(load::load_workload(Path::new(trace))?);
-        }
-        if workloads.is_empty() {
-            bail!(
-                "{}: the scenario has no pods and no --trace was given",
-                path.display()
-            );
-        }
-        return Ok((cluster, workloads));
-    }
-    if args.trace_dir.is_none() && args.nodes.is_none() && args.traces.is_empty() {
-        let scenario = parse_scenario(Path::new("built-in example"), EXAMPLE_SCENARIO)?;
-        let (Some(cluster), Some(workload)) = (scenario.cluster, scenario.workload) else {
-            bail!("the built-in example lacks nodes or pods");
-        };
-        return Ok((cluster, vec![workload]));
-    }
-    let nodes = match (&args.nodes, &args.trace_dir) {
-        (Some(path), _) => path.clone(),
-        (None, Some(dir)) => dir.join(OPENB_NODES),
-        (None, None) => bail!("give --nodes or --trace-dir (or --scenario)"),
-    };
-    let cluster = load::load_cluster(&nodes)?;
-    let names: Vec<String> = if args.traces.is_empty() {
-        vec!["default".to_owned()]
-    } else {
-        args.traces.clone()
-    };
-    let mut workloads = Vec::new();
-    for name in names {
-        let path = match &args.trace_dir {
-            Some(dir) if !name.contains('/') && !name.contains('.') => {
-                dir.join(format!("openb_pod_list_{name}.csv"))
+impl TraceInputs {
+    /// Resolves the inputs to one cluster and its workloads.
+    pub fn resolve(&self) -> anyhow::Result<(Cluster, Vec<Workload>)> {
+        let args = self;
+        if let Some(path) = &args.scenario {
+            let scenario = load::load_scenario(path)?;
+            let cluster = scenario
+                .cluster
+                .with_context(|| format!("{}: the scenario has no nodes", path.display()))?;
+            let mut workloads: Vec<Workload> = scenario.workload.into_iter().collect();
+            for trace in &args.traces {
+                workloads.push(load::load_workload(Path::new(trace))?);
             }
-            _ => PathBuf::from(&name),
+            if workloads.is_empty() {
+                bail!(
+                    "{}: the scenario has no pods and no --trace was given",
+                    path.display()
+                );
+            }
+            return Ok((cluster, workloads));
+        }
+        if args.trace_dir.is_none() && args.nodes.is_none() && args.traces.is_empty() {
+            let scenario = parse_scenario(Path::new("built-in example"), EXAMPLE_SCENARIO)?;
+            let (Some(cluster), Some(workload)) = (scenario.cluster, scenario.workload) else {
+                bail!("the built-in example lacks nodes or pods");
+            };
+            return Ok((cluster, vec![workload]));
+        }
+        let nodes = match (&args.nodes, &args.trace_dir) {
+            (Some(path), _) => path.clone(),
+            (None, Some(dir)) => dir.join(OPENB_NODES),
+            (None, None) => bail!("give --nodes or --trace-dir (or --scenario)"),
         };
-        workloads.push(load::load_workload(&path)?);
+        let cluster = load::load_cluster(&nodes)?;
+        let names: Vec<String> = if args.traces.is_empty() {
+            vec!["default".to_owned()]
+        } else {
+            args.traces.clone()
+        };
+        let mut workloads = Vec::new();
+        for name in names {
+            let path = match &args.trace_dir {
+                Some(dir) if !name.contains('/') && !name.contains('.') => {
+                    dir.join(format!("openb_pod_list_{name}.csv"))
+                }
+                _ => PathBuf::from(&name),
+            };
+            workloads.push(load::load_workload(&path)?);
+        }
+        Ok((cluster, workloads))
     }
-    Ok((cluster, workloads))
 }
 
 /// One (trace, policy, seed) to run.
@@ -277,7 +288,7 @@ pub fn run_cli(args: SimArgs) -> anyhow::Result<()> {
     if !args.tune.is_finite() || args.tune < 0.0 {
         bail!("--tune must be a non-negative number, got {}", args.tune);
     }
-    let (cluster, workloads) = inputs(&args)?;
+    let (cluster, workloads) = args.inputs.resolve()?;
     let prepared: Vec<Prepared> = workloads
         .iter()
         .map(|workload| Prepared::new(&cluster, workload))

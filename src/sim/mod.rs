@@ -14,7 +14,7 @@ pub mod replay;
 pub mod report;
 pub mod trace;
 
-pub use cli::{SimArgs, run_cli};
+pub use cli::{SimArgs, TraceInputs, run_cli};
 pub use load::{LoadError, load_cluster, load_scenario, load_workload};
 pub use metrics::{Curves, Step};
 pub use replay::{Prepared, RunResult, SimPolicy, run};

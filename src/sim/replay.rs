@@ -257,6 +257,16 @@ impl Prepared {
         self.classes.len()
     }
 
+    /// The nodes as the run starts: empty.
+    pub fn nodes(&self) -> &[NodeState] {
+        &self.nodes
+    }
+
+    /// The workload, pods sorted by name (arrival orders index into it).
+    pub fn workload(&self) -> &Workload {
+        &self.workload
+    }
+
     /// How many nodes.
     pub fn node_count(&self) -> usize {
         self.nodes.len()
@@ -409,15 +419,31 @@ struct Entry {
     score: f64,
 }
 
-/// Live per-node measurements, kept in step with the node states.
-struct Live {
+/// Live per-node measurements, kept in step with the node states (the in-cluster replay keeps
+/// them too, from the allocation records of the pods the real loop bound).
+pub(crate) struct Live {
     free: Vec<Vec<u32>>,
     frag: Vec<f64>,
     idle: Vec<bool>,
 }
 
 impl Live {
-    fn measure(&mut self, prepared: &Prepared, nodes: &[NodeState], n: usize) {
+    /// Measurements of every node of `nodes`.
+    pub(crate) fn of(prepared: &Prepared, nodes: &[NodeState]) -> Self {
+        let count = nodes.len();
+        let mut live = Self {
+            free: vec![Vec::new(); count],
+            frag: vec![0.0; count],
+            idle: vec![false; count],
+        };
+        for n in 0..count {
+            live.measure(prepared, nodes, n);
+        }
+        live
+    }
+
+    /// Measures node `n` again after it changed.
+    pub(crate) fn measure(&mut self, prepared: &Prepared, nodes: &[NodeState], n: usize) {
         let node = &nodes[n];
         self.free[n] = free_milli(node, &node.gpus);
         self.frag[n] =
@@ -427,7 +453,8 @@ impl Live {
         self.idle[n] = !node.gpus.is_empty() && node.gpus.iter().all(|usage| usage.is_idle());
     }
 
-    fn step(&self, arrived_milli: u64, capacity_milli: u64, failed: u32) -> Step {
+    /// The cluster-wide step after a pod.
+    pub(crate) fn step(&self, arrived_milli: u64, capacity_milli: u64, failed: u32) -> Step {
         let free_milli: u64 = self
             .free
             .iter()
@@ -464,14 +491,7 @@ pub fn run(
     let mut generation = vec![1u32; node_count];
     // Class-major, so that the scan over nodes for one pod reads contiguous memory.
     let mut cache = vec![Entry::default(); node_count * class_count];
-    let mut live = Live {
-        free: vec![Vec::new(); node_count],
-        frag: vec![0.0; node_count],
-        idle: vec![false; node_count],
-    };
-    for n in 0..node_count {
-        live.measure(prepared, &nodes, n);
-    }
+    let mut live = Live::of(prepared, &nodes);
     let capacity = prepared.capacity_milli;
     let mut steps = Vec::with_capacity(arrivals.order.len());
     let mut feasible: Vec<(usize, f64)> = Vec::with_capacity(node_count);

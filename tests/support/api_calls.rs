@@ -217,10 +217,18 @@ const WATCHING_FUNCTIONS: &[&str] = &["watcher", "metadata_watcher", "watch_obje
 /// `Controller::new(api, ..)`, `controller.owns(api, ..)`, `controller.watches(api, ..)`.
 const WATCHING_METHODS: &[&str] = &["owns", "watches"];
 
-/// Reads every `.rs` file under `dir`.
+/// Folders of `src/` that hold operator tools rather than extender code: `replay` (the in-cluster
+/// trace replay, `gpu-extender replay`, creates its own nodes and pods with the operator's rights).
+pub const OPERATOR_TOOLS: &[&str] = &["replay"];
+
+/// Reads every `.rs` file under `dir`, except the [`OPERATOR_TOOLS`].
 pub fn scan_dir(dir: &Path) -> Scan {
     let mut files = Vec::new();
     collect_rs_files(dir, &mut files);
+    // Operator tools that run with the operator's own kubeconfig, never with the extender's
+    // service account: their calls are not the extender's and need none of its rights.
+    let tools: Vec<PathBuf> = OPERATOR_TOOLS.iter().map(|tool| dir.join(tool)).collect();
+    files.retain(|path| !tools.iter().any(|tool| path.starts_with(tool)));
     files.sort();
     let root = dir.parent().unwrap_or(dir);
     let sources: Vec<(String, String)> = files

@@ -1,0 +1,381 @@
+//! The `replay` command: arguments, one run per (policy, seed) on a fresh loopback plane (or on
+//! the cluster a kubeconfig names), the outputs `simulate` writes, and the `--compare` summary
+//! of the real loop against `simulate` at every arrival point. `main.rs` only parses
+//! [`ReplayArgs`] and calls [`run_cli`].
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use super::objects::extender_config;
+use super::plane::{GPU_SCHEDULER, Plane, SchedulerSetup, client_from, k8s_bins};
+use super::run::{
+    ReplayPlan, Replayed, clean_up, create_cluster, refuse_foreign_objects, replay_pods,
+};
+use super::throughput::{ThroughputArgs, run_throughput};
+use crate::engine::ScoringPolicy;
+use crate::sim::cli::{TraceInputs, parse_seeds, write_outputs};
+use crate::sim::{Cluster, Prepared, RunResult, SimPolicy, Workload};
+
+/// Replay a GPU workload trace through a real kube-apiserver, kube-scheduler and gpu-extender.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ReplayArgs {
+    #[command(flatten)]
+    pub inputs: TraceInputs,
+
+    /// Extender policies, comma-separated: binpack, spread, fgd, fgd-plus. Each runs on a fresh
+    /// loopback plane; with --kubeconfig, name the policy the cluster's extender runs.
+    #[arg(long, value_delimiter = ',', default_value = "binpack")]
+    pub policies: Vec<String>,
+
+    /// Seeds: a list and/or inclusive ranges, e.g. `42..44` or `42,45`.
+    #[arg(long, default_value = "42")]
+    pub seeds: String,
+
+    /// Inflate (or shrink) the arrivals to this multiple of GPU capacity, as `simulate`.
+    #[arg(long, default_value_t = 1.3)]
+    pub tune: f64,
+
+    /// Where to write summary.md, runs.csv, discrete.csv, steps.csv, alloc-TRACE.svg (and with
+    /// --compare, simulate/ and compare.csv).
+    #[arg(long, value_name = "DIR", default_value = "replay-out")]
+    pub out: PathBuf,
+
+    /// Also run `simulate` on the same sequence and print both curves and their difference.
+    #[arg(long)]
+    pub compare: bool,
+
+    /// Replay in the cluster this kubeconfig names (its kube-scheduler and gpu-extender decide)
+    /// instead of a loopback plane. Only the replay's own nodes and namespace are created.
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// The scheduler profile the replayed pods name.
+    #[arg(long, default_value = GPU_SCHEDULER)]
+    pub scheduler_name: String,
+
+    /// KubeSchedulerConfiguration to run instead of the shipped gpu-scheduler profile
+    /// (loopback plane only; its extender URL and kubeconfig are filled in).
+    #[arg(long, value_name = "FILE")]
+    pub scheduler_config: Option<PathBuf>,
+
+    /// Set kube-scheduler's percentageOfNodesToScore (loopback plane only; default: the file's,
+    /// or kube-scheduler's adaptive default).
+    #[arg(long, value_name = "PERCENT", value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub percentage_of_nodes_to_score: Option<u32>,
+
+    /// kube-scheduler's client QPS (burst twice that); default: kube-scheduler's own (50).
+    #[arg(long, value_name = "QPS", value_parser = clap::value_parser!(u32).range(1..))]
+    pub scheduler_qps: Option<u32>,
+
+    /// Seconds one pod may stay undecided before the replay fails.
+    #[arg(long, default_value_t = 60)]
+    pub decision_timeout: u64,
+
+    /// The gpu-extender checkout whose scripts/control-plane.sh runs the loopback plane.
+    #[arg(long, value_name = "DIR", default_value = env!("CARGO_MANIFEST_DIR"))]
+    pub repo: PathBuf,
+
+    /// Keep the loopback plane's directory (logs, configurations) after the run.
+    #[arg(long)]
+    pub keep: bool,
+
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+
+    #[command(flatten)]
+    pub throughput: ThroughputArgs,
+}
+
+/// The `replay` command.
+pub async fn run_cli(args: ReplayArgs) -> Result<()> {
+    if args.throughput.enabled {
+        return run_throughput(&args).await;
+    }
+    let seeds = parse_seeds(&args.seeds)?;
+    let policies = parse_scoring(&args.policies)?;
+    if !args.tune.is_finite() || args.tune < 0.0 {
+        bail!("--tune must be a non-negative number, got {}", args.tune);
+    }
+    let (cluster, workloads) = args.inputs.resolve()?;
+    if args.kubeconfig.is_some()
+        && (args.scheduler_config.is_some() || args.percentage_of_nodes_to_score.is_some())
+    {
+        bail!(
+            "--scheduler-config and --percentage-of-nodes-to-score configure the loopback \
+             plane's kube-scheduler; with --kubeconfig the cluster's own scheduler decides"
+        );
+    }
+    let setup = scheduler_setup(&args)?;
+    let mut real = Vec::new();
+    let mut simulated = Vec::new();
+    for workload in &workloads {
+        let prepared = Prepared::new(&cluster, workload);
+        for &scoring in &policies {
+            for &seed in &seeds {
+                let replayed =
+                    replay_one(&args, &setup, &cluster, workload, &prepared, scoring, seed)
+                        .await
+                        .with_context(|| {
+                            format!(
+                                "replaying {} under {} (seed {seed})",
+                                workload.name,
+                                scoring.as_str()
+                            )
+                        })?;
+                eprintln!(
+                    "replay {} {} seed {seed}: {} pods in {:.1} s ({:.1} pods/s), {} unschedulable",
+                    workload.name,
+                    scoring.as_str(),
+                    replayed.result.pods,
+                    replayed.elapsed.as_secs_f64(),
+                    replayed.result.pods as f64 / replayed.elapsed.as_secs_f64().max(1e-9),
+                    replayed.result.failed,
+                );
+                if args.compare {
+                    simulated.push(crate::sim::replay::run(
+                        &prepared,
+                        SimPolicy::engine(scoring),
+                        seed,
+                        args.tune,
+                        true,
+                        &|_| {},
+                    ));
+                }
+                real.push(replayed.result);
+            }
+        }
+    }
+    write_outputs(&args.out, &real, args.tune)?;
+    print!("{}", crate::sim::report::summary_markdown(&real));
+    if args.compare {
+        write_outputs(&args.out.join("simulate"), &simulated, args.tune)?;
+        let path = args.out.join("compare.csv");
+        std::fs::write(&path, compare_csv(&simulated, &real))
+            .with_context(|| format!("writing {}", path.display()))?;
+        print!("{}", compare_summary(&simulated, &real));
+    }
+    println!("results in {}", args.out.display());
+    Ok(())
+}
+
+/// The scheduler configuration runs start from.
+fn scheduler_setup(args: &ReplayArgs) -> Result<SchedulerSetup> {
+    let mut setup = SchedulerSetup::shipped();
+    if let Some(path) = &args.scheduler_config {
+        setup.base =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    }
+    setup.percentage_of_nodes_to_score = args.percentage_of_nodes_to_score;
+    setup.client_qps = args.scheduler_qps;
+    Ok(setup)
+}
+
+/// Parses the extender policy names.
+pub fn parse_scoring(names: &[String]) -> Result<Vec<ScoringPolicy>> {
+    let mut policies = Vec::new();
+    for name in names {
+        let policy = ScoringPolicy::ALL
+            .into_iter()
+            .find(|p| p.as_str() == name.trim())
+            .with_context(|| {
+                let known: Vec<&str> = ScoringPolicy::ALL.iter().map(|p| p.as_str()).collect();
+                format!("unknown policy {name:?}; known: {}", known.join(", "))
+            })?;
+        if !policies.contains(&policy) {
+            policies.push(policy);
+        }
+    }
+    Ok(policies)
+}
+
+/// One (workload, policy, seed) through the real loop, on a fresh loopback plane or in the
+/// kubeconfig's cluster; everything created is removed afterwards, also on failure.
+async fn replay_one(
+    args: &ReplayArgs,
+    setup: &SchedulerSetup,
+    cluster: &Cluster,
+    workload: &Workload,
+    prepared: &Prepared,
+    scoring: ScoringPolicy,
+    seed: u64,
+) -> Result<Replayed> {
+    let config = extender_config(scoring, prepared.typical(), workload);
+    config
+        .validate()
+        .context("the replay's extender configuration")?;
+    let run_id = format!("{}-{}-{seed}", file_safe(&workload.name), scoring.as_str());
+    let plan = ReplayPlan {
+        prepared,
+        cluster,
+        scoring,
+        seed,
+        tune: args.tune,
+        scheduler_name: &args.scheduler_name,
+        run_id: &run_id,
+        config: &config,
+        progress: !args.quiet,
+        decision_timeout: Duration::from_secs(args.decision_timeout),
+    };
+    if let Some(kubeconfig) = &args.kubeconfig {
+        let client = client_from(kubeconfig).await?;
+        refuse_foreign_objects(&client).await?;
+        let outcome = async {
+            let names = create_cluster(&client, cluster, &run_id, &config).await?;
+            replay_pods(&client, &plan, &names).await
+        }
+        .await;
+        let cleaned = clean_up(&client, &run_id).await;
+        let replayed = outcome?;
+        cleaned?;
+        return Ok(replayed);
+    }
+    let started = Instant::now();
+    let bins = k8s_bins(&args.repo)?;
+    let mut plane = Plane::start(&args.repo, &bins, args.keep)?;
+    let client = plane.client().await?;
+    refuse_foreign_objects(&client).await?;
+    let names = create_cluster(&client, cluster, &run_id, &config).await?;
+    // The extender and kube-scheduler start after the nodes exist, so both begin with all of
+    // them in their caches (the extender is ready only once its table holds every node).
+    let extender = std::env::current_exe().context("finding the gpu-extender binary")?;
+    plane.start_extender(&extender, &config).await?;
+    plane.start_scheduler(setup)?;
+    eprintln!(
+        "replay: {} nodes, extender and kube-scheduler up in {:.1} s ({})",
+        names.len(),
+        started.elapsed().as_secs_f64(),
+        plane.dir().display()
+    );
+    replay_pods(&client, &plan, &names).await
+}
+
+fn file_safe(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect()
+}
+
+/// Arrival points where both curves have a value: `(k, simulate, real)`.
+fn paired(simulated: &RunResult, real: &RunResult) -> Vec<(usize, f64, f64)> {
+    simulated
+        .curves
+        .alloc
+        .iter()
+        .zip(&real.curves.alloc)
+        .enumerate()
+        .filter_map(|(k, (s, r))| Some((k, (*s)?, (*r)?)))
+        .collect()
+}
+
+/// `trace,policy,seed,arrived,simulate,replay,difference` for every arrival point.
+pub fn compare_csv(simulated: &[RunResult], real: &[RunResult]) -> String {
+    let mut out = String::from("trace,policy,seed,arrived_percent,simulate,replay,difference\n");
+    for (s, r) in simulated.iter().zip(real) {
+        for (k, sim, rep) in paired(s, r) {
+            let _ = writeln!(
+                out,
+                "{},{},{},{k},{sim:.2},{rep:.2},{:.2}",
+                r.trace,
+                r.policy.name(),
+                r.seed,
+                rep - sim
+            );
+        }
+    }
+    out
+}
+
+/// The largest difference at any arrival point from 1% on, and where.
+pub fn largest_gap(simulated: &RunResult, real: &RunResult) -> Option<(usize, f64)> {
+    paired(simulated, real)
+        .into_iter()
+        .filter(|&(k, _, _)| k >= 1)
+        .map(|(k, s, r)| (k, r - s))
+        .max_by(|a, b| a.1.abs().total_cmp(&b.1.abs()))
+}
+
+/// Both curves every 10 points from 50%, and the largest gap anywhere.
+pub fn compare_summary(simulated: &[RunResult], real: &[RunResult]) -> String {
+    let mut out = String::new();
+    for (s, r) in simulated.iter().zip(real) {
+        let _ = writeln!(
+            out,
+            "\n{} {} seed {}: GPU allocation %, simulate vs the real loop",
+            r.trace,
+            r.policy.name(),
+            r.seed
+        );
+        let _ = writeln!(out, "arrived  simulate  replay  difference");
+        for (k, sim, rep) in paired(s, r)
+            .into_iter()
+            .filter(|(k, _, _)| *k >= 50 && k % 10 == 0)
+        {
+            let _ = writeln!(out, "{k:>6}%  {sim:>8.2}  {rep:>6.2}  {:>+10.2}", rep - sim);
+        }
+        if let Some((k, gap)) = largest_gap(s, r) {
+            let _ = writeln!(
+                out,
+                "largest difference: {gap:+.2} points at {k}% arrived; unschedulable pods: \
+                 simulate {}, replay {}",
+                s.failed, r.failed
+            );
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, Parser};
+
+    #[derive(Debug, Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        args: ReplayArgs,
+    }
+
+    #[test]
+    fn the_command_line_is_consistent_and_parses() {
+        Wrapper::command().debug_assert();
+        let parsed = Wrapper::try_parse_from([
+            "replay",
+            "--trace-dir",
+            "t",
+            "--trace",
+            "default",
+            "--policies",
+            "binpack,fgd-plus",
+            "--seeds",
+            "42..43",
+            "--compare",
+            "--percentage-of-nodes-to-score",
+            "100",
+        ])
+        .unwrap()
+        .args;
+        assert_eq!(parse_scoring(&parsed.policies).unwrap().len(), 2);
+        assert_eq!(parsed.percentage_of_nodes_to_score, Some(100));
+        assert!(!parsed.throughput.enabled);
+        assert!(
+            Wrapper::try_parse_from(["replay", "--percentage-of-nodes-to-score", "101"]).is_err()
+        );
+        let error = parse_scoring(&["binpak".to_owned()])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("known: binpack, spread, fgd, fgd-plus"),
+            "{error}"
+        );
+    }
+}

@@ -1,0 +1,416 @@
+//! One replay through a real cluster: the replay's own nodes created, then the seed's arrival
+//! sequence (the one `simulate` replays) offered one pod at a time, each waited for until
+//! kube-scheduler has bound it or marked it unschedulable; an unschedulable pod is deleted at
+//! once and never retried, as in the reference. After each pod the same measurements as
+//! `simulate` are taken from the allocation records of the bound pods, so the outputs are
+//! `simulate`'s. Also the checks that keep the replay to objects of its own, and the clean-up.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher::{self, Event};
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use super::objects::{
+    self, NAMESPACE, NODE_PREFIX, OWNER_LABEL, node_names, node_object, node_status, pod_object,
+};
+use crate::config::Config;
+use crate::engine::{NodeName, PodAllocation, ScoringPolicy};
+use crate::k8s::{record, translate};
+use crate::sim::metrics::Curves;
+use crate::sim::progress::Progress;
+use crate::sim::replay::Live;
+use crate::sim::{Cluster, Prepared, RunResult, SimPolicy};
+
+/// What one replay is asked to do.
+#[derive(Debug)]
+pub struct ReplayPlan<'a> {
+    pub prepared: &'a Prepared,
+    pub cluster: &'a Cluster,
+    /// The policy the extender runs (for the outputs; the extender's configuration sets it).
+    pub scoring: ScoringPolicy,
+    pub seed: u64,
+    pub tune: f64,
+    /// The scheduler profile the pods name.
+    pub scheduler_name: &'a str,
+    /// The value of the owner label on everything this run creates.
+    pub run_id: &'a str,
+    /// The extender's configuration: resource names and the record's annotation key.
+    pub config: &'a Config,
+    /// Draw a progress bar on stderr.
+    pub progress: bool,
+    /// How long one pod may stay undecided before the replay gives up.
+    pub decision_timeout: Duration,
+}
+
+/// What kube-scheduler decided for one pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Bound to the node at this index of the cluster.
+    Bound(usize),
+    /// Marked unschedulable (then deleted).
+    Unschedulable,
+}
+
+/// A replay's outputs: the same result `simulate` gives, plus what only the real loop has.
+#[derive(Debug)]
+pub struct Replayed {
+    pub result: RunResult,
+    /// Each submission's decision, in arrival order.
+    pub decisions: Vec<Decision>,
+    /// From the first pod created to the last one decided.
+    pub elapsed: Duration,
+}
+
+/// Refuses to run where objects of a replay already exist: nodes or a namespace carrying the
+/// owner label, or nodes of the replay's name prefix that are not the replay's (someone else's).
+pub async fn refuse_foreign_objects(client: &kube::Client) -> Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let listed = nodes
+        .list_metadata(&ListParams::default())
+        .await
+        .context("listing nodes (is the API server reachable?)")?;
+    let owned = listed
+        .items
+        .iter()
+        .filter(|n| {
+            n.metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key(OWNER_LABEL))
+        })
+        .count();
+    if owned > 0 {
+        bail!(
+            "{owned} node(s) labelled {OWNER_LABEL} are left from an earlier replay; remove them \
+             first (kubectl delete nodes -l {OWNER_LABEL})"
+        );
+    }
+    if let Some(foreign) = listed.items.iter().find_map(|n| {
+        n.metadata
+            .name
+            .as_deref()
+            .filter(|name| name.starts_with(NODE_PREFIX))
+    }) {
+        bail!(
+            "node {foreign} has the replay's name prefix {NODE_PREFIX:?} but is not the replay's; \
+             the replay will not run beside it"
+        );
+    }
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    if namespaces
+        .get_metadata_opt(NAMESPACE)
+        .await
+        .context("looking for the replay's namespace")?
+        .is_some()
+    {
+        bail!(
+            "namespace {NAMESPACE} exists (an earlier replay, or someone else's); remove it first \
+             (kubectl delete namespace {NAMESPACE})"
+        );
+    }
+    Ok(())
+}
+
+/// Creates the replay's namespace and its nodes, Ready, with their capacity.
+pub async fn create_cluster(
+    client: &kube::Client,
+    cluster: &Cluster,
+    run_id: &str,
+    config: &Config,
+) -> Result<Vec<String>> {
+    let names = node_names(cluster.nodes())?;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let namespace: Namespace = serde_json::from_value(json!({
+        "metadata": {"name": NAMESPACE, "labels": {OWNER_LABEL: run_id}},
+    }))?;
+    namespaces
+        .create(&PostParams::default(), &namespace)
+        .await
+        .with_context(|| format!("creating namespace {NAMESPACE}"))?;
+    let api: Api<Node> = Api::all(client.clone());
+    futures::stream::iter(cluster.nodes().iter().zip(&names))
+        .map(|(node, name)| {
+            let api = api.clone();
+            async move {
+                api.create(
+                    &PostParams::default(),
+                    &node_object(node, name, run_id, config),
+                )
+                .await
+                .with_context(|| format!("creating node {name}"))?;
+                api.patch_status(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&node_status(node, config)),
+                )
+                .await
+                .with_context(|| format!("setting the status of node {name}"))?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(names)
+}
+
+/// Deletes everything the run created: its namespace (and so its pods) and its nodes. Waits
+/// until the namespace is gone, so that a next run finds the cluster as it was.
+pub async fn clean_up(client: &kube::Client, run_id: &str) -> Result<()> {
+    let selector = format!("{OWNER_LABEL}={run_id}");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let immediate = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    };
+    // Pods first, at once: a namespace deletion would give each its grace period.
+    let _ = pods
+        .delete_collection(&immediate, &ListParams::default().labels(&selector))
+        .await;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    match namespaces.delete(NAMESPACE, &DeleteParams::default()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 404 => {}
+        Err(error) => return Err(error).context("deleting the replay's namespace"),
+    }
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels(&selector),
+        )
+        .await
+        .context("deleting the replay's nodes")?;
+    let started = Instant::now();
+    while namespaces.get_metadata_opt(NAMESPACE).await?.is_some() {
+        if started.elapsed() > Duration::from_secs(120) {
+            bail!("namespace {NAMESPACE} was not gone 120 s after its deletion");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+/// A pod's state as far as the replay cares.
+enum Seen {
+    Bound(Box<Pod>),
+    Unschedulable,
+}
+
+/// The receiving end of [`watch_decisions`]; the watch stops when it is dropped (the run is
+/// over, or failed), so it never outlives the plane it watches.
+struct Decisions {
+    receiver: mpsc::UnboundedReceiver<(String, Seen)>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Decisions {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Forwards every decided pod of the run from a watch.
+fn watch_decisions(client: &kube::Client, run_id: &str) -> Decisions {
+    let (sender, receiver) = mpsc::unbounded_channel();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let config = watcher::Config::default().labels(&format!("{OWNER_LABEL}={run_id}"));
+    let stream = watcher::watcher(pods, config);
+    let task = tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            let pod = match event {
+                Ok(Event::Apply(pod) | Event::InitApply(pod)) => pod,
+                Ok(_) => continue,
+                // The watcher re-lists by itself; a pod decided meanwhile shows in the re-list.
+                Err(_) => continue,
+            };
+            let Some(name) = pod.metadata.name.clone() else {
+                continue;
+            };
+            let seen = if pod.spec.as_ref().is_some_and(|s| s.node_name.is_some()) {
+                Seen::Bound(Box::new(pod))
+            } else if is_unschedulable(&pod) {
+                Seen::Unschedulable
+            } else {
+                continue;
+            };
+            if sender.send((name, seen)).is_err() {
+                return;
+            }
+        }
+    });
+    Decisions { receiver, task }
+}
+
+/// kube-scheduler's verdict: `PodScheduled=False` with reason `Unschedulable` (no node fits)
+/// or `SchedulerError` (a call failed; the reference counts that as a failure too).
+fn is_unschedulable(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|conditions| {
+            conditions.iter().any(|c| {
+                c.type_ == "PodScheduled"
+                    && c.status == "False"
+                    && matches!(
+                        c.reason.as_deref(),
+                        Some("Unschedulable" | "SchedulerError")
+                    )
+            })
+        })
+}
+
+/// Replays the plan's arrival sequence on nodes already created (`node_names`, in the cluster's
+/// order) and measures it as `simulate` does.
+pub async fn replay_pods(
+    client: &kube::Client,
+    plan: &ReplayPlan<'_>,
+    node_names: &[String],
+) -> Result<Replayed> {
+    let prepared = plan.prepared;
+    let (arrivals, _, _) = prepared.plan(plan.seed, plan.tune);
+    let node_index: HashMap<&str, usize> = node_names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| (name.as_str(), i))
+        .collect();
+    let mut nodes = prepared.nodes().to_vec();
+    let mut live = Live::of(prepared, &nodes);
+    let capacity = prepared.capacity_milli();
+    let pods_api: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let mut decided = watch_decisions(client, plan.run_id);
+    let mut early: HashMap<String, Seen> = HashMap::new();
+    let progress = Progress::new(arrivals.order.len() as u64, plan.progress);
+    let mut steps = Vec::with_capacity(arrivals.order.len());
+    let mut decisions = Vec::with_capacity(arrivals.order.len());
+    let (mut arrived, mut failed, mut failed_milli) = (0u64, 0u32, 0u64);
+    let immediate = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    };
+    let started = Instant::now();
+    for (index, &pod_id) in arrivals.order.iter().enumerate() {
+        let pod = &prepared.workload().pods()[pod_id];
+        let object = pod_object(pod, index, plan.scheduler_name, plan.run_id, plan.config)?;
+        let name = objects::pod_name(pod, index);
+        arrived += pod.gpu_total();
+        pods_api
+            .create(&PostParams::default(), &object)
+            .await
+            .with_context(|| format!("creating pod {name}"))?;
+        let seen = match early.remove(&name) {
+            Some(seen) => seen,
+            None => wait_for(&mut decided, &mut early, &name, plan.decision_timeout).await?,
+        };
+        match seen {
+            Seen::Bound(bound) => {
+                let (n, allocation) = placement(&bound, &node_index, plan.config)?;
+                nodes[n].add(&allocation);
+                live.measure(prepared, &nodes, n);
+                decisions.push(Decision::Bound(n));
+            }
+            Seen::Unschedulable => {
+                failed += 1;
+                failed_milli += pod.gpu_total();
+                decisions.push(Decision::Unschedulable);
+                pods_api
+                    .delete(&name, &immediate)
+                    .await
+                    .with_context(|| format!("deleting unschedulable pod {name}"))?;
+            }
+        }
+        steps.push(live.step(arrived, capacity, failed));
+        progress.inc(1);
+    }
+    let elapsed = started.elapsed();
+    progress.finish();
+    let curves = Curves::of_steps(&steps, capacity);
+    let last = steps
+        .last()
+        .copied()
+        .unwrap_or_else(|| live.step(0, capacity, 0));
+    Ok(Replayed {
+        result: RunResult {
+            trace: prepared.trace.clone(),
+            policy: SimPolicy::engine(plan.scoring),
+            seed: plan.seed,
+            pods: arrivals.order.len(),
+            added: arrivals.added,
+            failed: failed as usize,
+            failed_milli,
+            capacity_milli: capacity,
+            steps: Some(steps),
+            curves,
+            last,
+            evaluations: 0,
+            end_nodes: Some(nodes),
+        },
+        decisions,
+        elapsed,
+    })
+}
+
+/// Waits for `name`'s decision, keeping the decisions of other pods that arrive meanwhile.
+async fn wait_for(
+    decided: &mut Decisions,
+    early: &mut HashMap<String, Seen>,
+    name: &str,
+    timeout: Duration,
+) -> Result<Seen> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let next = tokio::time::timeout_at(deadline, decided.receiver.recv())
+            .await
+            .map_err(|_| {
+                anyhow!(
+                    "pod {name} was neither bound nor marked unschedulable within {} s (is \
+                     kube-scheduler running and serving the pods' schedulerName?)",
+                    timeout.as_secs()
+                )
+            })?
+            .ok_or_else(|| anyhow!("the pod watch ended"))?;
+        if next.0 == name {
+            return Ok(next.1);
+        }
+        // A later update of a pod already handled (its deletion's status) is dropped here.
+        early.insert(next.0, next.1);
+    }
+}
+
+/// Where a bound pod went and what it holds there: its allocation record, or (a pod that asks
+/// for no GPU, bound by kube-scheduler itself) its CPU and memory alone.
+fn placement(
+    pod: &Pod,
+    node_index: &HashMap<&str, usize>,
+    config: &Config,
+) -> Result<(usize, PodAllocation)> {
+    let node = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .unwrap_or_default();
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    let &n = node_index
+        .get(node)
+        .ok_or_else(|| anyhow!("pod {name} was bound to {node}, which is not a replay node"))?;
+    let allocation = match record::decode(pod, config)
+        .with_context(|| format!("pod {name}: its allocation record"))?
+    {
+        Some(allocation) => allocation,
+        None => {
+            if translate::pod_request(pod, config)?.is_some() {
+                bail!("GPU pod {name} was bound to {node} without an allocation record");
+            }
+            let (cpu, memory) = translate::pod_host_request(pod)?;
+            PodAllocation::host_only(NodeName::new(node), cpu, memory)
+        }
+    };
+    Ok((n, allocation))
+}

@@ -1,0 +1,326 @@
+//! The throughput mode of `replay`: on one loopback plane, N one-GPU pods created as fast as the
+//! API allows against M eight-GPU nodes, timed until all are bound, once through gpu-extender
+//! (the `gpu-scheduler` profile) and once without it (the default profile, whole GPUs counted by
+//! kube-scheduler alone), the same kube-scheduler with the same client QPS, back to back. Reports
+//! pods/s, their ratio, and the CPU each process spent per pod.
+
+use std::collections::HashSet;
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::runtime::watcher::{self, Event};
+
+use super::cli::ReplayArgs;
+use super::objects::{NAMESPACE, OWNER_LABEL, extender_config, pod_object};
+use super::plane::{DEFAULT_SCHEDULER, GPU_SCHEDULER, Plane, SchedulerSetup, cpu_time, k8s_bins};
+use super::run::{clean_up, create_cluster};
+use crate::engine::{CpuMilli, MemMiB, ScoringPolicy, TypicalPods};
+use crate::sim::{Cluster, SimNode, SimPod};
+
+/// The throughput mode's flags (part of `replay`).
+#[derive(Clone, Debug, clap::Args)]
+pub struct ThroughputArgs {
+    /// Measure kube-scheduler's pods/s with and without the extender instead of replaying a
+    /// trace (loopback plane only).
+    #[arg(long = "throughput")]
+    pub enabled: bool,
+
+    /// Nodes of 8 GPUs in the throughput mode.
+    #[arg(long = "throughput-nodes", default_value_t = 1000)]
+    pub node_count: usize,
+
+    /// One-GPU pods per measurement in the throughput mode.
+    #[arg(long = "throughput-pods", default_value_t = 2000)]
+    pub pod_count: usize,
+
+    /// Measurements of each setup, alternating (with, without, with, ...).
+    #[arg(long = "throughput-rounds", default_value_t = 1)]
+    pub rounds: usize,
+
+    /// kube-scheduler's client QPS in the throughput mode (raised from its default 50 so that
+    /// its own Binding writes are not throttled in the baseline).
+    #[arg(long = "throughput-qps", default_value_t = 1000)]
+    pub qps: u32,
+}
+
+/// One timed batch.
+#[derive(Clone, Debug)]
+pub struct Measurement {
+    pub with_extender: bool,
+    pub pods: usize,
+    pub elapsed: Duration,
+    /// CPU spent per process during the batch.
+    pub cpu: Vec<(&'static str, Duration)>,
+}
+
+impl Measurement {
+    pub fn pods_per_second(&self) -> f64 {
+        self.pods as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+/// The throughput run.
+pub async fn run_throughput(args: &ReplayArgs) -> Result<()> {
+    let t = &args.throughput;
+    ensure!(
+        args.kubeconfig.is_none(),
+        "--throughput runs on a loopback plane only (it restarts kube-scheduler)"
+    );
+    ensure!(
+        t.node_count > 0 && t.pod_count > 0,
+        "--throughput-nodes and --throughput-pods must be positive"
+    );
+    ensure!(
+        t.pod_count <= t.node_count * 8,
+        "{} one-GPU pods do not fit on {} nodes of 8 GPUs",
+        t.pod_count,
+        t.node_count
+    );
+    let cluster = Cluster::new(
+        "throughput",
+        (0..t.node_count)
+            .map(|i| SimNode {
+                name: format!("gpu-{i:05}"),
+                cpu: CpuMilli(96_000),
+                memory: MemMiB(786_432),
+                gpus: 8,
+                model: "A100".into(),
+            })
+            .collect(),
+    );
+    let config = extender_config(
+        ScoringPolicy::Binpack,
+        &TypicalPods::default(),
+        &crate::sim::Workload::new("none", Vec::new()),
+    );
+    let run_id = "throughput";
+    let bins = k8s_bins(&args.repo)?;
+    let mut plane = Plane::start(&args.repo, &bins, args.keep)?;
+    let client = plane.client().await?;
+    let started = Instant::now();
+    create_cluster(&client, &cluster, run_id, &config).await?;
+    eprintln!(
+        "throughput: {} nodes created in {:.1} s",
+        t.node_count,
+        started.elapsed().as_secs_f64()
+    );
+    let extender = std::env::current_exe().context("finding the gpu-extender binary")?;
+    let mut measurements = Vec::new();
+    for round in 0..t.rounds.max(1) {
+        for with_extender in [true, false] {
+            let setup = SchedulerSetup {
+                with_extender,
+                client_qps: Some(t.qps),
+                ..SchedulerSetup::shipped()
+            };
+            if with_extender {
+                plane.start_extender(&extender, &config).await?;
+            } else {
+                plane.stop_extender();
+            }
+            plane.start_scheduler(&setup)?;
+            let scheduler = if with_extender {
+                GPU_SCHEDULER
+            } else {
+                DEFAULT_SCHEDULER
+            };
+            let measurement = measure(
+                &client,
+                &plane,
+                t.pod_count,
+                scheduler,
+                with_extender,
+                run_id,
+                &config,
+            )
+            .await
+            .with_context(|| format!("round {}", round + 1))?;
+            eprintln!(
+                "throughput round {} {}: {} pods in {:.1} s = {:.1} pods/s",
+                round + 1,
+                if with_extender {
+                    "with the extender"
+                } else {
+                    "without"
+                },
+                measurement.pods,
+                measurement.elapsed.as_secs_f64(),
+                measurement.pods_per_second()
+            );
+            measurements.push(measurement);
+            delete_pods(&client, run_id).await?;
+        }
+    }
+    plane.stop_extender();
+    let _ = plane.stop_scheduler();
+    clean_up(&client, run_id).await?;
+    let report = report(&measurements, t.node_count);
+    print!("{report}");
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    let path = args.out.join("throughput.md");
+    std::fs::write(&path, &report).with_context(|| format!("writing {}", path.display()))?;
+    println!("results in {}", path.display());
+    Ok(())
+}
+
+/// Creates `count` one-GPU pods as fast as the API takes them and waits until all are bound.
+async fn measure(
+    client: &kube::Client,
+    plane: &Plane,
+    count: usize,
+    scheduler: &str,
+    with_extender: bool,
+    run_id: &str,
+    config: &crate::config::Config,
+) -> Result<Measurement> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let watch_config = watcher::Config::default().labels(&format!("{OWNER_LABEL}={run_id}"));
+    let mut stream = std::pin::pin!(watcher::watcher(pods.clone(), watch_config));
+    // The watch is established (listed) before the first pod exists.
+    loop {
+        match stream.next().await {
+            Some(Ok(Event::InitDone)) => break,
+            Some(_) => {}
+            None => bail!("the pod watch ended before it started"),
+        }
+    }
+    let pids = plane.pids();
+    let cpu_before: Vec<Option<Duration>> = pids.iter().map(|&(_, pid)| cpu_time(pid)).collect();
+    let template = SimPod {
+        name: "tp".into(),
+        cpu: CpuMilli(1000),
+        memory: MemMiB(1024),
+        gpus: 1,
+        milli: 1000,
+        gpu_spec: String::new(),
+        models: Vec::new(),
+    };
+    let objects: Vec<Pod> = (0..count)
+        .map(|i| pod_object(&template, i, scheduler, run_id, config))
+        .collect::<Result<_, _>>()?;
+    let started = Instant::now();
+    let creating = {
+        let pods = pods.clone();
+        tokio::spawn(async move {
+            futures::stream::iter(objects)
+                .map(|pod| {
+                    let pods = pods.clone();
+                    async move { pods.create(&PostParams::default(), &pod).await.map(|_| ()) }
+                })
+                .buffer_unordered(32)
+                .try_collect::<Vec<()>>()
+                .await
+        })
+    };
+    let mut bound = HashSet::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(600);
+    while bound.len() < count {
+        let event = tokio::time::timeout_at(deadline, stream.next())
+            .await
+            .map_err(|_| anyhow::anyhow!("{} of {count} pods bound after 600 s", bound.len()))?;
+        match event {
+            Some(Ok(Event::Apply(pod))) => {
+                if pod.spec.as_ref().is_some_and(|s| s.node_name.is_some())
+                    && let Some(name) = pod.metadata.name
+                {
+                    bound.insert(name);
+                }
+            }
+            Some(_) => {}
+            None => bail!("the pod watch ended"),
+        }
+    }
+    let elapsed = started.elapsed();
+    creating.await?.context("creating the pods")?;
+    let cpu = pids
+        .iter()
+        .zip(cpu_before)
+        .filter_map(|(&(name, pid), before)| Some((name, cpu_time(pid)?.saturating_sub(before?))))
+        .collect();
+    Ok(Measurement {
+        with_extender,
+        pods: count,
+        elapsed,
+        cpu,
+    })
+}
+
+/// Deletes the batch's pods and waits until they are gone.
+async fn delete_pods(client: &kube::Client, run_id: &str) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let selector = ListParams::default().labels(&format!("{OWNER_LABEL}={run_id}"));
+    pods.delete_collection(
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        },
+        &selector,
+    )
+    .await
+    .context("deleting the batch's pods")?;
+    let started = Instant::now();
+    while !pods.list_metadata(&selector).await?.items.is_empty() {
+        ensure!(
+            started.elapsed() < Duration::from_secs(120),
+            "the batch's pods were not gone 120 s after their deletion"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+/// The measurements as a Markdown table, with the ratio of the means.
+pub fn report(measurements: &[Measurement], nodes: usize) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\n| setup | pods | nodes | seconds | pods/s | CPU ms per pod: kube-scheduler | kube-apiserver | etcd | gpu-extender |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
+    for m in measurements {
+        let per_pod = |name: &str| {
+            m.cpu
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, cpu)| format!("{:.2}", cpu.as_secs_f64() * 1000.0 / m.pods as f64))
+                .unwrap_or_else(|| "-".into())
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {nodes} | {:.1} | {:.1} | {} | {} | {} | {} |",
+            if m.with_extender {
+                "with gpu-extender"
+            } else {
+                "without (baseline)"
+            },
+            m.pods,
+            m.elapsed.as_secs_f64(),
+            m.pods_per_second(),
+            per_pod("kube-scheduler"),
+            per_pod("kube-apiserver"),
+            per_pod("etcd"),
+            per_pod("gpu-extender"),
+        );
+    }
+    let mean = |with: bool| {
+        let rates: Vec<f64> = measurements
+            .iter()
+            .filter(|m| m.with_extender == with)
+            .map(Measurement::pods_per_second)
+            .collect();
+        (!rates.is_empty()).then(|| rates.iter().sum::<f64>() / rates.len() as f64)
+    };
+    if let (Some(with), Some(without)) = (mean(true), mean(false)) {
+        let _ = writeln!(
+            out,
+            "\nwith / without: {with:.1} / {without:.1} pods/s = {:.2}x",
+            with / without
+        );
+    }
+    out
+}
