@@ -77,6 +77,7 @@ pub const KEYS: &[&str] = &[
     "policy.typicalPods.learn",
     "policy.typicalPods.learnIntervalSeconds",
     "policy.typicalPods.pods",
+    "policy.filterBestOnly",
     "server.listen",
     "server.urlPrefix",
     "server.adminListen",
@@ -277,6 +278,8 @@ pub struct PolicyConfig {
     /// At most this many pods on one shared GPU (cGPU's limit is 20).
     pub max_pods_per_shared_gpu: u16,
     pub typical_pods: TypicalPodsConfig,
+    /// Filter passes only the fitting nodes the policy scores best.
+    pub filter_best_only: bool,
 }
 
 impl Default for PolicyConfig {
@@ -285,6 +288,7 @@ impl Default for PolicyConfig {
             scoring: ScoringPolicy::Binpack,
             max_pods_per_shared_gpu: 20,
             typical_pods: TypicalPodsConfig::default(),
+            filter_best_only: false,
         }
     }
 }
@@ -782,6 +786,7 @@ impl Config {
             scoring: self.policy.scoring,
             max_shares_per_gpu: self.policy.max_pods_per_shared_gpu,
             typical: TypicalPods::new(typical),
+            filter_best_only: self.policy.filter_best_only,
             ..Policy::default()
         }
     }

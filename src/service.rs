@@ -13,7 +13,7 @@ use tokio::net::TcpListener;
 use tracing::info;
 
 use crate::config::{Config, ConfigFlags};
-use crate::engine::{Hold, NodeSpec, PodKey, PodRequest, Policy};
+use crate::engine::{CpuMilli, Hold, MemMiB, NodeSpec, PodKey, PodRequest, Policy};
 use crate::http::server::{Adapter, AppState, admin_router, guarded_router};
 use crate::http::wire::ExtenderBindingArgs;
 use crate::inspect::{self, ClusterReport};
@@ -62,6 +62,10 @@ impl Adapter for KubeAdapter {
 
     fn node_spec(&self, node: &Node) -> Result<NodeSpec, String> {
         translate::node_spec(node, &self.config).map_err(|error| error.to_string())
+    }
+
+    fn host_request(&self, pod: &Pod) -> Result<(CpuMilli, MemMiB), String> {
+        translate::pod_host_request(pod).map_err(|error| error.to_string())
     }
 
     fn pod_key_for_uid(&self, uid: &str) -> Option<PodKey> {

@@ -19,7 +19,10 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tracing::{Instrument, info_span, warn};
 
-use crate::engine::{NodeSpec, NodeState, PodAllocation, PodKey, PodRequest, RejectReason, Table};
+use crate::engine::{
+    CpuMilli, GpuDemand, MemMiB, NodeSpec, NodeState, PodAllocation, PodKey, PodRequest,
+    RejectReason, Table,
+};
 use crate::k8s::learn::PolicyCell;
 use crate::k8s::watch::ClusterState;
 use crate::telemetry::Metrics;
@@ -37,6 +40,9 @@ use crate::inspect;
 pub trait Adapter: Send + Sync + 'static {
     /// The pod's GPU request; `Ok(None)` when it asks for no GPU; `Err` is a user-facing message.
     fn pod_request(&self, pod: &Pod) -> Result<Option<PodRequest>, String>;
+    /// The pod's CPU and memory request, as kube-scheduler counts it; `Err` is a user-facing
+    /// message.
+    fn host_request(&self, pod: &Pod) -> Result<(CpuMilli, MemMiB), String>;
     /// A node as the engine sees it; `Err` is a user-facing message.
     fn node_spec(&self, node: &Node) -> Result<NodeSpec, String>;
     /// The key of the pod with this UID, if the extender tracks it.
@@ -68,6 +74,21 @@ impl std::fmt::Debug for AppState {
 }
 
 impl AppState {
+    /// What filter and prioritize place: the pod's GPU request, or, for a pod that asks for no
+    /// GPU while `policy.filterBestOnly` is on, its CPU and memory alone, so that the policy
+    /// places it too (a dedicated GPU kube-scheduler sends the extender every pod, see
+    /// docs/decisions/0006-filter-keeps-the-policys-choice.md). `Ok(None)`: no opinion.
+    fn placement_request(&self, pod: &Pod) -> Result<Option<PodRequest>, String> {
+        match self.adapter.pod_request(pod)? {
+            Some(request) => Ok(Some(request)),
+            None if self.policy.load().filter_best_only => {
+                let (cpu, memory) = self.adapter.host_request(pod)?;
+                Ok(Some(PodRequest::single(cpu, memory, GpuDemand::None)))
+            }
+            None => Ok(None),
+        }
+    }
+
     fn snapshot(&self) -> RwLockReadGuard<'_, Table> {
         self.cluster.read()
     }
@@ -349,7 +370,7 @@ async fn filter(State(state): State<AppState>, body: Bytes) -> Response {
     let span = info_span!("filter", pod = %pod_name(args.pod.as_ref()));
     span.in_scope(|| {
         let candidates = candidates(&args, state.adapter.as_ref());
-        let request = args.pod.as_ref().map(|pod| state.adapter.pod_request(pod));
+        let request = args.pod.as_ref().map(|pod| state.placement_request(pod));
         let answer = filter_decision(&state, request.as_ref(), &candidates);
         timer.finish(if answer.error.is_empty() {
             "ok"
@@ -530,7 +551,7 @@ fn prioritize_decision<'a>(
     let request = args
         .pod
         .as_ref()
-        .and_then(|pod| state.adapter.pod_request(pod).ok().flatten());
+        .and_then(|pod| state.placement_request(pod).ok().flatten());
     let Some(request) = request else {
         return verbs::prioritize_none(candidates.names());
     };
@@ -623,7 +644,7 @@ fn preempt_decision(state: &AppState, args: ExtenderPreemptionArgs) -> ExtenderP
     let request = args
         .pod
         .as_ref()
-        .and_then(|pod| state.adapter.pod_request(pod).ok().flatten());
+        .and_then(|pod| state.placement_request(pod).ok().flatten());
     let table = state.snapshot();
     let policy = state.policy.load();
     let mut out = ExtenderPreemptionResult::default();
@@ -728,7 +749,7 @@ mod tests {
         );
         let args: CandidateArgs<'_> = decode("filter", &body).unwrap();
         let candidates = candidates(&args, state.adapter.as_ref());
-        let request = args.pod.as_ref().map(|pod| state.adapter.pod_request(pod));
+        let request = args.pod.as_ref().map(|pod| state.placement_request(pod));
         let answer = filter_decision(&state, request.as_ref(), &candidates);
         assert_eq!(
             serde_json::to_string(&answer).unwrap(),

@@ -34,15 +34,20 @@ pub fn filter<'a, 'n>(
     policy: &Policy,
 ) -> FilterVerdict<'a> {
     let mut verdict = FilterVerdict::default();
+    let mut scores = Vec::new();
     for (position, (name, node)) in candidates.into_iter().enumerate() {
         let Some(node) = node else {
             verdict.failed.push((name, UNKNOWN_NODE));
             verdict.unknown += 1;
             continue;
         };
-        // Only the verdict matters here; bind builds the placement for the chosen node.
+        // Only the verdict and the score matter here; bind builds the placement for the chosen
+        // node.
         match policy.evaluate_score(node, request) {
-            Ok(_) => verdict.passed.push(position),
+            Ok(score) => {
+                verdict.passed.push(position);
+                scores.push((score, name));
+            }
             Err(reason) => {
                 let target = if reason.is_resolvable() {
                     &mut verdict.failed
@@ -54,7 +59,34 @@ pub fn filter<'a, 'n>(
             }
         }
     }
+    if policy.filter_best_only {
+        // One node passes: the best-scored, equal scores broken by a stable hash of the name.
+        // The others fit but are dropped unlisted, so kube-scheduler binds the policy's choice
+        // and skips scoring. Its own scores must not break the ties: they favour the emptiest,
+        // largest node (LeastAllocated), which FGD's many ties between empty nodes would hand
+        // the nodes the largest pods need (measured in docs/decisions/0006).
+        let chosen = scores
+            .iter()
+            .enumerate()
+            .max_by(|(_, a), (_, b)| {
+                a.0.total_cmp(&b.0)
+                    .then_with(|| tie_rank(b.1).cmp(&tie_rank(a.1)))
+            })
+            .map(|(index, _)| index);
+        verdict.passed = chosen
+            .and_then(|index| verdict.passed.get(index).copied())
+            .into_iter()
+            .collect();
+    }
     verdict
+}
+
+/// The order in which equally scored nodes are preferred (lowest first): a fixed hash of the
+/// name, so every call and every replica prefers the same node, and no node is favoured for
+/// its name's place in the alphabet.
+fn tie_rank(name: &str) -> u64 {
+    use std::hash::BuildHasher;
+    foldhash::quality::FixedState::with_seed(0x6770_752d_6578_7400).hash_one(name)
 }
 
 /// Every candidate rejected for one request-level reason (a malformed request): the message
@@ -203,6 +235,71 @@ mod tests {
                 .unresolvable
                 .contains(&("share", RejectReason::GpuMemoryTooSmall.message()))
         );
+    }
+
+    #[test]
+    fn filter_best_only_keeps_the_policys_choice_and_its_ties() {
+        let table = Table::rebuild(
+            20,
+            [
+                NodeSpec::uniform("s8", GpuMode::ShareMemory, 8, "T4", MemMiB(16 * 1024)),
+                NodeSpec::uniform("s2", GpuMode::ShareMemory, 2, "T4", MemMiB(16 * 1024)),
+                NodeSpec::uniform("s4", GpuMode::ShareMemory, 4, "T4", MemMiB(16 * 1024)),
+                NodeSpec::uniform("whole", GpuMode::Exclusive, 1, "A100", MemMiB(80 * 1024)),
+            ],
+            [],
+        );
+        let nodes = ["s8", "s2", "s4", "whole"];
+        let candidates = || nodes.iter().map(|&name| (name, table.node_by_str(name)));
+        let all = filter(candidates(), &share(4), &Policy::default());
+        let best_only = Policy {
+            filter_best_only: true,
+            ..Policy::default()
+        };
+        let narrowed = filter(candidates(), &share(4), &best_only);
+        assert!(!narrowed.passed.is_empty());
+        assert!(narrowed.passed.len() <= all.passed.len());
+        // The kept nodes are exactly those the policy scores best among the fitting ones.
+        let score = |position: usize| {
+            Policy::default()
+                .evaluate_score(table.node_by_str(nodes[position]).unwrap(), &share(4))
+                .unwrap()
+        };
+        let best = all
+            .passed
+            .iter()
+            .map(|&p| score(p))
+            .fold(f64::MIN, f64::max);
+        assert_eq!(narrowed.passed.len(), 1);
+        assert_eq!(score(narrowed.passed[0]), best);
+        assert_eq!(all.passed.len(), 3);
+        assert_eq!(
+            narrowed.passed,
+            [1],
+            "binpack: the fullest after placing, s2"
+        );
+        // Equal scores: one node, the same one in every call and whatever the order.
+        let twins = Table::rebuild(
+            20,
+            ["t1", "t2", "t3", "t4"]
+                .map(|n| NodeSpec::uniform(n, GpuMode::ShareMemory, 2, "T4", MemMiB(16 * 1024))),
+            [],
+        );
+        let pick = |order: &[&'static str]| {
+            let verdict = filter(
+                order.iter().map(|&name| (name, twins.node_by_str(name))),
+                &share(4),
+                &best_only,
+            );
+            assert_eq!(verdict.passed.len(), 1);
+            order[verdict.passed[0]]
+        };
+        let first = pick(&["t1", "t2", "t3", "t4"]);
+        assert_eq!(pick(&["t4", "t3", "t2", "t1"]), first);
+        assert_eq!(pick(&["t2", "t4", "t1", "t3"]), first);
+        // Rejections are unchanged: narrowing drops fitting nodes only, unlisted.
+        assert_eq!(narrowed.failed, all.failed);
+        assert_eq!(narrowed.unresolvable, all.unresolvable);
     }
 
     #[test]

@@ -56,8 +56,9 @@ pub struct ReplayArgs {
     #[arg(long, default_value = GPU_SCHEDULER)]
     pub scheduler_name: String,
 
-    /// KubeSchedulerConfiguration to run instead of the shipped gpu-scheduler profile
-    /// (loopback plane only; its extender URL and kubeconfig are filled in).
+    /// KubeSchedulerConfiguration to run instead of the shipped dedicated GPU scheduler
+    /// (scheduler-config/gpu-scheduler-dedicated.yaml; loopback plane only; its extender URL and
+    /// kubeconfig are filled in).
     #[arg(long, value_name = "FILE")]
     pub scheduler_config: Option<PathBuf>,
 
@@ -69,6 +70,11 @@ pub struct ReplayArgs {
     /// kube-scheduler's client QPS (burst twice that); default: kube-scheduler's own (50).
     #[arg(long, value_name = "QPS", value_parser = clap::value_parser!(u32).range(1..))]
     pub scheduler_qps: Option<u32>,
+
+    /// Override a key of the replay's extender configuration (repeatable), as `serve --set`,
+    /// e.g. `policy.filterBestOnly=false` (loopback plane only).
+    #[arg(long, value_name = "KEY=VALUE")]
+    pub extender_set: Vec<String>,
 
     /// Seconds one pod may stay undecided before the replay fails.
     #[arg(long, default_value_t = 60)]
@@ -102,11 +108,15 @@ pub async fn run_cli(args: ReplayArgs) -> Result<()> {
     }
     let (cluster, workloads) = args.inputs.resolve()?;
     if args.kubeconfig.is_some()
-        && (args.scheduler_config.is_some() || args.percentage_of_nodes_to_score.is_some())
+        && (args.scheduler_config.is_some()
+            || args.percentage_of_nodes_to_score.is_some()
+            || args.scheduler_qps.is_some()
+            || !args.extender_set.is_empty())
     {
         bail!(
-            "--scheduler-config and --percentage-of-nodes-to-score configure the loopback \
-             plane's kube-scheduler; with --kubeconfig the cluster's own scheduler decides"
+            "--scheduler-config, --percentage-of-nodes-to-score, --scheduler-qps and \
+             --extender-set configure the loopback plane; with --kubeconfig the cluster's own \
+             kube-scheduler and gpu-extender decide"
         );
     }
     let setup = scheduler_setup(&args)?;
@@ -163,7 +173,7 @@ pub async fn run_cli(args: ReplayArgs) -> Result<()> {
 }
 
 /// The scheduler configuration runs start from.
-fn scheduler_setup(args: &ReplayArgs) -> Result<SchedulerSetup> {
+pub fn scheduler_setup(args: &ReplayArgs) -> Result<SchedulerSetup> {
     let mut setup = SchedulerSetup::shipped();
     if let Some(path) = &args.scheduler_config {
         setup.base =
@@ -242,7 +252,9 @@ async fn replay_one(
     // The extender and kube-scheduler start after the nodes exist, so both begin with all of
     // them in their caches (the extender is ready only once its table holds every node).
     let extender = std::env::current_exe().context("finding the gpu-extender binary")?;
-    plane.start_extender(&extender, &config).await?;
+    plane
+        .start_extender(&extender, &config, &args.extender_set)
+        .await?;
     plane.start_scheduler(setup)?;
     eprintln!(
         "replay: {} nodes, extender and kube-scheduler up in {:.1} s ({})",

@@ -49,7 +49,8 @@ pub enum MappingError {
     },
 }
 
-/// The extender configuration of a replay: the defaults, plus what the traces need. Compute is
+/// The extender configuration of a replay: the recommended setup (`policy.filterBestOnly`), plus
+/// what the traces need. Compute is
 /// asked for in whole percents alone (trace shares carry no GPU memory), the reference puts no
 /// limit on pods per GPU, and FGD's typical pods are the trace's own, as `simulate` uses them.
 /// Their weights are written as the number of the workload's pods in each class: the extender
@@ -64,6 +65,8 @@ pub fn extender_config(
     config.resources.gpu_core_without_memory = true;
     config.policy.scoring = scoring;
     config.policy.max_pods_per_shared_gpu = 1000;
+    // The recommended setup (deploy/): filter passes the policy's one choice.
+    config.policy.filter_best_only = true;
     config.policy.typical_pods.pods = typical
         .pods()
         .iter()

@@ -15,9 +15,13 @@ use serde_yaml_ng::Value;
 
 use crate::config::Config;
 
-/// The shipped scheduler configuration with the `gpu-scheduler` profile: what replays run unless
-/// given another file.
+/// The shipped scheduler configuration with both profiles (`default-scheduler` and
+/// `gpu-scheduler`): the throughput baseline runs it without its extender.
 pub const SHIPPED_PROFILE: &str = include_str!("../../scheduler-config/gpu-scheduler-profile.yaml");
+/// The shipped configuration of a dedicated GPU kube-scheduler: what replays run unless given
+/// another file.
+pub const DEDICATED_PROFILE: &str =
+    include_str!("../../scheduler-config/gpu-scheduler-dedicated.yaml");
 /// The profile GPU pods select in the shipped configuration.
 pub const GPU_SCHEDULER: &str = "gpu-scheduler";
 /// The profile every kube-scheduler serves.
@@ -37,10 +41,10 @@ pub struct SchedulerSetup {
 }
 
 impl SchedulerSetup {
-    /// The shipped profile, unchanged apart from what the loopback plane needs.
+    /// The shipped dedicated GPU scheduler, unchanged apart from what the loopback plane needs.
     pub fn shipped() -> Self {
         Self {
-            base: SHIPPED_PROFILE.to_owned(),
+            base: DEDICATED_PROFILE.to_owned(),
             with_extender: true,
             percentage_of_nodes_to_score: None,
             client_qps: None,
@@ -170,9 +174,14 @@ impl Plane {
         Ok(())
     }
 
-    /// Starts the extender `binary` with `config`; returns once it reports ready, that is once
-    /// its table holds every node and pod the API server had.
-    pub async fn start_extender(&mut self, binary: &Path, config: &Config) -> Result<SocketAddr> {
+    /// Starts the extender `binary` with `config` and `--set` overrides (`KEY=VALUE`); returns
+    /// once it reports ready, that is once its table holds every node and pod the API server had.
+    pub async fn start_extender(
+        &mut self,
+        binary: &Path,
+        config: &Config,
+        overrides: &[String],
+    ) -> Result<SocketAddr> {
         ensure!(self.extender.is_none(), "the extender is already running");
         let listen = free_addr()?;
         let admin = free_addr()?;
@@ -190,6 +199,7 @@ impl Plane {
             .arg(self.kubeconfig())
             .args(["--listen", &listen.to_string()])
             .args(["--admin-listen", &admin.to_string()])
+            .args(overrides.iter().flat_map(|o| ["--set", o.as_str()]))
             .env("GPU_EXTENDER_LOG", "warn")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
@@ -354,6 +364,10 @@ mod tests {
         let addr: SocketAddr = "127.0.0.1:4242".parse().unwrap();
         let rendered: Value = serde_yaml_ng::from_str(&setup.render(Some(addr)).unwrap()).unwrap();
         assert_eq!(rendered["percentageOfNodesToScore"], 100);
+        assert!(
+            rendered["extenders"][0].get("managedResources").is_none(),
+            "the dedicated scheduler sends the extender every pod"
+        );
         assert_eq!(rendered["clientConnection"]["qps"], 500);
         assert_eq!(rendered["clientConnection"]["kubeconfig"], "__KUBECONFIG__");
         assert_eq!(rendered["leaderElection"]["leaderElect"], false);
@@ -364,6 +378,7 @@ mod tests {
         assert_eq!(rendered["extenders"][0]["weight"], 5, "the rest is kept");
 
         let baseline = SchedulerSetup {
+            base: SHIPPED_PROFILE.to_owned(),
             with_extender: false,
             ..SchedulerSetup::shipped()
         };

@@ -103,18 +103,21 @@ pub async fn refuse_foreign_objects(client: &kube::Client) -> Result<()> {
         );
     }
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    if namespaces
+    match namespaces
         .get_metadata_opt(NAMESPACE)
         .await
         .context("looking for the replay's namespace")?
-        .is_some()
     {
-        bail!(
+        Some(namespace) if namespace.metadata.deletion_timestamp.is_some() => bail!(
+            "namespace {NAMESPACE} is still being deleted (an earlier replay's); run again once \
+             it is gone"
+        ),
+        Some(_) => bail!(
             "namespace {NAMESPACE} exists (an earlier replay, or someone else's); remove it first \
              (kubectl delete namespace {NAMESPACE})"
-        );
+        ),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Creates the replay's namespace and its nodes, Ready, with their capacity.
@@ -160,8 +163,9 @@ pub async fn create_cluster(
     Ok(names)
 }
 
-/// Deletes everything the run created: its namespace (and so its pods) and its nodes. Waits
-/// until the namespace is gone, so that a next run finds the cluster as it was.
+/// Deletes everything the run created: its pods (at once), its nodes and its namespace. Waits
+/// until the pods are gone; the namespace itself goes when the cluster's namespace controller
+/// finalises it (a loopback plane has none: it is discarded whole).
 pub async fn clean_up(client: &kube::Client, run_id: &str) -> Result<()> {
     let selector = format!("{OWNER_LABEL}={run_id}");
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
@@ -188,9 +192,10 @@ pub async fn clean_up(client: &kube::Client, run_id: &str) -> Result<()> {
         .await
         .context("deleting the replay's nodes")?;
     let started = Instant::now();
-    while namespaces.get_metadata_opt(NAMESPACE).await?.is_some() {
+    let owned = ListParams::default().labels(&selector);
+    while !pods.list_metadata(&owned).await?.items.is_empty() {
         if started.elapsed() > Duration::from_secs(120) {
-            bail!("namespace {NAMESPACE} was not gone 120 s after its deletion");
+            bail!("the replay's pods were not gone 120 s after their deletion");
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

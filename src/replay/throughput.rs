@@ -15,8 +15,9 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::watcher::{self, Event};
 
 use super::cli::ReplayArgs;
+use super::cli::scheduler_setup;
 use super::objects::{NAMESPACE, OWNER_LABEL, extender_config, pod_object};
-use super::plane::{DEFAULT_SCHEDULER, GPU_SCHEDULER, Plane, SchedulerSetup, cpu_time, k8s_bins};
+use super::plane::{DEFAULT_SCHEDULER, GPU_SCHEDULER, Plane, SHIPPED_PROFILE, cpu_time, k8s_bins};
 use super::run::{clean_up, create_cluster};
 use crate::engine::{CpuMilli, MemMiB, ScoringPolicy, TypicalPods};
 use crate::sim::{Cluster, SimNode, SimPod};
@@ -112,13 +113,18 @@ pub async fn run_throughput(args: &ReplayArgs) -> Result<()> {
     let mut measurements = Vec::new();
     for round in 0..t.rounds.max(1) {
         for with_extender in [true, false] {
-            let setup = SchedulerSetup {
-                with_extender,
-                client_qps: Some(t.qps),
-                ..SchedulerSetup::shipped()
-            };
+            // With: the replay's scheduler configuration (the dedicated GPU scheduler unless
+            // --scheduler-config says otherwise); without: the shipped default profile alone.
+            let mut setup = scheduler_setup(args)?;
+            setup.client_qps = Some(t.qps);
+            if !with_extender {
+                setup.base = SHIPPED_PROFILE.to_owned();
+                setup.with_extender = false;
+            }
             if with_extender {
-                plane.start_extender(&extender, &config).await?;
+                plane
+                    .start_extender(&extender, &config, &args.extender_set)
+                    .await?;
             } else {
                 plane.stop_extender();
             }

@@ -91,6 +91,23 @@ where
     }
 }
 
+/// Runs a check that needs the Kubernetes binaries but starts its own processes (the replay
+/// command runs its own control plane): skips like [`run`], runs alone like [`run`].
+pub fn run_with_bins(name: &str, check: impl FnOnce(&Path) -> Result<()>) {
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let Some(bins) = k8s_bins_or_skip(name) else {
+        return;
+    };
+    let started = Instant::now();
+    match check(&bins) {
+        Ok(()) => eprintln!(
+            "e2e {name}: passed in {:.1}s",
+            started.elapsed().as_secs_f64()
+        ),
+        Err(error) => panic!("e2e {name} failed: {error:#}"),
+    }
+}
+
 enum Bins {
     Ready(PathBuf),
     Missing(String),

@@ -20,6 +20,7 @@ mod modes;
 mod observe;
 mod preemption;
 mod rejections;
+mod replay;
 mod restart;
 mod state;
 

@@ -81,6 +81,10 @@ pub struct Policy {
     pub fgd_truncate: bool,
     /// The knobs of [`ScoringPolicy::FgdPlus`] (its defaults are the measured best).
     pub fgd_plus: fgd_plus::Tuning,
+    /// Filter passes only the fitting candidates the policy scores best (all of them on a tie),
+    /// so that kube-scheduler's own scores cannot overrule the policy's choice; see
+    /// docs/decisions/0006-filter-keeps-the-policys-choice.md.
+    pub filter_best_only: bool,
 }
 
 impl Default for Policy {
@@ -91,6 +95,7 @@ impl Default for Policy {
             typical: TypicalPods::default(),
             fgd_truncate: false,
             fgd_plus: fgd_plus::Tuning::default(),
+            filter_best_only: false,
         }
     }
 }
