@@ -185,6 +185,48 @@ async fn filter_cache_mode_rejects_full_and_unknown_nodes_with_node_independent_
 }
 
 #[tokio::test]
+async fn filter_best_only_answers_the_policys_one_node_and_reasons_only_when_none_fits() {
+    let harness = Harness::new(true);
+    harness.state.policy.store(gpu_extender::engine::Policy {
+        filter_best_only: true,
+        ..(*harness.state.policy.load()).clone()
+    });
+    // Fits both recorded nodes: one name, and no reasons for kube-scheduler to decode.
+    let mut one = with_gpu_limit(fixture("filter-cache.json"), "nvidia.com/gpu", "1");
+    one["NodeNames"] = json!(["gpu-a", "gpu-b", "not-a-node"]);
+    let answer = harness.post_json("filter", &one).await;
+    let names = answer["NodeNames"].as_array().unwrap();
+    assert_eq!(names.len(), 1, "{answer}");
+    assert!(names[0] == "gpu-a" || names[0] == "gpu-b", "{answer}");
+    assert_eq!(answer["FailedNodes"], json!({}));
+    assert_eq!(answer["FailedAndUnresolvableNodes"], json!({}));
+    // The same choice whatever the candidates' order.
+    one["NodeNames"] = json!(["not-a-node", "gpu-b", "gpu-a"]);
+    assert_eq!(
+        harness.post_json("filter", &one).await["NodeNames"],
+        json!(names)
+    );
+
+    // Fits nowhere: every reason, as without narrowing (events and preemption read them).
+    let mut three = with_gpu_limit(fixture("filter-cache.json"), "nvidia.com/gpu", "3");
+    three["NodeNames"] = json!(["gpu-a", "gpu-b"]);
+    let answer = harness.post_json("filter", &three).await;
+    assert_eq!(answer["NodeNames"], json!([]));
+    assert_eq!(
+        answer["FailedAndUnresolvableNodes"]["gpu-a"],
+        "node has fewer GPUs than requested"
+    );
+
+    // A pod that asks for no GPU is placed by its CPU and memory: one node as well.
+    let mut cpu_only = fixture("filter-cache.json");
+    cpu_only["Pod"]["spec"]["containers"][0]["resources"] = json!({"requests": {"cpu": "1"}});
+    cpu_only["Pod"]["spec"]["initContainers"] = Value::Null;
+    cpu_only["NodeNames"] = json!(["gpu-a", "gpu-b"]);
+    let answer = harness.post_json("filter", &cpu_only).await;
+    assert_eq!(answer["NodeNames"].as_array().unwrap().len(), 1, "{answer}");
+}
+
+#[tokio::test]
 async fn filter_non_cache_mode_returns_the_objects_it_was_given() {
     let harness = Harness::new(false); // stateless: works before the table is synced
     let body = fixture("filter-nocache.json");

@@ -419,13 +419,20 @@ fn filter_decision<'a>(
                 };
             }
             let table = state.snapshot();
-            let verdict = verbs::filter(
+            let policy = state.policy.load();
+            let mut verdict = verbs::filter(
                 names.iter().map(|&name| (name, table.node_by_str(name))),
                 request,
-                &state.policy.load(),
+                &policy,
             );
             drop(table);
             record_verdict(&state.metrics, &verdict);
+            if policy.filter_best_only && !verdict.passed.is_empty() {
+                // The pod goes to the chosen node: kube-scheduler reads the other nodes' reasons
+                // only when none is left, so they are not sent (nor decoded by it).
+                verdict.failed.clear();
+                verdict.unresolvable.clear();
+            }
             let passed = verdict
                 .passed
                 .iter()

@@ -1,5 +1,5 @@
 //! Structured logging: one subscriber for the process, JSON or human-readable, filtered by
-//! `RUST_LOG` (default `info`).
+//! `GPU_EXTENDER_LOG`, else `RUST_LOG` (default `info`).
 
 use tracing_subscriber::EnvFilter;
 
@@ -14,7 +14,9 @@ pub enum LogFormat {
 
 /// Installs the global subscriber; a second call is a no-op (tests call it repeatedly).
 pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_env("GPU_EXTENDER_LOG")
+        .or_else(|_| EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
