@@ -84,6 +84,11 @@ impl Adapter for KubeAdapter {
     }
 }
 
+/// How long a bind that ran out of its budget may spend finding out whether its Binding landed
+/// anyway: `server.requestTimeoutMs` plus this stays below kube-scheduler's `httpTimeout`
+/// (2 s + 1 s against the shipped 5 s).
+pub const LATE_COMMIT_WINDOW: Duration = Duration::from_secs(1);
+
 /// The binder the service uses, with its outcomes counted and a time budget: an answer with
 /// `Error` before kube-scheduler's `httpTimeout` beats a late success it has stopped waiting for.
 pub struct MeteredBinder<A> {
@@ -162,15 +167,26 @@ impl<A: PodApi + 'static> Bind for MeteredBinder<A> {
                 }
                 Ok(Ok(BindOutcome::AlreadyBound)) => ("already_bound", Ok(())),
                 Ok(Err(error)) => (bind_error_label(&error), Err(error.to_string())),
-                Err(_) => (
-                    "timeout",
-                    Err(format!(
-                        "binding pod {}/{} took longer than {} ms; its reservation lapses unless the bind completed",
-                        request.namespace,
-                        request.name,
-                        self.budget.as_millis()
-                    )),
-                ),
+                // Out of time, but the write may have landed (a slow API server answers late):
+                // one read tells, so that a committed bind is not reported as a failure that
+                // kube-scheduler would retry.
+                Err(_) => match tokio::time::timeout(
+                    LATE_COMMIT_WINDOW,
+                    self.binder.confirm_late(&request),
+                )
+                .await
+                {
+                    Ok(Some(_)) => ("late_commit", Ok(())),
+                    _ => (
+                        "timeout",
+                        Err(format!(
+                            "binding pod {}/{} took longer than {} ms; its reservation lapses unless the bind completed",
+                            request.namespace,
+                            request.name,
+                            self.budget.as_millis()
+                        )),
+                    ),
+                },
             };
             self.metrics.binds.with_label_values(&[label]).inc();
             result

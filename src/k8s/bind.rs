@@ -337,6 +337,27 @@ impl<A: PodApi> Binder<A> {
         })
     }
 
+    /// After a bind ran out of time: whether its Binding landed anyway, read once from the
+    /// watch cache, else from the API server. `Some` when the pod (same UID) is bound to the
+    /// requested node: the bind succeeded, only its answer was late (the watch turns the
+    /// reservation into the record as for any bind).
+    pub async fn confirm_late(&self, request: &BindRequest) -> Option<BindOutcome> {
+        let key = PodKey::new(&request.namespace, &request.name);
+        let bound_here = |pod: &Pod| {
+            let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+            (request.uid.is_empty() || uid == request.uid)
+                && pod.spec.as_ref().and_then(|s| s.node_name.as_deref())
+                    == Some(request.node.as_str())
+        };
+        if self.state.pod(&key).is_some_and(|pod| bound_here(&pod)) {
+            return Some(BindOutcome::AlreadyBound);
+        }
+        match self.api.get_pod(&request.namespace, &request.name).await {
+            Ok(Some(pod)) if bound_here(&pod) => Some(BindOutcome::AlreadyBound),
+            _ => None,
+        }
+    }
+
     /// Releases `key`'s reservation if it is still the one made with `allocation` (the watch
     /// may have replaced it with the bound truth meanwhile).
     pub fn cancel(&self, key: &PodKey, allocation: &PodAllocation) {

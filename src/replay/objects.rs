@@ -263,7 +263,7 @@ fn gpu_resource(pod: &SimPod, config: &Config) -> Result<Option<(String, String)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::{CpuMilli, MemMiB, ModelPattern};
+    use crate::engine::{CpuMilli, MemMiB};
     use crate::k8s::translate;
     use crate::sim::{Cluster, Prepared, load};
     use std::path::Path;
@@ -282,11 +282,7 @@ mod tests {
             gpus,
             milli,
             gpu_spec: spec.into(),
-            models: spec
-                .split('|')
-                .filter(|s| !s.is_empty())
-                .map(|s| ModelPattern::parse(s).unwrap())
-                .collect(),
+            models: crate::sim::load::model_list(spec).unwrap(),
         }
     }
 

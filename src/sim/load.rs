@@ -254,7 +254,7 @@ fn gpu_count(value: u64, column: &str) -> Result<u16, String> {
 }
 
 /// Parses `A|B|C` into model patterns (empty = any model).
-fn model_list(value: &str) -> Result<Vec<ModelPattern>, String> {
+pub(crate) fn model_list(value: &str) -> Result<Vec<ModelPattern>, String> {
     value
         .split('|')
         .map(str::trim)

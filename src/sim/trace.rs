@@ -168,11 +168,7 @@ mod tests {
             gpus,
             milli,
             gpu_spec: spec.into(),
-            models: spec
-                .split('|')
-                .filter(|s| !s.is_empty())
-                .map(|s| ModelPattern::parse(s).unwrap())
-                .collect(),
+            models: crate::sim::load::model_list(spec).unwrap(),
         }
     }
 

@@ -22,6 +22,9 @@ struct ScriptedApi {
     answers: Mutex<VecDeque<Result<(), ApiError>>>,
     pods: Mutex<HashMap<String, Pod>>,
     writes: Mutex<Vec<BindingWrite>>,
+    /// A slow API server: each Binding's answer comes this late; the write lands first when
+    /// the flag is set (a late commit), never when it is not (a write that never lands).
+    slow: Mutex<Option<(std::time::Duration, bool)>>,
 }
 
 impl ScriptedApi {
@@ -47,6 +50,10 @@ impl ScriptedApi {
 
 impl PodApi for ScriptedApi {
     async fn create_binding(&self, write: &BindingWrite) -> Result<(), ApiError> {
+        let slow = *self.slow.lock().unwrap();
+        if let Some((delay, false)) = slow {
+            tokio::time::sleep(delay).await;
+        }
         self.writes.lock().unwrap().push(write.clone());
         let answer = self.answers.lock().unwrap().pop_front().unwrap_or(Ok(()));
         if answer.is_ok() {
@@ -60,6 +67,9 @@ impl PodApi for ScriptedApi {
                     .get_or_insert_with(Default::default)
                     .extend(write.annotations.clone());
             }
+        }
+        if let Some((delay, true)) = slow {
+            tokio::time::sleep(delay).await;
         }
         answer
     }
@@ -757,4 +767,37 @@ async fn the_service_binder_reports_new_bindings_only() {
         *events.0.lock().unwrap(),
         ["bound to node gpu-a: GPU0 (4 GiB)"]
     );
+}
+
+#[tokio::test]
+async fn a_bind_that_commits_after_its_budget_is_a_late_success_not_a_failure() {
+    use crate::service::{Bind, MeteredBinder};
+
+    let World { feed, binder, api } = world(&[share("late", 4), share("lost", 4)]);
+    let metrics = crate::telemetry::Metrics::new().unwrap();
+    let metered = MeteredBinder::new(
+        binder,
+        Arc::clone(feed.state()),
+        metrics.clone(),
+        Instant::now(),
+        std::time::Duration::from_millis(50),
+    );
+    let args = |name: &str| crate::http::wire::ExtenderBindingArgs {
+        pod_name: name.into(),
+        pod_namespace: "ns".into(),
+        pod_uid: format!("uid-{name}"),
+        node: "gpu-a".into(),
+    };
+    // The Binding lands at once, its answer comes after the budget: success, counted apart.
+    *api.slow.lock().unwrap() = Some((std::time::Duration::from_millis(300), true));
+    metered.bind(args("late")).await.unwrap();
+    let stored = api.stored("ns/late").unwrap();
+    assert_eq!(stored.spec.unwrap().node_name.as_deref(), Some("gpu-a"));
+    let count = |result: &str| metrics.binds.with_label_values(&[result]).get();
+    assert_eq!(count("late_commit"), 1);
+    // The write never lands in time: still a failure, with the reason.
+    *api.slow.lock().unwrap() = Some((std::time::Duration::from_millis(300), false));
+    let error = metered.bind(args("lost")).await.unwrap_err();
+    assert!(error.contains("took longer than 50 ms"), "{error}");
+    assert_eq!(count("timeout"), 1);
 }
