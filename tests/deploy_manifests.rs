@@ -408,39 +408,67 @@ fn the_pieces_of_the_deployment_agree() {
         request_ms < timeout_ms,
         "the extender's requestTimeoutMs ({request_ms}) must be below httpTimeout ({timeout})"
     );
-    let mut managed: Vec<&str> = stanza["managedResources"]
-        .as_sequence()
-        .into_iter()
-        .flatten()
-        .filter_map(|r| r["name"].as_str())
-        .collect();
-    managed.sort();
+    // The recommended setup (decision 0006): a scheduler of its own that sends the extender
+    // every pod (no managedResources), filter passing the policy's one choice, every node seen.
+    assert!(
+        stanza.get("managedResources").is_none(),
+        "the dedicated gpu-scheduler sends the extender every pod: no managedResources"
+    );
+    assert_eq!(
+        extender["policy"]["filterBestOnly"].as_bool(),
+        Some(true),
+        "the extender passes the policy's one choice (policy.filterBestOnly)"
+    );
+    assert_eq!(scheduler["percentageOfNodesToScore"].as_u64(), Some(100));
+    assert_eq!(
+        profiles,
+        [PROFILE],
+        "a scheduler that sends the extender every pod must serve no other profile"
+    );
+    let read = |file: &str| -> Value {
+        serde_yaml_ng::from_str(&std::fs::read_to_string(Path::new(ROOT).join(file)).unwrap())
+            .unwrap()
+    };
+    let dedicated = read("scheduler-config/gpu-scheduler-dedicated.yaml");
+    assert_eq!(
+        &dedicated["extenders"], &scheduler["extenders"],
+        "the extender stanza differs between deploy/ and scheduler-config/gpu-scheduler-dedicated.yaml"
+    );
+    assert_eq!(
+        dedicated["profiles"], scheduler["profiles"],
+        "the profile differs between deploy/ and scheduler-config/gpu-scheduler-dedicated.yaml"
+    );
+
+    // The configurations that share a kube-scheduler with the default profile call the extender
+    // only for pods that ask for its resources: managedResources are the extender's names.
     let mut resources: Vec<&str> = ["wholeGpu", "gpuMem", "gpuCore", "topologyGpu"]
         .iter()
         .map(|k| extender["resources"][*k].as_str().unwrap())
         .collect();
     resources.sort();
-    assert_eq!(
-        managed, resources,
-        "managedResources must be the extender's resource names"
-    );
-
-    // The same stanza as the stand-alone scheduler configurations, where they exist.
-    for file in [
+    let shared: Vec<Value> = [
         "scheduler-config/gpu-scheduler-profile.yaml",
         "scheduler-config/default-scheduler-extended.yaml",
-    ] {
-        match std::fs::read_to_string(Path::new(ROOT).join(file)) {
-            Ok(text) => {
-                let other: Value = serde_yaml_ng::from_str(&text).unwrap();
-                assert_eq!(
-                    &other["extenders"], &scheduler["extenders"],
-                    "the extender stanza differs between deploy/ and {file}"
-                );
-            }
-            Err(_) => eprintln!("note: {file} not found; its extender stanza is not compared"),
-        }
+    ]
+    .map(read)
+    .to_vec();
+    for config in &shared {
+        let mut managed: Vec<&str> = config["extenders"][0]["managedResources"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| r["name"].as_str())
+            .collect();
+        managed.sort();
+        assert_eq!(
+            managed, resources,
+            "managedResources must be the extender's resource names"
+        );
     }
+    assert_eq!(
+        shared[0]["extenders"], shared[1]["extenders"],
+        "the two shared configurations carry different extender stanzas"
+    );
 
     // The extender sidecar: the binary's serve subcommand, probes on the admin port.
     let sidecar = rendered.container("gpu-extender");
