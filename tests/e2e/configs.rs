@@ -50,6 +50,14 @@ fn gpu_profile(path: &str) -> Result<String> {
         .unwrap_or_else(|| "default-scheduler".to_owned()))
 }
 
+/// Whether the configuration's extender lists `managedResources` (is called only for pods
+/// that ask for them).
+fn lists_managed_resources(path: &str) -> Result<bool> {
+    let text = std::fs::read_to_string(std::path::Path::new(ROOT).join(path))?;
+    let config: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text)?;
+    Ok(config["extenders"][0].get("managedResources").is_some())
+}
+
 fn counter(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     metric_sum(text, name, labels)
 }
@@ -102,24 +110,38 @@ fn each_shipped_scheduler_config_schedules_a_gpu_pod_through_the_extender() {
                 ) >= 1.0,
                 "{config}: the filter latency histogram did not move"
             );
-            // A pod without GPUs is scheduled without the extender.
+            // A pod without GPUs: a configuration with `managedResources` schedules it without
+            // the extender (on the default profile); the dedicated GPU scheduler, which has
+            // none, sends the extender every pod of its profile, and the policy places it.
             let plain = format!("plain-{i}");
+            let dedicated = !lists_managed_resources(config)?;
             let before = c.metrics().await?;
             create_bound(
                 &c.client,
                 &PodSpec::empty(&plain)
                     .container("main", &[])
-                    .scheduler("default-scheduler"),
+                    .scheduler(if dedicated {
+                        profile.as_str()
+                    } else {
+                        "default-scheduler"
+                    }),
                 BIND,
             )
             .await
             .with_context(|| format!("{config}: a pod without GPUs"))?;
             let after_plain = c.metrics().await?;
             let calls = |text: &str| counter(text, "gpu_extender_requests_total", &[]);
-            ensure!(
-                calls(&after_plain) == calls(&before),
-                "{config}: a pod without GPUs reached the extender"
-            );
+            if dedicated {
+                ensure!(
+                    calls(&after_plain) > calls(&before),
+                    "{config}: a pod without GPUs of the dedicated scheduler missed the extender"
+                );
+            } else {
+                ensure!(
+                    calls(&after_plain) == calls(&before),
+                    "{config}: a pod without GPUs reached the extender"
+                );
+            }
             eprintln!(
                 "  {config}: pod {name} ({profile}) bound to {} GPU {:?} in {:.1}s",
                 record.node,
