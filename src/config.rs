@@ -86,6 +86,7 @@ pub const KEYS: &[&str] = &[
     "server.tls.keyFile",
     "server.requestTimeoutMs",
     "bind.reservationTtlSeconds",
+    "bind.events",
     "requeue.enabled",
     "requeue.maxPodsPerNode",
     "requeue.minIntervalSeconds",
@@ -386,12 +387,15 @@ pub struct TlsConfig {
 pub struct BindConfig {
     /// How long capacity reserved at bind is held if the watch never shows the bound pod.
     pub reservation_ttl_seconds: u64,
+    /// Record a `GpusAllocated` Event on each pod bound (one more API write per bind).
+    pub events: bool,
 }
 
 impl Default for BindConfig {
     fn default() -> Self {
         Self {
             reservation_ttl_seconds: 120,
+            events: true,
         }
     }
 }

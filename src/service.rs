@@ -379,8 +379,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         KubeApi::new(client.clone()),
     );
     let budget = Duration::from_millis(config.server.request_timeout_ms);
-    let metered = MeteredBinder::new(binder, cluster.clone(), metrics.clone(), epoch, budget)
-        .with_events(Arc::new(KubeEvents::new(client, metrics.clone())));
+    let mut metered = MeteredBinder::new(binder, cluster.clone(), metrics.clone(), epoch, budget);
+    if config.bind.events {
+        metered = metered.with_events(Arc::new(KubeEvents::new(client, metrics.clone())));
+    }
     let state = AppState {
         cluster: cluster.clone(),
         policy,
