@@ -409,7 +409,7 @@ fn the_pieces_of_the_deployment_agree() {
         "the extender's requestTimeoutMs ({request_ms}) must be below httpTimeout ({timeout})"
     );
     // The recommended setup (decision 0006): a scheduler of its own that sends the extender
-    // every pod (no managedResources), filter passing the policy's one choice, every node seen.
+    // every pod (no managedResources), filter passing the policy's one choice.
     assert!(
         stanza.get("managedResources").is_none(),
         "the dedicated gpu-scheduler sends the extender every pod: no managedResources"
@@ -419,7 +419,6 @@ fn the_pieces_of_the_deployment_agree() {
         Some(true),
         "the extender passes the policy's one choice (policy.filterBestOnly)"
     );
-    assert_eq!(scheduler["percentageOfNodesToScore"].as_u64(), Some(100));
     assert_eq!(
         profiles,
         [PROFILE],
