@@ -119,22 +119,6 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn k8s_bins() -> Result<PathBuf> {
-    if let Some(dir) = std::env::var_os("GPU_EXTENDER_K8S_BIN") {
-        return Ok(PathBuf::from(dir));
-    }
-    let output = Command::new(root().join("scripts/k8s-bins.sh"))
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
-        .context("running scripts/k8s-bins.sh")?;
-    ensure!(output.status.success(), "scripts/k8s-bins.sh failed");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    Ok(PathBuf::from(
-        stdout.lines().last().unwrap_or_default().trim(),
-    ))
-}
-
 fn extender_binary(args: &Args) -> Result<PathBuf> {
     if let Some(path) = &args.extender {
         return Ok(path.clone());
@@ -155,7 +139,7 @@ fn extender_binary(args: &Args) -> Result<PathBuf> {
 }
 
 async fn run(args: &Args, plane: &mut Plane) -> Result<()> {
-    let bins = k8s_bins()?;
+    let bins = gpu_extender::replay::plane::k8s_bins(&root())?;
     let extender_bin = extender_binary(args)?;
     let t0 = Instant::now();
     let status = Command::new(root().join("scripts/control-plane.sh"))

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use super::objects::extender_config;
+use super::objects::{dns_name, extender_config};
 use super::plane::{GPU_SCHEDULER, Plane, SchedulerSetup, client_from, k8s_bins};
 use super::run::{
     ReplayPlan, Replayed, clean_up, create_cluster, refuse_foreign_objects, replay_pods,
@@ -217,7 +217,8 @@ async fn replay_one(
     config
         .validate()
         .context("the replay's extender configuration")?;
-    let run_id = format!("{}-{}-{seed}", file_safe(&workload.name), scoring.as_str());
+    // A label value: the names the objects module makes are of that shape.
+    let run_id = format!("{}-{}-{seed}", dns_name(&workload.name), scoring.as_str());
     let plan = ReplayPlan {
         prepared,
         cluster,
@@ -263,18 +264,6 @@ async fn replay_one(
         plane.dir().display()
     );
     replay_pods(&client, &plan, &names).await
-}
-
-fn file_safe(name: &str) -> String {
-    name.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_lowercase()
-            } else {
-                '-'
-            }
-        })
-        .collect()
 }
 
 /// Arrival points where both curves have a value: `(k, simulate, real)`.

@@ -98,9 +98,9 @@ fn class_size(typical: &TypicalPod, workload: &Workload) -> usize {
         .count()
 }
 
-/// A Kubernetes object name for a trace name: lower case, anything but letters, digits, `-`
-/// and `.` replaced by `-`.
-fn dns_name(raw: &str) -> String {
+/// A Kubernetes object name (and label value) for a trace name: lower case, anything but
+/// letters, digits, `-` and `.` replaced by `-`.
+pub fn dns_name(raw: &str) -> String {
     let name: String = raw
         .chars()
         .map(|c| match c.to_ascii_lowercase() {
