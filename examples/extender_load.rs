@@ -26,8 +26,7 @@ use gpu_extender::engine::{
     CpuMilli, GpuDemand, GpuMode, GpuPlacement, MemMiB, NodeSpec, PodKey, PodRequest, Table, fit,
 };
 use gpu_extender::http::server::{AppState, router};
-use gpu_extender::k8s::watch::ClusterState;
-use gpu_extender::service::KubeAdapter;
+use gpu_extender::state::ClusterState;
 use gpu_extender::telemetry::Metrics;
 
 #[path = "support/http_load.rs"]
@@ -59,7 +58,8 @@ fn main() -> Result<()> {
     let state = AppState {
         cluster: Arc::new(ClusterState::with_table(table)),
         policy: config.engine_policy().into(),
-        adapter: Arc::new(KubeAdapter::new(config.clone(), None)),
+        config: config.clone(),
+        binder: None,
         metrics: Metrics::new()?,
         body_limit: 64 << 20,
     };

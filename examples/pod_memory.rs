@@ -18,7 +18,8 @@ use kube::runtime::watcher::Event;
 use serde_json::json;
 
 use gpu_extender::config::Config;
-use gpu_extender::k8s::watch::{ClusterState, Feed};
+use gpu_extender::k8s::watch::Feed;
+use gpu_extender::state::ClusterState;
 
 #[path = "support/rss.rs"]
 mod rss;

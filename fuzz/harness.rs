@@ -27,12 +27,12 @@ use gpu_extender::http::wire::{
     ExtenderArgs, ExtenderBindingResult, ExtenderFilterResult, ExtenderPreemptionArgs,
     ExtenderPreemptionResult, HostPriorityList, NodeList,
 };
-use gpu_extender::k8s::translate::{
+use gpu_extender::k8s::watch::slim_pod;
+use gpu_extender::objects::translate::{
     names_gpu_resource, node_spec, pod_host_request, pod_request, translate_node,
 };
-use gpu_extender::k8s::watch::{ClusterState, slim_pod};
-use gpu_extender::k8s::{record, translate};
-use gpu_extender::service::KubeAdapter;
+use gpu_extender::objects::{record, translate};
+use gpu_extender::state::ClusterState;
 use gpu_extender::telemetry::Metrics;
 
 /// The largest body the fuzzed router accepts (bigger ones must get 413, not a crash).
@@ -137,7 +137,8 @@ fn extender() -> &'static Extender {
             cluster: Arc::new(ClusterState::with_table(table)),
             policy: config().engine_policy().into(),
             // No binder: bind must answer with an `Error`, never crash.
-            adapter: Arc::new(KubeAdapter::new(Arc::clone(config()), None)),
+            config: Arc::clone(config()),
+            binder: None,
             metrics,
             body_limit: BODY_LIMIT,
         };

@@ -19,9 +19,10 @@ use crate::config::{Config, ConfigFlags};
 use crate::engine::PodKey;
 use crate::explain;
 use crate::inspect::{self, ClusterReport, Filter};
-use crate::k8s::translate;
-use crate::k8s::watch::{ClusterState, Feed};
-use crate::service::kube_client;
+use crate::k8s::api::kube_client;
+use crate::k8s::watch::Feed;
+use crate::objects::translate;
+use crate::state::ClusterState;
 
 /// Output format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]

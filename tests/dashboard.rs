@@ -8,7 +8,10 @@
 )]
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
+use gpu_extender::engine::Policy;
+use gpu_extender::state::{ClusterState, PolicyCell};
 use gpu_extender::telemetry::Metrics;
 use serde_json::Value;
 
@@ -16,9 +19,16 @@ const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const PREFIX: &str = "gpu_extender_";
 
 /// Every name Prometheus would store for the registered families: histograms add the
-/// `_bucket`, `_sum` and `_count` series.
+/// `_bucket`, `_sum` and `_count` series. The state collector is registered as `serve` does, so
+/// the families it builds at scrape time are rendered too.
 fn exported() -> BTreeSet<String> {
     let metrics = Metrics::new().expect("the registry builds");
+    metrics
+        .watch_state(
+            Arc::new(ClusterState::new(1)),
+            PolicyCell::from(Policy::default()),
+        )
+        .expect("the state collector registers");
     let text = metrics.render().expect("the registry renders");
     let histograms: BTreeSet<&str> = text
         .lines()

@@ -19,9 +19,8 @@ use tower::ServiceExt;
 use gpu_extender::config::Config;
 use gpu_extender::engine::{Change, NodeSpec, Table};
 use gpu_extender::http::server::{AppState, admin_router, router};
-use gpu_extender::k8s::translate;
-use gpu_extender::k8s::watch::ClusterState;
-use gpu_extender::service::KubeAdapter;
+use gpu_extender::objects::translate;
+use gpu_extender::state::{ClusterState, PolicyCell};
 use gpu_extender::telemetry::Metrics;
 
 const FIXTURES: &str = concat!(
@@ -68,11 +67,19 @@ impl Harness {
     }
 
     fn with_cluster(config: Arc<Config>, cluster: ClusterState) -> Self {
+        let cluster = Arc::new(cluster);
+        let policy: PolicyCell = config.engine_policy().into();
+        // As `serve` wires it: the table's gauges are read from the state at every scrape.
+        let metrics = Metrics::new().unwrap();
+        metrics
+            .watch_state(Arc::clone(&cluster), policy.clone())
+            .unwrap();
         let state = AppState {
-            cluster: Arc::new(cluster),
-            policy: config.engine_policy().into(),
-            adapter: Arc::new(KubeAdapter::new(config, None)),
-            metrics: Metrics::new().unwrap(),
+            cluster,
+            policy,
+            config,
+            binder: None,
+            metrics,
             body_limit: 1024 * 1024,
         };
         Self { state }
@@ -518,20 +525,19 @@ struct HeldBinder {
     release: tokio::sync::Notify,
 }
 
-impl gpu_extender::service::Bind for HeldBinder {
+impl gpu_extender::state::Bind for HeldBinder {
     fn bind(
         &self,
-        _args: gpu_extender::http::wire::ExtenderBindingArgs,
-    ) -> futures::future::BoxFuture<'_, Result<(), String>> {
+        _request: gpu_extender::state::BindRequest,
+    ) -> futures::future::BoxFuture<
+        '_,
+        Result<gpu_extender::state::BindOutcome, gpu_extender::state::BindError>,
+    > {
         Box::pin(async move {
             self.started.notify_one();
             self.release.notified().await;
-            Ok(())
+            Ok(gpu_extender::state::BindOutcome::AlreadyBound)
         })
-    }
-
-    fn pod_key_for_uid(&self, _uid: &str) -> Option<gpu_extender::engine::PodKey> {
-        None
     }
 }
 
@@ -553,7 +559,8 @@ async fn over_the_concurrency_limit_a_request_is_shed_with_503_not_queued_foreve
             [],
         ))),
         policy: config.engine_policy().into(),
-        adapter: Arc::new(KubeAdapter::new(config, Some(binder.clone()))),
+        config,
+        binder: Some(binder.clone()),
         metrics: Metrics::new().unwrap(),
         body_limit: 1024 * 1024,
     };

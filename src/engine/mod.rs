@@ -12,6 +12,7 @@
 //! ```
 
 pub mod allocation;
+pub mod evaluate;
 pub mod fit;
 pub mod model;
 pub mod policy;

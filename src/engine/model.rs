@@ -3,7 +3,10 @@
 use std::fmt;
 use std::sync::Arc;
 
+// The link matrix and the mask width live with the topology index built from them, so that the
+// index needs nothing from here; they are part of the model all the same.
 use super::topology::TopologyIndex;
+pub use super::topology::{Link, LinkMatrix, MAX_GPUS_PER_NODE};
 
 /// GPU or host memory in MiB.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -25,9 +28,6 @@ pub const WHOLE_GPU_COMPUTE: ComputeMilli = ComputeMilli(1000);
 /// A GPU's index on its node (the device plugin's index, 0-based).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct GpuIndex(pub u16);
-
-/// The most GPUs one node may have: node GPU sets are 64-bit masks.
-pub const MAX_GPUS_PER_NODE: usize = 64;
 
 /// A node's name, cheap to clone.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -153,77 +153,6 @@ impl Gpu {
             numa: None,
             healthy: true,
         }
-    }
-}
-
-/// How two GPUs of one node are connected, best first when compared by [`Link::rank`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Link {
-    /// NVLink with this many links between the pair.
-    NvLink(u8),
-    /// Behind the same PCIe switch.
-    SameSwitch,
-    /// Through the same host bridge (CPU root complex).
-    HostBridge,
-    /// Across CPU sockets.
-    CrossSocket,
-}
-
-impl Link {
-    /// Higher is better connected; any NVLink beats any PCIe path.
-    pub fn rank(self) -> u32 {
-        match self {
-            Self::CrossSocket => 1,
-            Self::HostBridge => 2,
-            Self::SameSwitch => 3,
-            Self::NvLink(links) => 10 + u32::from(links),
-        }
-    }
-}
-
-/// The link between every pair of a node's GPUs, indexed by position in the node's GPU list.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct LinkMatrix {
-    size: usize,
-    cells: Vec<Link>,
-}
-
-impl LinkMatrix {
-    /// All pairs equally connected: what a node without per-GPU detail gets.
-    pub fn uniform(size: usize) -> Self {
-        Self {
-            size,
-            cells: vec![Link::SameSwitch; size * size],
-        }
-    }
-
-    /// Builds a matrix from a function of two positions; it is made symmetric from the upper half.
-    pub fn from_fn(size: usize, link: impl Fn(usize, usize) -> Link) -> Self {
-        let mut matrix = Self::uniform(size);
-        for a in 0..size {
-            for b in (a + 1)..size {
-                let value = link(a, b);
-                matrix.cells[a * size + b] = value;
-                matrix.cells[b * size + a] = value;
-            }
-        }
-        matrix
-    }
-
-    /// How many GPUs the matrix covers.
-    pub fn size(&self) -> usize {
-        self.size
-    }
-
-    /// The link between positions `a` and `b` (a GPU is best connected to itself).
-    pub fn get(&self, a: usize, b: usize) -> Link {
-        if a == b {
-            return Link::NvLink(u8::MAX);
-        }
-        self.cells
-            .get(a * self.size + b)
-            .copied()
-            .unwrap_or(Link::CrossSocket)
     }
 }
 

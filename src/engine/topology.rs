@@ -10,7 +10,79 @@
 //! size, is tabulated when the index is built, so a request reads one byte. The search stays as
 //! the way larger nodes are answered and as the reference the tables are checked against.
 
-use super::model::{LinkMatrix, MAX_GPUS_PER_NODE};
+/// The most GPUs one node may have: node GPU sets are 64-bit masks.
+pub const MAX_GPUS_PER_NODE: usize = 64;
+
+/// How two GPUs of one node are connected, best first when compared by [`Link::rank`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Link {
+    /// NVLink with this many links between the pair.
+    NvLink(u8),
+    /// Behind the same PCIe switch.
+    SameSwitch,
+    /// Through the same host bridge (CPU root complex).
+    HostBridge,
+    /// Across CPU sockets.
+    CrossSocket,
+}
+
+impl Link {
+    /// Higher is better connected; any NVLink beats any PCIe path.
+    pub fn rank(self) -> u32 {
+        match self {
+            Self::CrossSocket => 1,
+            Self::HostBridge => 2,
+            Self::SameSwitch => 3,
+            Self::NvLink(links) => 10 + u32::from(links),
+        }
+    }
+}
+
+/// The link between every pair of a node's GPUs, indexed by position in the node's GPU list.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LinkMatrix {
+    size: usize,
+    cells: Vec<Link>,
+}
+
+impl LinkMatrix {
+    /// All pairs equally connected: what a node without per-GPU detail gets.
+    pub fn uniform(size: usize) -> Self {
+        Self {
+            size,
+            cells: vec![Link::SameSwitch; size * size],
+        }
+    }
+
+    /// Builds a matrix from a function of two positions; it is made symmetric from the upper half.
+    pub fn from_fn(size: usize, link: impl Fn(usize, usize) -> Link) -> Self {
+        let mut matrix = Self::uniform(size);
+        for a in 0..size {
+            for b in (a + 1)..size {
+                let value = link(a, b);
+                matrix.cells[a * size + b] = value;
+                matrix.cells[b * size + a] = value;
+            }
+        }
+        matrix
+    }
+
+    /// How many GPUs the matrix covers.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The link between positions `a` and `b` (a GPU is best connected to itself).
+    pub fn get(&self, a: usize, b: usize) -> Link {
+        if a == b {
+            return Link::NvLink(u8::MAX);
+        }
+        self.cells
+            .get(a * self.size + b)
+            .copied()
+            .unwrap_or(Link::CrossSocket)
+    }
+}
 
 /// Nodes with more GPUs than this are indexed greedily instead of exhaustively (2^12 subsets).
 const EXHAUSTIVE_LIMIT: usize = 12;

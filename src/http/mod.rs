@@ -1,6 +1,5 @@
-//! The extender surface: wire types mirroring k8s.io/kube-scheduler/extender/v1, the verbs
-//! that ask the engine, and the HTTP routers.
+//! The extender surface: wire types mirroring k8s.io/kube-scheduler/extender/v1 and the HTTP
+//! routers whose handlers decode, ask the shared state ([`crate::state`]) and encode.
 
 pub mod server;
-pub mod verbs;
 pub mod wire;

@@ -1,9 +1,10 @@
 //! The axum routers: the extender verbs kube-scheduler calls, and the admin surface (health,
-//! readiness, metrics, inspection). Handlers decode, ask the engine on one snapshot, and encode;
-//! every failure is an answer kube-scheduler can read, never a panic.
+//! readiness, metrics, inspection). Handlers decode, ask the shared state ([`crate::state`],
+//! which decides on one snapshot with the engine), and encode; every failure is an answer
+//! kube-scheduler can read, never a panic.
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLockReadGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
@@ -13,44 +14,24 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tracing::{Instrument, info_span, warn};
 
-use crate::engine::{
-    CpuMilli, GpuDemand, MemMiB, NodeSpec, NodeState, PodAllocation, PodKey, PodRequest,
-    RejectReason, Table,
-};
-use crate::k8s::learn::PolicyCell;
-use crate::k8s::watch::ClusterState;
+use crate::config::Config;
+use crate::engine::{NodeState, PodRequest, RejectReason};
+use crate::objects::translate;
+use crate::state::decide::{self, FilterVerdict, Proposal};
+use crate::state::{Bind, BindError, BindRequest, ClusterState, PolicyCell};
 use crate::telemetry::Metrics;
 
-use super::verbs;
 use super::wire::{
     CandidateArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderPreemptionArgs,
     ExtenderPreemptionResult, FilterAnswer, HostScore, MetaPod, MetaVictims, NodeList,
     NodeListAnswer, NodeName, NodeReasons,
 };
 use crate::inspect;
-
-/// What the HTTP layer needs from the Kubernetes side: reading requests and nodes (label and
-/// annotation parsing lives there, not here) and binding.
-pub trait Adapter: Send + Sync + 'static {
-    /// The pod's GPU request; `Ok(None)` when it asks for no GPU; `Err` is a user-facing message.
-    fn pod_request(&self, pod: &Pod) -> Result<Option<PodRequest>, String>;
-    /// The pod's CPU and memory request, as kube-scheduler counts it; `Err` is a user-facing
-    /// message.
-    fn host_request(&self, pod: &Pod) -> Result<(CpuMilli, MemMiB), String>;
-    /// A node as the engine sees it; `Err` is a user-facing message.
-    fn node_spec(&self, node: &Node) -> Result<NodeSpec, String>;
-    /// The key of the pod with this UID, if the extender tracks it.
-    fn pod_key_for_uid(&self, uid: &str) -> Option<PodKey>;
-    /// Chooses the GPUs on `args.node`, records them and binds the pod; `Err` is the message
-    /// kube-scheduler gets in `Error`.
-    fn bind(&self, args: ExtenderBindingArgs) -> BoxFuture<'_, Result<(), String>>;
-}
 
 /// Everything the handlers share.
 #[derive(Clone)]
@@ -59,7 +40,10 @@ pub struct AppState {
     pub cluster: Arc<ClusterState>,
     /// The policy in force (its typical-pod distribution may be relearned while serving).
     pub policy: PolicyCell,
-    pub adapter: Arc<dyn Adapter>,
+    /// How objects are read (label, resource and annotation keys).
+    pub config: Arc<Config>,
+    /// The binder; `None` in tools and tests that serve a fixed table (binds are refused).
+    pub binder: Option<Arc<dyn Bind>>,
     pub metrics: Metrics,
     /// Largest request body accepted, in bytes.
     pub body_limit: usize,
@@ -69,32 +53,17 @@ impl std::fmt::Debug for AppState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AppState")
             .field("ready", &self.cluster.is_ready())
+            .field("binder", &self.binder.is_some())
             .finish_non_exhaustive()
     }
 }
 
 impl AppState {
-    /// What filter and prioritize place: the pod's GPU request, or, for a pod that asks for no
-    /// GPU while `policy.filterBestOnly` is on, its CPU and memory alone, so that the policy
-    /// places it too (a dedicated GPU kube-scheduler sends the extender every pod, see
-    /// docs/decisions/0006-filter-keeps-the-policys-choice.md). `Ok(None)`: no opinion.
+    /// What filter, prioritize and preempt place for `pod` (see
+    /// [`translate::placement_request`]); `Err` is the message for kube-scheduler.
     fn placement_request(&self, pod: &Pod) -> Result<Option<PodRequest>, String> {
-        match self.adapter.pod_request(pod)? {
-            Some(request) => Ok(Some(request)),
-            None if self.policy.load().filter_best_only => {
-                let (cpu, memory) = self.adapter.host_request(pod)?;
-                Ok(Some(PodRequest::single(cpu, memory, GpuDemand::None)))
-            }
-            None => Ok(None),
-        }
-    }
-
-    fn snapshot(&self) -> RwLockReadGuard<'_, Table> {
-        self.cluster.read()
-    }
-
-    fn is_ready(&self) -> bool {
-        self.cluster.is_ready()
+        translate::placement_request(pod, &self.config, self.policy.load().filter_best_only)
+            .map_err(|error| error.to_string())
     }
 }
 
@@ -279,7 +248,7 @@ fn raw_node_name(raw: &str) -> String {
         .unwrap_or_default()
 }
 
-fn candidates<'a>(args: &'a CandidateArgs<'_>, adapter: &dyn Adapter) -> Candidates<'a> {
+fn candidates<'a>(args: &'a CandidateArgs<'_>, config: &Config) -> Candidates<'a> {
     if let Some(list) = &args.nodes {
         let mut names = Vec::with_capacity(list.items.len());
         let mut states = Vec::with_capacity(list.items.len());
@@ -287,7 +256,11 @@ fn candidates<'a>(args: &'a CandidateArgs<'_>, adapter: &dyn Adapter) -> Candida
             match serde_json::from_str::<Node>(raw.get()) {
                 Ok(node) => {
                     names.push(node.metadata.name.clone().unwrap_or_default());
-                    states.push(adapter.node_spec(&node).map(NodeState::new));
+                    states.push(
+                        translate::node_spec(&node, config)
+                            .map(NodeState::new)
+                            .map_err(|error| error.to_string()),
+                    );
                 }
                 Err(error) => {
                     names.push(raw_node_name(raw.get()));
@@ -369,7 +342,7 @@ async fn filter(State(state): State<AppState>, body: Bytes) -> Response {
     };
     let span = info_span!("filter", pod = %pod_name(args.pod.as_ref()));
     span.in_scope(|| {
-        let candidates = candidates(&args, state.adapter.as_ref());
+        let candidates = candidates(&args, &state.config);
         let request = args.pod.as_ref().map(|pod| state.placement_request(pod));
         let answer = filter_decision(&state, request.as_ref(), &candidates);
         timer.finish(if answer.error.is_empty() {
@@ -381,7 +354,7 @@ async fn filter(State(state): State<AppState>, body: Bytes) -> Response {
     })
 }
 
-/// Filter's answer. `request` is the pod's GPU request as the adapter read it, `None` when the
+/// Filter's answer. `request` is the pod's GPU request as translation read it, `None` when the
 /// body has no pod.
 fn filter_decision<'a>(
     state: &AppState,
@@ -399,7 +372,7 @@ fn filter_decision<'a>(
         Err(message) => {
             state.metrics.invalid_requests.inc();
             return FilterAnswer {
-                failed_and_unresolvable_nodes: verbs::reject_all(candidates.names(), message),
+                failed_and_unresolvable_nodes: reject_all(candidates.names(), message),
                 ..Default::default()
             };
         }
@@ -412,27 +385,16 @@ fn filter_decision<'a>(
                     ..Default::default()
                 };
             };
-            if !state.is_ready() {
-                return FilterAnswer {
-                    error: "GPU extender is not ready: allocation table not yet synced",
-                    ..Default::default()
-                };
-            }
-            let table = state.snapshot();
-            let policy = state.policy.load();
-            let mut verdict = verbs::filter(
-                names.iter().map(|&name| (name, table.node_by_str(name))),
-                request,
-                &policy,
-            );
-            drop(table);
+            let verdict = match state.cluster.filter(names, request, &state.policy.load()) {
+                Ok(verdict) => verdict,
+                Err(not_ready) => {
+                    return FilterAnswer {
+                        error: not_ready.message(),
+                        ..Default::default()
+                    };
+                }
+            };
             record_verdict(&state.metrics, &verdict);
-            if policy.filter_best_only && !verdict.passed.is_empty() {
-                // The pod goes to the chosen node: kube-scheduler reads the other nodes' reasons
-                // only when none is left, so they are not sent (nor decoded by it).
-                verdict.failed.clear();
-                verdict.unresolvable.clear();
-            }
             let passed = verdict
                 .passed
                 .iter()
@@ -464,9 +426,9 @@ fn filter_decision<'a>(
             let readable: Vec<(&str, Option<&NodeState>)> = candidates.collect();
             let mut verdict = match request {
                 Some(request) => {
-                    verbs::filter(readable.iter().copied(), request, &state.policy.load())
+                    decide::filter(readable.iter().copied(), request, &state.policy.load())
                 }
-                None => verbs::FilterVerdict {
+                None => FilterVerdict {
                     passed: (0..readable.len()).collect(),
                     ..Default::default()
                 },
@@ -500,12 +462,25 @@ fn filter_decision<'a>(
     }
 }
 
-fn record_verdict(metrics: &Metrics, verdict: &verbs::FilterVerdict<'_>) {
-    // Counted per candidate: a name given twice counts twice (the answer's maps list it once).
+/// Every candidate rejected for one request-level reason (a malformed request): the message
+/// reaches the pod's FailedScheduling event, and the pod stays `Unschedulable`, not
+/// `SchedulerError`.
+fn reject_all<'a>(names: impl IntoIterator<Item = &'a str>, message: &'a str) -> NodeReasons<'a> {
+    NodeReasons::from_pairs(names.into_iter().map(|name| (name, message)).collect())
+}
+
+fn record_verdict(metrics: &Metrics, verdict: &FilterVerdict<'_>) {
+    // Counted per candidate from the engine's reasons (a name given twice counts twice; the
+    // answer's maps list it once, and may omit the reasons under filterBestOnly).
+    let resolvable = verdict
+        .reasons
+        .iter()
+        .filter(|reason| reason.is_resolvable())
+        .count();
     let counts = [
         ("passed", verdict.passed.len()),
-        ("failed", verdict.failed.len() - verdict.unknown),
-        ("unresolvable", verdict.unresolvable.len()),
+        ("failed", resolvable),
+        ("unresolvable", verdict.reasons.len() - resolvable),
         ("unknown", verdict.unknown),
     ];
     for (label, count) in counts {
@@ -541,7 +516,7 @@ async fn prioritize(State(state): State<AppState>, body: Bytes) -> Response {
     };
     let span = info_span!("prioritize", pod = %pod_name(args.pod.as_ref()));
     span.in_scope(|| {
-        let candidates = candidates(&args, state.adapter.as_ref());
+        let candidates = candidates(&args, &state.config);
         let scores = prioritize_decision(&state, &args, &candidates);
         timer.finish("ok");
         json_response(&scores, HostScore::encoded_len_hint(&scores))
@@ -560,18 +535,18 @@ fn prioritize_decision<'a>(
         .as_ref()
         .and_then(|pod| state.placement_request(pod).ok().flatten());
     let Some(request) = request else {
-        return verbs::prioritize_none(candidates.names());
+        // No opinion: 0 everywhere, so it changes no ranking.
+        return candidates
+            .names()
+            .into_iter()
+            .map(|host| HostScore { host, score: 0 })
+            .collect();
     };
-    match candidates {
-        Candidates::Names(names) => {
-            let table = state.snapshot();
-            verbs::prioritize(
-                names.iter().map(|&name| (name, table.node_by_str(name))),
-                &request,
-                &state.policy.load(),
-            )
-        }
-        Candidates::Objects { names, states, .. } => verbs::prioritize(
+    let scores = match candidates {
+        Candidates::Names(names) => state
+            .cluster
+            .prioritize(names, &request, &state.policy.load()),
+        Candidates::Objects { names, states, .. } => decide::prioritize(
             names
                 .iter()
                 .zip(states)
@@ -579,7 +554,11 @@ fn prioritize_decision<'a>(
             &request,
             &state.policy.load(),
         ),
-    }
+    };
+    scores
+        .into_iter()
+        .map(|(host, score)| HostScore { host, score })
+        .collect()
 }
 
 async fn bind(
@@ -595,10 +574,20 @@ async fn bind(
         }
     };
     let span = info_span!("bind", pod = %format!("{}/{}", args.pod_namespace, args.pod_name), node = %args.node);
-    let outcome = state.adapter.bind(args).instrument(span.clone()).await;
+    let request = BindRequest {
+        namespace: args.pod_namespace,
+        name: args.pod_name,
+        uid: args.pod_uid,
+        node: args.node,
+    };
+    let outcome = match &state.binder {
+        Some(binder) => binder.bind(request).instrument(span.clone()).await,
+        None => Err(BindError::NoBinder),
+    };
     let error = match outcome {
-        Ok(()) => String::new(),
-        Err(message) => {
+        Ok(_) => String::new(),
+        Err(error) => {
+            let message = error.to_string();
             span.in_scope(|| warn!(%message, "bind failed"));
             message
         }
@@ -625,78 +614,56 @@ async fn preempt(
     Ok(Json(result))
 }
 
-/// Keeps the candidate nodes where evicting the proposed victims really makes room on the GPUs,
-/// and spares the victims whose eviction would not help. Victims the extender does not track
-/// (pods without GPUs) are passed through untouched: they free only CPU and memory, which
-/// kube-scheduler has already accounted for.
+/// Preempt's answer: the proposals decoded (victims named by UID, as `NodeNameToMetaVictims`
+/// answers them), judged by the shared state, encoded.
 fn preempt_decision(state: &AppState, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult {
-    let mut proposals: Vec<(String, Vec<String>, i64)> = Vec::new();
+    let mut proposals: Vec<Proposal> = Vec::new();
     for (node, victims) in args.node_name_to_meta_victims {
         let victims = victims.unwrap_or_default();
-        proposals.push((
+        proposals.push(Proposal {
             node,
-            victims.pods.into_iter().map(|p| p.uid).collect(),
-            victims.num_pdb_violations,
-        ));
+            victims: victims.pods.into_iter().map(|p| p.uid).collect(),
+            pdb_violations: victims.num_pdb_violations,
+        });
     }
     for (node, victims) in args.node_name_to_victims {
         let victims = victims.unwrap_or_default();
-        let uids = victims
-            .pods
-            .iter()
-            .map(|p| p.metadata.uid.clone().unwrap_or_default())
-            .collect();
-        proposals.push((node, uids, victims.num_pdb_violations));
+        proposals.push(Proposal {
+            node,
+            victims: victims
+                .pods
+                .iter()
+                .map(|p| p.metadata.uid.clone().unwrap_or_default())
+                .collect(),
+            pdb_violations: victims.num_pdb_violations,
+        });
     }
     let request = args
         .pod
         .as_ref()
         .and_then(|pod| state.placement_request(pod).ok().flatten());
-    let table = state.snapshot();
-    let policy = state.policy.load();
+    let kept = state
+        .cluster
+        .preempt(proposals, request.as_ref(), &state.policy.load());
     let mut out = ExtenderPreemptionResult::default();
-    for (node_name, uids, violations) in proposals {
-        let meta = |uids: Vec<String>| MetaVictims {
-            pods: uids.into_iter().map(|uid| MetaPod { uid }).collect(),
-            num_pdb_violations: violations,
-        };
-        let (Some(request), Some(node)) = (&request, table.node_by_str(&node_name)) else {
-            out.node_name_to_meta_victims.insert(node_name, meta(uids));
-            continue;
-        };
-        let mut tracked: Vec<(String, PodAllocation)> = Vec::new();
-        let mut untracked: Vec<String> = Vec::new();
-        for uid in uids {
-            let entry = state
-                .adapter
-                .pod_key_for_uid(&uid)
-                .and_then(|key| table.pod(&key).cloned());
-            match entry {
-                Some(entry) if entry.allocation.node.as_str() == node_name => {
-                    tracked.push((uid, entry.allocation));
-                }
-                _ => untracked.push(uid),
-            }
-        }
-        let allocations: Vec<PodAllocation> = tracked.iter().map(|(_, a)| a.clone()).collect();
-        let Some(needed) = verbs::victims_needed(node, &allocations, request, &policy) else {
-            continue;
-        };
-        let mut keep = untracked;
-        for (uid, allocation) in &tracked {
-            if needed.contains(&allocation) {
-                keep.push(uid.clone());
-            }
-        }
-        if !keep.is_empty() {
-            out.node_name_to_meta_victims.insert(node_name, meta(keep));
-        }
+    for proposal in kept {
+        out.node_name_to_meta_victims.insert(
+            proposal.node,
+            MetaVictims {
+                pods: proposal
+                    .victims
+                    .into_iter()
+                    .map(|uid| MetaPod { uid })
+                    .collect(),
+                num_pdb_violations: proposal.pdb_violations,
+            },
+        );
     }
     out
 }
 
 async fn readyz(State(state): State<AppState>) -> Response {
-    if state.is_ready() {
+    if state.cluster.is_ready() {
         (StatusCode::OK, "ready").into_response()
     } else {
         (
@@ -708,10 +675,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
-    let rendered = state.metrics.render_after(|metrics| {
-        crate::service::refresh_metrics(metrics, &state.cluster, &state.policy.load());
-    });
-    match rendered {
+    match state.metrics.render() {
         Ok(text) => (
             [(
                 header::CONTENT_TYPE,
@@ -725,21 +689,22 @@ async fn metrics(State(state): State<AppState>) -> Response {
 }
 
 async fn inspect_table(State(state): State<AppState>) -> Json<inspect::ClusterReport> {
-    let table = state.snapshot();
+    let table = state.cluster.read();
     Json(inspect::report(&table))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
+    use crate::engine::Table;
 
     fn state() -> AppState {
         let config = Arc::new(Config::default());
         AppState {
             cluster: Arc::new(ClusterState::with_table(Table::new(20))),
             policy: config.engine_policy().into(),
-            adapter: Arc::new(crate::service::KubeAdapter::new(config, None)),
+            config,
+            binder: None,
             metrics: Metrics::new().unwrap(),
             body_limit: 1 << 20,
         }
@@ -755,14 +720,14 @@ mod tests {
             br#"{"Pod":{"spec":{"containers":[{"name":"c","resources":{"limits":{"aliyun.com/gpu-mem":"8"}}}]}},"NodeNames":["ghost","ghost"]}"#,
         );
         let args: CandidateArgs<'_> = decode("filter", &body).unwrap();
-        let candidates = candidates(&args, state.adapter.as_ref());
+        let candidates = candidates(&args, &state.config);
         let request = args.pod.as_ref().map(|pod| state.placement_request(pod));
         let answer = filter_decision(&state, request.as_ref(), &candidates);
         assert_eq!(
             serde_json::to_string(&answer).unwrap(),
             format!(
                 r#"{{"Nodes":null,"NodeNames":[],"FailedNodes":{{"ghost":"{}"}},"FailedAndUnresolvableNodes":{{}},"Error":""}}"#,
-                verbs::UNKNOWN_NODE
+                decide::UNKNOWN_NODE
             )
         );
         let count = |label| state.metrics.filter_nodes.with_label_values(&[label]).get();

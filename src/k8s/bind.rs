@@ -3,171 +3,29 @@
 //! write lock so no concurrent bind or filter can hand them out again, then create the pod's
 //! Binding carrying the allocation record, so that binding and record are one API write.
 //!
-//! The API write sits behind [`PodApi`] so tests can script the API server's answers. Time is
-//! passed in ([`BindTime`]), never read here.
+//! [`Binder`] decides, reserves and writes; the API write sits behind [`PodApi`] so tests can
+//! script the API server's answers, and time is passed in ([`BindTime`]), never read there.
+//! [`MeteredBinder`] is the service's [`Bind`]: it reads the clock, keeps the bind within its
+//! time budget, counts outcomes and publishes the bind's Event.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::Api;
-use kube::api::{Patch, PatchParams, PostParams};
-use thiserror::Error;
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::Pod;
 use tracing::{debug, warn};
 
-use super::record;
-use super::requeue::PodTouch;
-use super::translate::{TranslateError, pod_host_request, pod_request};
-use super::watch::{ClusterState, monotonic_ms};
+use super::api::{BindTime, BindingWrite, PodApi};
+use super::events::BindEvents;
 use crate::config::Config;
 use crate::engine::{
-    Change, CpuMilli, Hold, MemMiB, NodeName, PodAllocation, PodKey, PodRequest, RejectReason,
-    TableError, fit,
+    Change, CpuMilli, Hold, MemMiB, NodeName, PodAllocation, PodKey, PodRequest, fit,
 };
-use crate::k8s::learn::PolicyCell;
-
-/// What kube-scheduler asks to bind (`ExtenderBindingArgs`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct BindRequest {
-    pub namespace: String,
-    pub name: String,
-    /// The pod's UID as the scheduler knows it; empty skips the check.
-    pub uid: String,
-    pub node: String,
-}
-
-/// The moment of a bind, on both clocks: `monotonic_ms` for the reservation's TTL (the same
-/// time base as the expiry tick, see [`monotonic_ms`]) and `unix_nanos` for the gpushare
-/// device plugin's assume time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BindTime {
-    pub monotonic_ms: u64,
-    pub unix_nanos: u128,
-}
-
-impl BindTime {
-    /// Now, for the service (tests build `BindTime` from plain numbers).
-    pub fn now(epoch: Instant) -> Self {
-        // The one read of the wall clock, for the device plugin's annotation and the requeue
-        // stamp only; decisions use the monotonic clock.
-        #[allow(
-            clippy::disallowed_methods,
-            reason = "the gpushare assume time is wall-clock by definition"
-        )]
-        let wall = SystemTime::now();
-        Self {
-            monotonic_ms: monotonic_ms(epoch),
-            unix_nanos: wall
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0),
-        }
-    }
-}
-
-/// The write the binder asks of the API server: `POST pods/{name}/binding`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct BindingWrite {
-    pub namespace: String,
-    pub name: String,
-    /// Precondition: the API server refuses (409) if the pod's UID differs.
-    pub uid: String,
-    pub node: String,
-    /// Copied by the API server onto the pod.
-    pub annotations: BTreeMap<String, String>,
-}
-
-/// An API server answer other than success.
-#[derive(Clone, Debug, PartialEq, Eq, Error)]
-pub enum ApiError {
-    /// 409: already bound, or the UID precondition failed.
-    #[error("conflict: {0}")]
-    Conflict(String),
-    /// 404: the pod is gone.
-    #[error("not found: {0}")]
-    NotFound(String),
-    #[error("API server error {}: {message}", code.map_or_else(|| "(no response)".to_owned(), |c| c.to_string()))]
-    Other { code: Option<u16>, message: String },
-}
-
-/// The API calls bind needs. Implemented by [`KubeApi`]; tests script it.
-pub trait PodApi: Send + Sync {
-    /// Creates the pod's Binding.
-    fn create_binding(
-        &self,
-        binding: &BindingWrite,
-    ) -> impl Future<Output = Result<(), ApiError>> + Send;
-
-    /// Reads a pod; `Ok(None)` when it does not exist.
-    fn get_pod(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> impl Future<Output = Result<Option<Pod>, ApiError>> + Send;
-}
-
-/// Why a bind failed. The message goes back to kube-scheduler in `Error` and ends up in the
-/// pod's events, so it says what happened in words.
-#[derive(Clone, Debug, PartialEq, Eq, Error)]
-pub enum BindError {
-    #[error("pod {0} no longer exists")]
-    PodGone(PodKey),
-    #[error(
-        "pod {pod} was deleted and recreated (scheduler has uid {expected}, the pod is {found})"
-    )]
-    PodReplaced {
-        pod: PodKey,
-        expected: String,
-        found: String,
-    },
-    #[error("pod {pod} is already bound to node {node}")]
-    BoundElsewhere { pod: PodKey, node: String },
-    #[error("pod {pod}: {source}")]
-    Request {
-        pod: PodKey,
-        #[source]
-        source: TranslateError,
-    },
-    #[error("node {0} is not known (deleted, or not yet seen)")]
-    NodeUnknown(NodeName),
-    #[error("pod {pod} no longer fits node {node}: {reason}")]
-    NoLongerFits {
-        pod: PodKey,
-        node: NodeName,
-        reason: RejectReason,
-    },
-    #[error("reserving for pod {pod}: {source}")]
-    Table {
-        pod: PodKey,
-        #[source]
-        source: TableError,
-    },
-    #[error("binding pod {pod} to node {node}: {source}")]
-    Api {
-        pod: PodKey,
-        node: NodeName,
-        #[source]
-        source: ApiError,
-    },
-    #[error("reading pod {pod}: {source}")]
-    Read {
-        pod: PodKey,
-        #[source]
-        source: ApiError,
-    },
-}
-
-/// What a successful bind did.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum BindOutcome {
-    /// Bound now, with this allocation.
-    Bound(PodAllocation),
-    /// The pod was already bound to the requested node (a retried bind): nothing written.
-    AlreadyBound,
-}
+use crate::objects::record;
+use crate::objects::translate::{pod_host_request, pod_request};
+use crate::state::{ApiError, Bind, BindError, BindOutcome, BindRequest, ClusterState, PolicyCell};
+use crate::telemetry::Metrics;
 
 /// A reservation made by [`Binder::reserve`], and the annotations that record it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -439,6 +297,90 @@ impl<A: PodApi> Binder<A> {
     }
 }
 
+/// How long a bind that ran out of its budget may spend finding out whether its Binding landed
+/// anyway: `server.requestTimeoutMs` plus this stays below kube-scheduler's `httpTimeout`
+/// (2 s + 1 s against the shipped 5 s).
+pub const LATE_COMMIT_WINDOW: Duration = Duration::from_secs(1);
+
+/// The binder the service uses, with its outcomes counted and a time budget: an answer with
+/// `Error` before kube-scheduler's `httpTimeout` beats a late success it has stopped waiting for.
+pub struct MeteredBinder<A> {
+    binder: Binder<A>,
+    /// Told of every successful bind (an Event on the pod); never fails the bind.
+    events: Option<Arc<dyn BindEvents>>,
+    metrics: Metrics,
+    epoch: Instant,
+    budget: Duration,
+}
+
+impl<A> std::fmt::Debug for MeteredBinder<A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MeteredBinder")
+            .field("budget", &self.budget)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<A: PodApi + 'static> MeteredBinder<A> {
+    /// Wraps `binder`; reservations and bind times share `epoch` with the watch's expiry tick.
+    pub fn new(binder: Binder<A>, metrics: Metrics, epoch: Instant, budget: Duration) -> Self {
+        Self {
+            binder,
+            events: None,
+            metrics,
+            epoch,
+            budget,
+        }
+    }
+
+    /// Records an event for each successful bind through `events`.
+    pub fn with_events(mut self, events: Arc<dyn BindEvents>) -> Self {
+        self.events = Some(events);
+        self
+    }
+}
+
+impl<A: PodApi + 'static> Bind for MeteredBinder<A> {
+    fn bind(&self, request: BindRequest) -> BoxFuture<'_, Result<BindOutcome, BindError>> {
+        Box::pin(async move {
+            let time = BindTime::now(self.epoch);
+            let outcome = tokio::time::timeout(self.budget, self.binder.bind(&request, time)).await;
+            let (label, result) = match outcome {
+                Ok(Ok(BindOutcome::Bound(allocation))) => {
+                    if let Some(events) = &self.events {
+                        events.bound(&request, &allocation);
+                    }
+                    ("bound", Ok(BindOutcome::Bound(allocation)))
+                }
+                Ok(Ok(BindOutcome::AlreadyBound)) => {
+                    ("already_bound", Ok(BindOutcome::AlreadyBound))
+                }
+                Ok(Err(error)) => (error.label(), Err(error)),
+                // Out of time, but the write may have landed (a slow API server answers late):
+                // one read tells, so that a committed bind is not reported as a failure that
+                // kube-scheduler would retry.
+                Err(_) => match tokio::time::timeout(
+                    LATE_COMMIT_WINDOW,
+                    self.binder.confirm_late(&request),
+                )
+                .await
+                {
+                    Ok(Some(outcome)) => ("late_commit", Ok(outcome)),
+                    _ => {
+                        let error = BindError::TimedOut {
+                            pod: PodKey::new(&request.namespace, &request.name),
+                            budget_ms: self.budget.as_millis(),
+                        };
+                        (error.label(), Err(error))
+                    }
+                },
+            };
+            self.metrics.binds.with_label_values(&[label]).inc();
+            result
+        })
+    }
+}
+
 fn key_namespace(key: &PodKey) -> &str {
     key.as_str().split_once('/').map_or("", |(ns, _)| ns)
 }
@@ -471,97 +413,6 @@ fn check_pod(
             pod: key.clone(),
             node: node.to_owned(),
         }),
-    }
-}
-
-/// [`PodApi`] over a kube client.
-#[derive(Clone)]
-pub struct KubeApi {
-    client: kube::Client,
-}
-
-impl std::fmt::Debug for KubeApi {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("KubeApi")
-    }
-}
-
-impl KubeApi {
-    /// Wraps a client.
-    pub fn new(client: kube::Client) -> Self {
-        Self { client }
-    }
-}
-
-impl PodApi for KubeApi {
-    async fn create_binding(&self, write: &BindingWrite) -> Result<(), ApiError> {
-        let binding = Binding {
-            metadata: ObjectMeta {
-                name: Some(write.name.clone()),
-                namespace: Some(write.namespace.clone()),
-                uid: (!write.uid.is_empty()).then(|| write.uid.clone()),
-                annotations: (!write.annotations.is_empty()).then(|| write.annotations.clone()),
-                ..ObjectMeta::default()
-            },
-            target: ObjectReference {
-                api_version: Some("v1".to_owned()),
-                kind: Some("Node".to_owned()),
-                name: Some(write.node.clone()),
-                ..ObjectReference::default()
-            },
-        };
-        // The API server answers a Binding with a Status, not a Pod.
-        Api::<Pod>::namespaced(self.client.clone(), &write.namespace)
-            .create_subresource::<Binding, serde_json::Value>(
-                "binding",
-                &write.name,
-                &PostParams::default(),
-                &binding,
-            )
-            .await
-            .map(|_| ())
-            .map_err(api_error)
-    }
-
-    async fn get_pod(&self, namespace: &str, name: &str) -> Result<Option<Pod>, ApiError> {
-        Api::<Pod>::namespaced(self.client.clone(), namespace)
-            .get_opt(name)
-            .await
-            .map_err(api_error)
-    }
-}
-
-impl PodTouch for KubeApi {
-    async fn touch_pod(
-        &self,
-        namespace: &str,
-        name: &str,
-        annotation: &str,
-        value: &str,
-    ) -> Result<(), ApiError> {
-        let patch = serde_json::json!({ "metadata": { "annotations": { annotation: value } } });
-        Api::<Pod>::namespaced(self.client.clone(), namespace)
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map(|_| ())
-            .map_err(api_error)
-    }
-}
-
-fn api_error(error: kube::Error) -> ApiError {
-    match error {
-        kube::Error::Api(status) => match status.code {
-            409 => ApiError::Conflict(status.message),
-            404 => ApiError::NotFound(status.message),
-            code => ApiError::Other {
-                code: Some(code),
-                message: status.message,
-            },
-        },
-        other => ApiError::Other {
-            code: None,
-            message: other.to_string(),
-        },
     }
 }
 

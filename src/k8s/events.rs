@@ -6,9 +6,9 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder};
 use tracing::warn;
 
-use super::bind::BindRequest;
 use crate::engine::PodAllocation;
 use crate::explain::describe_allocation;
+use crate::state::BindRequest;
 use crate::telemetry::Metrics;
 
 /// The `reason` of the event recorded after a bind.

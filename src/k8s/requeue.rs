@@ -16,32 +16,19 @@
 //! is [`choose`], a pure function; [`run`] is the loop around it.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use tracing::{debug, warn};
 
-use super::bind::{ApiError, BindTime};
-use super::translate::pod_request;
-use super::watch::ClusterState;
+use super::api::{BindTime, PodTouch};
+use super::watch::is_unschedulable;
 use crate::config::Config;
 use crate::engine::{NodeName, PodKey, PodRequest, Policy, Table, fit};
-use crate::k8s::learn::PolicyCell;
+use crate::objects::translate::pod_request;
+use crate::state::{ApiError, ClusterState, PolicyCell};
 use crate::telemetry::Metrics;
-
-/// The one write requeueing needs: set an annotation on a pod (a metadata-only update).
-pub trait PodTouch: Send + Sync {
-    /// Sets `annotation` to `value` on the pod `namespace/name`.
-    fn touch_pod(
-        &self,
-        namespace: &str,
-        name: &str,
-        annotation: &str,
-        value: &str,
-    ) -> impl Future<Output = Result<(), ApiError>> + Send;
-}
 
 /// A pod waiting for room, as [`choose`] needs it.
 #[derive(Clone, Debug)]
@@ -108,7 +95,7 @@ pub async fn run<A: PodTouch>(
         let now = time.monotonic_ms;
         last_touched.retain(|_, at| now.saturating_sub(*at) < min_interval_ms);
         let waiting: Vec<Waiting> = state
-            .unschedulable_pods()
+            .pending_pods(is_unschedulable)
             .into_iter()
             .filter(|(key, _)| !last_touched.contains_key(key))
             .filter_map(|(key, pod)| waiting_pod(key, &pod, &cfg))
@@ -165,7 +152,7 @@ mod tests {
 
     use super::*;
     use crate::engine::{Change, PodAllocation};
-    use crate::k8s::translate::node_spec;
+    use crate::objects::translate::node_spec;
 
     /// A memory-sharing node of `gpus` 16 GiB T4s.
     fn share_node(name: &str, gpus: u32) -> k8s_openapi::api::core::v1::Node {

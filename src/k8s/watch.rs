@@ -1,5 +1,5 @@
 //! Cluster state from the watch: a synchronous [`Feed`] that turns Node and Pod watch events into
-//! engine [`Change`]s on the shared [`ClusterState`], and the thin async runner that drives it
+//! engine [`Change`]s on the shared [`ClusterState`] (the state room's one writer), and the thin async runner that drives it
 //! from kube-runtime watchers. The feed is a state machine with no I/O (like kube-runtime's
 //! reflector store): tests drive it with scripted events.
 //!
@@ -16,10 +16,9 @@
 //! as deleted. The state reports ready once both initial lists are applied.
 
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -30,285 +29,24 @@ use kube::runtime::{WatchStreamExt, watcher as watch_stream};
 use kube::{Api, ResourceExt};
 use tracing::{debug, info, warn};
 
-use super::record;
-use super::translate::{
-    names_gpu_resource, pod_host_request, pod_key, pod_request, translate_node,
-};
 use crate::config::Config;
 use crate::engine::{
     Change, CpuMilli, MemMiB, NodeName, NodeSpec, NodeState, PodAllocation, PodKey, PodRequest,
     Policy, Table, fit,
 };
+use crate::objects::record;
+use crate::objects::translate::{
+    names_gpu_resource, pod_host_request, pod_key, pod_request, translate_node,
+};
+use crate::state::{ClusterState, EventCounts, FeedStats, monotonic_ms};
 
-/// The cluster as the extender knows it, shared by the feed (the writer), the HTTP handlers
-/// (readers) and the binder (short writes to reserve).
-#[derive(Debug)]
-pub struct ClusterState {
-    table: RwLock<Table>,
-    /// Pending GPU pods, slimmed to what translation needs: the binder reads the pod it binds
-    /// from here, the requeue task the pods it may touch. Bound pods are not kept: their use is
-    /// in the table, and at 150,000 pods a slimmed `Pod` each (7.5 KiB, the k8s-openapi structs
-    /// are large even when mostly empty) would be a gigabyte.
-    pods: RwLock<HashMap<PodKey, Arc<Pod>>>,
-    /// Every GPU pod the watch shows, pending or bound, by UID (preemption names its victims by
-    /// UID only).
-    uids: RwLock<HashMap<Box<str>, PodKey>>,
-    ready: AtomicBool,
-    stats: Mutex<FeedStats>,
-    /// Nodes where capacity was freed since the requeue task last looked (see `requeue`).
-    freed: Mutex<BTreeSet<NodeName>>,
-    /// Wakes the requeue task when `freed` gains a node; a wake-up with no waiter is kept.
-    freed_signal: tokio::sync::Notify,
-    /// Times to apply full lists not yet taken by a metrics scrape (at most
-    /// [`MAX_PENDING_REBUILDS`], the newest kept).
-    rebuilds: Mutex<Vec<Duration>>,
-}
-
-/// Rebuild times kept for the next scrape; older ones are dropped if nobody scrapes.
-const MAX_PENDING_REBUILDS: usize = 64;
-
-/// Health of the feed, for metrics and logs. Gauges describe the current state; counters only
-/// grow.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FeedStats {
-    /// Nodes in the table.
-    pub nodes: usize,
-    /// Nodes whose labels, capacity or detail annotation had problems (see the logs).
-    pub nodes_with_problems: usize,
-    /// Bound pods in the table (reservations not included).
-    pub pods_bound: usize,
-    /// Bound GPU pods without an allocation record, counted as using what they request.
-    pub records_missing: usize,
-    /// Bound GPU pods whose record is corrupt or copied, counted as using what they request.
-    pub records_corrupt: usize,
-    /// Of those, pods whose requests do not fit their node even when empty: they hold CPU and
-    /// memory only.
-    pub unplaceable: usize,
-    /// Pods without a usable record bound to a node not (yet) seen; placed when it appears.
-    pub waiting_for_node: usize,
-    /// Completed relists (the first list included).
-    pub node_lists: u64,
-    pub pod_lists: u64,
-    /// Watch errors reported by the runner (each is retried with backoff).
-    pub watch_errors: u64,
-    /// Reservations released because the watch never saw their pod bound.
-    pub reservations_expired: u64,
-    /// Watch events applied, per kind.
-    pub node_events: EventCounts,
-    pub pod_events: EventCounts,
-}
-
-/// Watch events of one kind, by type. Counters: they only grow.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct EventCounts {
-    pub apply: u64,
-    pub delete: u64,
-    /// Objects delivered by a full list (initial or relist).
-    pub listed: u64,
-}
-
-impl EventCounts {
-    /// Counts `event` (`Init` and `InitDone` carry no object and are not counted).
-    fn count<K>(&mut self, event: &Event<K>) {
-        match event {
-            Event::Apply(_) => self.apply += 1,
-            Event::Delete(_) => self.delete += 1,
-            Event::InitApply(_) => self.listed += 1,
-            Event::Init | Event::InitDone => {}
-        }
-    }
-}
-
-impl ClusterState {
-    /// An empty state whose table enforces `max_shares_per_gpu`.
-    pub fn new(max_shares_per_gpu: u16) -> Self {
-        Self {
-            table: RwLock::new(Table::new(max_shares_per_gpu)),
-            pods: RwLock::new(HashMap::new()),
-            uids: RwLock::new(HashMap::new()),
-            ready: AtomicBool::new(false),
-            stats: Mutex::new(FeedStats::default()),
-            freed: Mutex::new(BTreeSet::new()),
-            freed_signal: tokio::sync::Notify::new(),
-            rebuilds: Mutex::new(Vec::new()),
-        }
-    }
-
-    /// A state serving a fixed table, synced by definition (tools, tests, load runs).
-    pub fn with_table(table: Table) -> Self {
-        let state = Self::new(table.max_shares_per_gpu());
-        *state.write() = table;
-        state.set_ready();
-        state
-    }
-
-    /// The key of the GPU pod with this UID, if the watch has seen it (preemption victims are
-    /// named by UID only).
-    pub fn pod_key_for_uid(&self, uid: &str) -> Option<PodKey> {
-        self.uids
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(uid)
-            .cloned()
-    }
-
-    /// One consistent snapshot for filter, prioritize and inspect. Hold it only to decide.
-    pub fn read(&self) -> RwLockReadGuard<'_, Table> {
-        // A panic while writing leaves the table as it was at that instant; serving on beats
-        // refusing every request, and check_invariants would show any damage.
-        self.table.read().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// An empty state enforcing the configuration's per-GPU pod limit (the same limit the
-    /// engine policy from [`Config::engine_policy`] decides with).
-    pub fn for_config(cfg: &Config) -> Self {
-        Self::new(cfg.policy.max_pods_per_shared_gpu)
-    }
-
-    /// The table for writing: the feed and the binder's reservation only, briefly.
-    pub fn write(&self) -> RwLockWriteGuard<'_, Table> {
-        self.table.write().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Whether both initial lists have been applied: before that the table may miss
-    /// allocations, and the extender must not decide.
-    pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
-    }
-
-    /// A pending GPU pod as last seen by the watch (bound pods are not kept).
-    pub fn pod(&self, key: &PodKey) -> Option<Arc<Pod>> {
-        self.pods
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(key)
-            .cloned()
-    }
-
-    /// The feed's health.
-    pub fn stats(&self) -> FeedStats {
-        *self.stats.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Releases reservations older than their TTL; returns the pods released.
-    pub fn expire_reservations(&self, now_ms: u64) -> Vec<PodKey> {
-        self.expire_in(&mut self.write(), now_ms)
-    }
-
-    /// [`ClusterState::expire_reservations`] on a table the caller already holds for writing
-    /// (`table` is this state's table, from [`ClusterState::write`]): counts the expiries and
-    /// records where capacity was freed. Every expiry goes through here.
-    pub fn expire_in(&self, table: &mut Table, now_ms: u64) -> Vec<PodKey> {
-        let released = table.expire_reservations_released(now_ms);
-        if !released.is_empty() {
-            self.update_stats(|s| s.reservations_expired += released.len() as u64);
-        }
-        released
-            .into_iter()
-            .map(|(pod, allocation)| {
-                self.note_freed(&allocation.node);
-                pod
-            })
-            .collect()
-    }
-
-    /// Releases what `pod` holds on `table` (this state's table, held for writing) and records
-    /// its node as freed for the requeue task. Every release outside the watch's own pod-gone
-    /// path goes through here.
-    pub fn release_in(&self, table: &mut Table, pod: &PodKey) -> Option<PodAllocation> {
-        let released = table.release(pod)?;
-        self.note_freed(&released.node);
-        Some(released)
-    }
-
-    /// Records how long applying one full list (nodes or pods) to the table took.
-    fn note_rebuild(&self, took: Duration) {
-        let mut rebuilds = self.rebuilds.lock().unwrap_or_else(PoisonError::into_inner);
-        if rebuilds.len() >= MAX_PENDING_REBUILDS {
-            rebuilds.remove(0);
-        }
-        rebuilds.push(took);
-    }
-
-    /// The list application times recorded since the last call (for the metrics scrape).
-    pub fn take_rebuild_times(&self) -> Vec<Duration> {
-        std::mem::take(&mut *self.rebuilds.lock().unwrap_or_else(PoisonError::into_inner))
-    }
-
-    /// Records that capacity was freed on `node` (a pod finished or was deleted, a reservation
-    /// lapsed or was cancelled, the node appeared or changed) and wakes the requeue task.
-    pub fn note_freed(&self, node: &NodeName) {
-        let mut freed = self.freed.lock().unwrap_or_else(PoisonError::into_inner);
-        if freed.insert(node.clone()) {
-            self.freed_signal.notify_one();
-        }
-    }
-
-    /// The nodes freed since the last call, emptied.
-    pub fn take_freed(&self) -> BTreeSet<NodeName> {
-        std::mem::take(&mut *self.freed.lock().unwrap_or_else(PoisonError::into_inner))
-    }
-
-    /// Resolves when [`ClusterState::note_freed`] has recorded a node since the last wake-up.
-    pub async fn freed_wakeup(&self) {
-        self.freed_signal.notified().await;
-    }
-
-    /// Pending GPU pods that kube-scheduler has marked unschedulable (condition `PodScheduled`
-    /// `False`, reason `Unschedulable`), as the watch last saw them.
-    pub fn unschedulable_pods(&self) -> Vec<(PodKey, Arc<Pod>)> {
-        self.pods
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .filter(|(_, pod)| is_unschedulable(pod))
-            .map(|(key, pod)| (key.clone(), Arc::clone(pod)))
-            .collect()
-    }
-
-    fn set_ready(&self) {
-        self.ready.store(true, Ordering::Release);
-    }
-
-    /// Notes a GPU pod the watch shows: its UID, and the pod itself while it is pending.
-    fn note_gpu_pod(&self, key: PodKey, uid: &str, pending: Option<Arc<Pod>>) {
-        {
-            let mut uids = self.uids.write().unwrap_or_else(PoisonError::into_inner);
-            if uids.get(uid) != Some(&key) {
-                uids.insert(uid.into(), key.clone());
-            }
-        }
-        let mut pods = self.pods.write().unwrap_or_else(PoisonError::into_inner);
-        match pending {
-            Some(pod) => {
-                pods.insert(key, pod);
-            }
-            None => {
-                pods.remove(&key);
-            }
-        }
-    }
-
-    /// Forgets a pod that is gone; `uid` is the one the feed last saw for it, if any.
-    fn forget_pod(&self, key: &PodKey, uid: Option<&str>) {
-        self.pods
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(key);
-        let mut uids = self.uids.write().unwrap_or_else(PoisonError::into_inner);
-        match uid {
-            Some(uid) => {
-                if uids.get(uid) == Some(key) {
-                    uids.remove(uid);
-                }
-            }
-            // The feed kept no memo of the pod: find its UID the slow way (rare).
-            None => uids.retain(|_, known| known != key),
-        }
-    }
-
-    fn update_stats(&self, update: impl FnOnce(&mut FeedStats)) {
-        update(&mut self.stats.lock().unwrap_or_else(PoisonError::into_inner));
+/// Counts `event` (`Init` and `InitDone` carry no object and are not counted).
+fn count_event<K>(counts: &mut EventCounts, event: &Event<K>) {
+    match event {
+        Event::Apply(_) => counts.apply += 1,
+        Event::Delete(_) => counts.delete += 1,
+        Event::InitApply(_) => counts.listed += 1,
+        Event::Init | Event::InitDone => {}
     }
 }
 
@@ -406,7 +144,7 @@ impl Feed {
     /// Applies one Node watch event.
     pub fn apply_node_event(&mut self, event: &Event<Node>) {
         let state = Arc::clone(&self.state);
-        state.update_stats(|s| s.node_events.count(event));
+        state.update_stats(|s| count_event(&mut s.node_events, event));
         match event {
             Event::Init => self.node_buffer = Some(Vec::new()),
             Event::InitApply(node) => match self.node_buffer.as_mut() {
@@ -447,7 +185,7 @@ impl Feed {
     /// Applies one Pod watch event.
     pub fn apply_pod_event(&mut self, event: &Event<Pod>) {
         let state = Arc::clone(&self.state);
-        state.update_stats(|s| s.pod_events.count(event));
+        state.update_stats(|s| count_event(&mut s.pod_events, event));
         match event {
             Event::Init => self.pod_buffer = Some(Vec::new()),
             Event::InitApply(pod) => match self.pod_buffer.as_mut() {
@@ -965,12 +703,6 @@ pub fn is_unschedulable(pod: &Pod) -> bool {
                         && c.reason.as_deref() == Some("Unschedulable")
                 })
             })
-}
-
-/// Milliseconds since `epoch` on the monotonic clock: the time base of reservations. Binds and
-/// the expiry tick must use the same `epoch`.
-pub fn monotonic_ms(epoch: Instant) -> u64 {
-    u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Runs the Node and Pod watchers into `feed` until both streams end (they do not, normally:

@@ -264,7 +264,7 @@ fn gpu_resource(pod: &SimPod, config: &Config) -> Result<Option<(String, String)
 mod tests {
     use super::*;
     use crate::engine::{CpuMilli, MemMiB};
-    use crate::k8s::translate;
+    use crate::objects::translate;
     use crate::sim::{Cluster, Prepared, load};
     use std::path::Path;
 

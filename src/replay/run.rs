@@ -21,7 +21,7 @@ use super::objects::{
 };
 use crate::config::Config;
 use crate::engine::{NodeName, PodAllocation, ScoringPolicy};
-use crate::k8s::{record, translate};
+use crate::objects::{record, translate};
 use crate::sim::metrics::Curves;
 use crate::sim::progress::Progress;
 use crate::sim::replay::Live;

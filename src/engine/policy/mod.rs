@@ -10,7 +10,6 @@ pub mod spread;
 pub mod topology;
 
 use super::allocation::PodAllocation;
-use super::fit::{RejectReason, fit_with, footprint_with};
 use super::model::{ComputeMilli, CpuMilli, GpuPlacement, MAX_GPUS_PER_NODE, MemMiB};
 use super::request::PodRequest;
 use super::state::{GpuUsage, NodeState, PerGpu};
@@ -187,7 +186,7 @@ impl Policy {
     }
 
     /// [`Policy::score`], reusing what the GPU choice derived from the node.
-    fn score_with(
+    pub(super) fn score_with(
         &self,
         node: &NodeState,
         allocation: &PodAllocation,
@@ -202,7 +201,7 @@ impl Policy {
     /// The score of a placement that leaves `node` with GPU usage `after_usage`, takes
     /// `taking` from its host, and has topology quality `quality`: everything a score depends
     /// on, whether it comes from an allocation or straight from the placement.
-    fn score_after(
+    pub(super) fn score_after(
         &self,
         node: &NodeState,
         after_usage: &[GpuUsage],
@@ -244,51 +243,6 @@ impl Policy {
             }
         };
         (base * quality).clamp(0.0, 100.0)
-    }
-
-    /// Fit and score in one call, with the placement: what bind asks of the chosen node.
-    pub fn evaluate(
-        &self,
-        node: &NodeState,
-        request: &PodRequest,
-    ) -> Result<Evaluation, RejectReason> {
-        let mut cache = FgdCache::default();
-        let choice = self.share_choice(node, request);
-        let allocation = fit_with(node, request, self, choice, &mut cache)?;
-        let score = self.score_with(node, &allocation, &mut cache);
-        Ok(Evaluation { allocation, score })
-    }
-
-    /// The verdict and score of [`Policy::evaluate`] (equal to
-    /// `evaluate(node, request).map(|e| e.score)`, bit for bit) without building the placement:
-    /// what filter and prioritize ask of every candidate node. The same placement procedure runs,
-    /// but what it chooses is recorded on the stack as the node's usage afterwards instead of as
-    /// a [`PodAllocation`] (a few heap blocks and the node name's reference count per node).
-    pub fn evaluate_score(
-        &self,
-        node: &NodeState,
-        request: &PodRequest,
-    ) -> Result<f64, RejectReason> {
-        // Allocations name GPUs by index and scores read them back by index: the footprint,
-        // which works on positions, gives the same usage only when indices are positions.
-        if !node.profile.contiguous {
-            return self
-                .evaluate(node, request)
-                .map(|evaluation| evaluation.score);
-        }
-        let mut cache = FgdCache::default();
-        // The node's usage, then the placement's scratch, then the usage the pod leaves: built
-        // here and written in place (moving it out of the placement was a `memcpy` call, 10% of
-        // filtering a share pod).
-        let mut after = PerGpu::copy_of(&node.gpus);
-        let quality = footprint_with(node, request, self, &mut cache, &mut after)?;
-        let taking = Taking {
-            cpu: request.cpu,
-            memory: request.memory,
-            // The placement succeeded, so the pod holds GPUs exactly when it asks for any.
-            gpus: request.wants_gpu(),
-        };
-        Ok(self.score_after(node, &after, taking, quality, &mut cache))
     }
 }
 

@@ -10,10 +10,10 @@ use kube::runtime::watcher::Event;
 use serde_json::json;
 
 use super::*;
-use crate::engine::Policy;
-use crate::engine::{GpuDemand, GpuMode, NodeSpec, Table};
-use crate::k8s::translate::pod_key;
+use crate::engine::{GpuDemand, GpuMode, NodeSpec, Policy, RejectReason, Table};
+use crate::k8s::api::{BindTime, BindingWrite};
 use crate::k8s::watch::Feed;
+use crate::objects::translate::pod_key;
 
 /// An API server that answers from a script (success when the script is empty) and keeps the
 /// pods, applying successful bindings to them as the real one does.
@@ -745,8 +745,6 @@ impl crate::k8s::events::BindEvents for RecordedEvents {
 
 #[tokio::test]
 async fn the_service_binder_reports_new_bindings_only() {
-    use crate::service::{Bind, MeteredBinder};
-
     let World {
         mut feed,
         binder,
@@ -755,16 +753,15 @@ async fn the_service_binder_reports_new_bindings_only() {
     let events = Arc::new(RecordedEvents::default());
     let metered = MeteredBinder::new(
         binder,
-        Arc::clone(feed.state()),
         crate::telemetry::Metrics::new().unwrap(),
         Instant::now(),
         std::time::Duration::from_secs(5),
     )
     .with_events(events.clone());
-    let args = |name: &str| crate::http::wire::ExtenderBindingArgs {
-        pod_name: name.into(),
-        pod_namespace: "ns".into(),
-        pod_uid: format!("uid-{name}"),
+    let args = |name: &str| BindRequest {
+        namespace: "ns".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
         node: "gpu-a".into(),
     };
     api.answer(Err(ApiError::Other {
@@ -785,21 +782,18 @@ async fn the_service_binder_reports_new_bindings_only() {
 
 #[tokio::test]
 async fn a_bind_that_commits_after_its_budget_is_a_late_success_not_a_failure() {
-    use crate::service::{Bind, MeteredBinder};
-
-    let World { feed, binder, api } = world(&[share("late", 4), share("lost", 4)]);
+    let World { binder, api, .. } = world(&[share("late", 4), share("lost", 4)]);
     let metrics = crate::telemetry::Metrics::new().unwrap();
     let metered = MeteredBinder::new(
         binder,
-        Arc::clone(feed.state()),
         metrics.clone(),
         Instant::now(),
         std::time::Duration::from_millis(50),
     );
-    let args = |name: &str| crate::http::wire::ExtenderBindingArgs {
-        pod_name: name.into(),
-        pod_namespace: "ns".into(),
-        pod_uid: format!("uid-{name}"),
+    let args = |name: &str| BindRequest {
+        namespace: "ns".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
         node: "gpu-a".into(),
     };
     // The Binding lands at once, its answer comes after the budget: success, counted apart.
@@ -812,6 +806,13 @@ async fn a_bind_that_commits_after_its_budget_is_a_late_success_not_a_failure() 
     // The write never lands in time: still a failure, with the reason.
     *api.slow.lock().unwrap() = Some((std::time::Duration::from_millis(300), false));
     let error = metered.bind(args("lost")).await.unwrap_err();
-    assert!(error.contains("took longer than 50 ms"), "{error}");
+    assert!(
+        matches!(error, BindError::TimedOut { budget_ms: 50, .. }),
+        "{error:?}"
+    );
+    assert!(
+        error.to_string().contains("took longer than 50 ms"),
+        "{error}"
+    );
     assert_eq!(count("timeout"), 1);
 }

@@ -1,12 +1,12 @@
 //! Watch-feed tests: scripted Node and Pod events, the table checked after each step.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::json;
 
 use super::*;
 use crate::engine::Hold;
-use crate::k8s::translate::node_spec;
+use crate::objects::translate::node_spec;
 
 fn cfg() -> Arc<Config> {
     Arc::new(Config::default())
@@ -67,7 +67,13 @@ fn recorded(mut pod: Pod, node: &Node) -> (Pod, PodAllocation) {
     let request = pod_request(&pod, &cfg).unwrap().unwrap();
     let allocation = fit(&NodeState::new(spec.clone()), &request, &Policy::default()).unwrap();
     let uid = pod.metadata.uid.clone().unwrap_or_default();
-    pod.metadata.annotations = Some(super::record::encode(&allocation, &spec, &uid, 0, &cfg));
+    pod.metadata.annotations = Some(crate::objects::record::encode(
+        &allocation,
+        &spec,
+        &uid,
+        0,
+        &cfg,
+    ));
     if let Some(s) = pod.spec.as_mut() {
         s.node_name = Some(spec.name.to_string());
     }
@@ -520,7 +526,7 @@ fn freed_capacity_and_unschedulable_pods_are_recorded_for_the_requeue_task() {
     // slimmed cache keeps that verdict.
     let mut waiting = share_pod("w", "u2", None, 8);
     feed.apply_pod_event(&Event::Apply(waiting.clone()));
-    assert!(feed.state().unschedulable_pods().is_empty());
+    assert!(feed.state().pending_pods(is_unschedulable).is_empty());
     waiting.status = Some(
         serde_json::from_value(json!({
             "phase": "Pending",
@@ -530,7 +536,7 @@ fn freed_capacity_and_unschedulable_pods_are_recorded_for_the_requeue_task() {
         .unwrap(),
     );
     feed.apply_pod_event(&Event::Apply(waiting));
-    let listed = feed.state().unschedulable_pods();
+    let listed = feed.state().pending_pods(is_unschedulable);
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].0, key("w"));
 }

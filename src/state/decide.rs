@@ -1,16 +1,17 @@
-//! What filter, prioritize and preempt decide, over engine values: candidate nodes in, verdicts
-//! out. No HTTP and no locking here; the handlers decode, call these on one snapshot, and encode.
+//! What filter, prioritize and preempt decide: candidate nodes in, verdicts out. The free
+//! functions judge any candidates (the nodes of a non-cache request, or the live table's); the
+//! [`ClusterState`] methods take one consistent snapshot of the live table and decide on it. No
+//! HTTP here: the handlers decode, ask these, and encode.
 
-use crate::engine::{NodeState, PodAllocation, PodRequest, Policy, RejectReason};
-
-use super::wire::{HostScore, NodeReasons};
+use super::cluster::ClusterState;
+use crate::engine::{NodeState, PodAllocation, PodRequest, Policy, RejectReason, fit};
 
 /// The reason given for a candidate the extender has not seen yet (its watch may lag the
 /// scheduler's); resolvable, because it will be known shortly.
 pub const UNKNOWN_NODE: &str = "node not yet known to the GPU extender";
 
 /// Filter's verdict on a list of candidates, in the scheduler's terms. Rejections are (name,
-/// reason) pairs in candidate order, borrowed: [`NodeReasons::from_pairs`] makes them the
+/// reason) pairs in candidate order, borrowed: the HTTP layer makes them the
 /// answer's maps.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct FilterVerdict<'a> {
@@ -89,25 +90,15 @@ fn tie_rank(name: &str) -> u64 {
     foldhash::quality::FixedState::with_seed(0x6770_752d_6578_7400).hash_one(name)
 }
 
-/// Every candidate rejected for one request-level reason (a malformed request): the message
-/// reaches the pod's FailedScheduling event, and the pod stays `Unschedulable`, not
-/// `SchedulerError`.
-pub fn reject_all<'a>(
-    names: impl IntoIterator<Item = &'a str>,
-    message: &'a str,
-) -> NodeReasons<'a> {
-    NodeReasons::from_pairs(names.into_iter().map(|name| (name, message)).collect())
-}
-
-/// Scores candidates on the extender's 0..=10 scale, in candidate order. Nodes that do not fit
-/// (or are unknown) get 0. The engine's 0..=100 scores are stretched over the candidates (best
+/// Scores candidates on the extender's 0..=10 scale, in candidate order (name, score). Nodes
+/// that do not fit (or are unknown) get 0. The engine's 0..=100 scores are stretched over the candidates (best
 /// 10, worst 0) because ten buckets would otherwise merge placements the policy tells apart;
 /// when all are equal every node gets 10 so the extender expresses no preference.
 pub fn prioritize<'a, 'n>(
     candidates: impl IntoIterator<Item = (&'a str, Option<&'n NodeState>)>,
     request: &PodRequest,
     policy: &Policy,
-) -> Vec<HostScore<'a>> {
+) -> Vec<(&'a str, i64)> {
     let scored: Vec<(&'a str, Option<f64>)> = candidates
         .into_iter()
         .map(|(name, node)| {
@@ -122,18 +113,7 @@ pub fn prioritize<'a, 'n>(
     let high = raw.fold(f64::NEG_INFINITY, f64::max);
     scored
         .into_iter()
-        .map(|(host, score)| HostScore {
-            host,
-            score: to_extender_score(score, low, high),
-        })
-        .collect()
-}
-
-/// Scores for a pod the extender has no opinion on: 0 everywhere, so it changes no ranking.
-pub fn prioritize_none<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<HostScore<'a>> {
-    names
-        .into_iter()
-        .map(|host| HostScore { host, score: 0 })
+        .map(|(host, score)| (host, to_extender_score(score, low, high)))
         .collect()
 }
 
@@ -161,14 +141,14 @@ pub fn victims_needed<'a>(
     for victim in victims {
         freed.remove(victim);
     }
-    crate::engine::fit(&freed, request, policy).ok()?;
+    fit(&freed, request, policy).ok()?;
     // Spare each victim whose eviction turns out unnecessary, trying the latest first (the
     // scheduler lists victims by ascending priority, so later ones matter more to keep).
     let mut kept: Vec<bool> = vec![true; victims.len()];
     for index in (0..victims.len()).rev() {
         let mut trial = freed.clone();
         trial.add(&victims[index]);
-        if crate::engine::fit(&trial, request, policy).is_ok() {
+        if fit(&trial, request, policy).is_ok() {
             freed = trial;
             kept[index] = false;
         }
@@ -181,6 +161,120 @@ pub fn victims_needed<'a>(
             .map(|(victim, _)| victim)
             .collect(),
     )
+}
+
+/// The table is not synced yet: deciding now could hand out capacity that is in use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{}", self.message())]
+pub struct NotReady;
+
+impl NotReady {
+    /// What kube-scheduler is told (filter's `Error`).
+    pub fn message(self) -> &'static str {
+        "GPU extender is not ready: allocation table not yet synced"
+    }
+}
+
+/// One node kube-scheduler proposes for preemption, with its victims by UID.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Proposal {
+    pub node: String,
+    pub victims: Vec<String>,
+    pub pdb_violations: i64,
+}
+
+impl ClusterState {
+    /// Filter over the live table: which of `names` can hold `request` now, on one snapshot.
+    /// Under `policy.filterBestOnly` the pod goes to the one node that passes, and the other
+    /// nodes' reasons are dropped: kube-scheduler reads them only when no node is left.
+    pub fn filter<'a>(
+        &self,
+        names: &[&'a str],
+        request: &PodRequest,
+        policy: &Policy,
+    ) -> Result<FilterVerdict<'a>, NotReady> {
+        if !self.is_ready() {
+            return Err(NotReady);
+        }
+        let table = self.read();
+        let mut verdict = filter(
+            names.iter().map(|&name| (name, table.node_by_str(name))),
+            request,
+            policy,
+        );
+        drop(table);
+        if policy.filter_best_only && !verdict.passed.is_empty() {
+            verdict.failed.clear();
+            verdict.unresolvable.clear();
+        }
+        Ok(verdict)
+    }
+
+    /// Prioritize over the live table, on one snapshot: (name, 0..=10) in candidate order.
+    pub fn prioritize<'a>(
+        &self,
+        names: &[&'a str],
+        request: &PodRequest,
+        policy: &Policy,
+    ) -> Vec<(&'a str, i64)> {
+        let table = self.read();
+        prioritize(
+            names.iter().map(|&name| (name, table.node_by_str(name))),
+            request,
+            policy,
+        )
+    }
+
+    /// Keeps the proposed nodes where evicting the victims really makes room on the GPUs, and
+    /// spares the victims whose eviction would not help. Victims the extender does not track
+    /// (pods without GPUs) are kept untouched: they free only CPU and memory, which
+    /// kube-scheduler has already accounted for. Without a readable GPU request, or on a node
+    /// the table does not know, a proposal is kept as it is.
+    pub fn preempt(
+        &self,
+        proposals: Vec<Proposal>,
+        request: Option<&PodRequest>,
+        policy: &Policy,
+    ) -> Vec<Proposal> {
+        let table = self.read();
+        let mut kept = Vec::with_capacity(proposals.len());
+        for proposal in proposals {
+            let (Some(request), Some(node)) = (request, table.node_by_str(&proposal.node)) else {
+                kept.push(proposal);
+                continue;
+            };
+            let mut tracked: Vec<(String, PodAllocation)> = Vec::new();
+            let mut untracked: Vec<String> = Vec::new();
+            for uid in proposal.victims {
+                let entry = self
+                    .pod_key_for_uid(&uid)
+                    .and_then(|key| table.pod(&key).cloned());
+                match entry {
+                    Some(entry) if entry.allocation.node.as_str() == proposal.node => {
+                        tracked.push((uid, entry.allocation));
+                    }
+                    _ => untracked.push(uid),
+                }
+            }
+            let allocations: Vec<PodAllocation> = tracked.iter().map(|(_, a)| a.clone()).collect();
+            let Some(needed) = victims_needed(node, &allocations, request, policy) else {
+                continue;
+            };
+            let mut victims = untracked;
+            for (uid, allocation) in &tracked {
+                if needed.contains(&allocation) {
+                    victims.push(uid.clone());
+                }
+            }
+            if !victims.is_empty() {
+                kept.push(Proposal {
+                    victims,
+                    ..proposal
+                });
+            }
+        }
+        kept
+    }
 }
 
 #[cfg(test)]
@@ -325,23 +419,7 @@ mod tests {
             &share(4),
             &Policy::default(),
         );
-        assert_eq!(
-            scores,
-            vec![
-                HostScore {
-                    host: "share",
-                    score: 10
-                },
-                HostScore {
-                    host: "idle",
-                    score: 0
-                },
-                HostScore {
-                    host: "whole",
-                    score: 0
-                },
-            ]
-        );
+        assert_eq!(scores, vec![("share", 10), ("idle", 0), ("whole", 0)]);
     }
 
     #[test]

@@ -534,6 +534,25 @@ pub fn names_gpu_resource(pod: &Pod, cfg: &Config) -> bool {
     })
 }
 
+/// What filter, prioritize and preempt place for `pod`: its GPU request, or, for a pod that asks
+/// for no GPU while `policy.filterBestOnly` is on (`place_host_only`), its CPU and memory alone,
+/// so that the policy places it too (a dedicated GPU kube-scheduler sends the extender every pod,
+/// see docs/decisions/0006-filter-keeps-the-policys-choice.md). `Ok(None)`: no opinion.
+pub fn placement_request(
+    pod: &Pod,
+    cfg: &Config,
+    place_host_only: bool,
+) -> Result<Option<PodRequest>, TranslateError> {
+    match pod_request(pod, cfg)? {
+        Some(request) => Ok(Some(request)),
+        None if place_host_only => {
+            let (cpu, memory) = pod_host_request(pod)?;
+            Ok(Some(PodRequest::single(cpu, memory, GpuDemand::None)))
+        }
+        None => Ok(None),
+    }
+}
+
 /// The pod's effective CPU and memory requests, as kube-scheduler computes them: the larger of
 /// the app containers (plus sidecars) and the init-container peak, plus overhead; pod-level
 /// resources replace the container sum when set.

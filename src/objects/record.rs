@@ -320,7 +320,7 @@ mod tests {
     use crate::engine::{
         CpuMilli, Gpu, GpuDemand, GpuMode, LinkMatrix, NodeState, PodRequest, Policy,
     };
-    use crate::k8s::translate::pod_request;
+    use crate::objects::translate::pod_request;
     use serde_json::json;
 
     fn node_spec() -> NodeSpec {

@@ -3,42 +3,60 @@
 //!
 //! Filter, prioritize, bind and the requeue task read the policy once per decision; the learning
 //! task swaps in a policy with a new distribution every `policy.typicalPods.learnIntervalSeconds`
-//! when what the table holds has changed it. Until the table holds [`MIN_LEARNED_PODS`] pods the configured
-//! distribution (`policy.typicalPods.pods`, possibly empty) stays in force: a handful of pods is
-//! no distribution.
+//! when what the table holds has changed it. Until the table holds [`MIN_LEARNED_PODS`] pods the
+//! configured distribution (`policy.typicalPods.pods`, possibly empty) stays in force: a handful
+//! of pods is no distribution.
 
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use tracing::info;
 
-use super::watch::ClusterState;
+use super::cluster::ClusterState;
 use crate::engine::{Policy, TypicalPods, learn_typical};
-use crate::telemetry::Metrics;
 
 /// Pods the table must hold before a learned distribution replaces the configured one.
 pub const MIN_LEARNED_PODS: u64 = 20;
 
 /// The policy in force, shared by every part of the service; cheap to clone (one `Arc`).
+/// Reading it is a lock-free load (`arc-swap`): every filter and prioritize call reads it, and
+/// the learner's rare swap must not make them wait.
 #[derive(Clone, Debug)]
-pub struct PolicyCell(Arc<RwLock<Arc<Policy>>>);
+pub struct PolicyCell(Arc<Cell>);
+
+#[derive(Debug)]
+struct Cell {
+    policy: ArcSwap<Policy>,
+    /// Pods the distribution was last learned from (0 until the learner has run).
+    learned_from: AtomicU64,
+}
 
 impl PolicyCell {
     /// The policy to decide with now. Hold the returned `Arc` for one decision, so that a
     /// decision never mixes two distributions.
     pub fn load(&self) -> Arc<Policy> {
-        Arc::clone(&self.0.read().unwrap_or_else(PoisonError::into_inner))
+        self.0.policy.load_full()
     }
 
     /// Puts `policy` in force for every decision that starts from now on.
     pub fn store(&self, policy: Policy) {
-        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(policy);
+        self.0.policy.store(Arc::new(policy));
+    }
+
+    /// Pods the typical-pod distribution was last learned from (for the metrics).
+    pub fn learned_from(&self) -> u64 {
+        self.0.learned_from.load(Ordering::Relaxed)
     }
 }
 
 impl From<Arc<Policy>> for PolicyCell {
     fn from(policy: Arc<Policy>) -> Self {
-        Self(Arc::new(RwLock::new(policy)))
+        Self(Arc::new(Cell {
+            policy: ArcSwap::new(policy),
+            learned_from: AtomicU64::new(0),
+        }))
     }
 }
 
@@ -57,6 +75,7 @@ pub fn relearn(
     configured: &TypicalPods,
 ) -> (usize, u64) {
     let (learned, counted) = learn_typical(&cluster.read());
+    cell.0.learned_from.store(counted, Ordering::Relaxed);
     let wanted = if counted >= MIN_LEARNED_PODS {
         learned
     } else {
@@ -84,22 +103,14 @@ pub async fn run(
     cell: PolicyCell,
     configured: TypicalPods,
     every: Duration,
-    metrics: Metrics,
 ) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        if !cluster.is_ready() {
-            continue;
+        if cluster.is_ready() {
+            relearn(&cluster, &cell, &configured);
         }
-        let (classes, counted) = relearn(&cluster, &cell, &configured);
-        metrics
-            .typical_pod_classes
-            .set(i64::try_from(classes).unwrap_or(i64::MAX));
-        metrics
-            .typical_pods_learned_from
-            .set(i64::try_from(counted).unwrap_or(i64::MAX));
     }
 }
 

@@ -1,0 +1,195 @@
+//! The Kubernetes API writes and reads of the binder and the requeue task, behind two small
+//! traits that tests script ([`PodApi`], [`PodTouch`]), with [`KubeApi`] implementing both over
+//! a kube client; and the moment of a bind ([`BindTime`]), the one read of the wall clock.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+
+use crate::state::{ApiError, monotonic_ms};
+
+/// The moment of a bind, on both clocks: `monotonic_ms` for the reservation's TTL (the same
+/// time base as the expiry tick, see [`monotonic_ms`]) and `unix_nanos` for the gpushare
+/// device plugin's assume time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BindTime {
+    pub monotonic_ms: u64,
+    pub unix_nanos: u128,
+}
+
+impl BindTime {
+    /// Now, for the service (tests build `BindTime` from plain numbers).
+    pub fn now(epoch: Instant) -> Self {
+        // The one read of the wall clock, for the device plugin's annotation and the requeue
+        // stamp only; decisions use the monotonic clock.
+        #[allow(
+            clippy::disallowed_methods,
+            reason = "the gpushare assume time is wall-clock by definition"
+        )]
+        let wall = SystemTime::now();
+        Self {
+            monotonic_ms: monotonic_ms(epoch),
+            unix_nanos: wall
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0),
+        }
+    }
+}
+
+/// The write the binder asks of the API server: `POST pods/{name}/binding`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BindingWrite {
+    pub namespace: String,
+    pub name: String,
+    /// Precondition: the API server refuses (409) if the pod's UID differs.
+    pub uid: String,
+    pub node: String,
+    /// Copied by the API server onto the pod.
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// The API calls bind needs. Implemented by [`KubeApi`]; tests script it.
+pub trait PodApi: Send + Sync {
+    /// Creates the pod's Binding.
+    fn create_binding(
+        &self,
+        binding: &BindingWrite,
+    ) -> impl Future<Output = Result<(), ApiError>> + Send;
+
+    /// Reads a pod; `Ok(None)` when it does not exist.
+    fn get_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<Pod>, ApiError>> + Send;
+}
+
+/// The one write requeueing needs: set an annotation on a pod (a metadata-only update).
+pub trait PodTouch: Send + Sync {
+    /// Sets `annotation` to `value` on the pod `namespace/name`.
+    fn touch_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        annotation: &str,
+        value: &str,
+    ) -> impl Future<Output = Result<(), ApiError>> + Send;
+}
+
+/// [`PodApi`] over a kube client.
+#[derive(Clone)]
+pub struct KubeApi {
+    client: kube::Client,
+}
+
+impl std::fmt::Debug for KubeApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KubeApi")
+    }
+}
+
+impl KubeApi {
+    /// Wraps a client.
+    pub fn new(client: kube::Client) -> Self {
+        Self { client }
+    }
+}
+
+impl PodApi for KubeApi {
+    async fn create_binding(&self, write: &BindingWrite) -> Result<(), ApiError> {
+        let binding = Binding {
+            metadata: ObjectMeta {
+                name: Some(write.name.clone()),
+                namespace: Some(write.namespace.clone()),
+                uid: (!write.uid.is_empty()).then(|| write.uid.clone()),
+                annotations: (!write.annotations.is_empty()).then(|| write.annotations.clone()),
+                ..ObjectMeta::default()
+            },
+            target: ObjectReference {
+                api_version: Some("v1".to_owned()),
+                kind: Some("Node".to_owned()),
+                name: Some(write.node.clone()),
+                ..ObjectReference::default()
+            },
+        };
+        // The API server answers a Binding with a Status, not a Pod.
+        Api::<Pod>::namespaced(self.client.clone(), &write.namespace)
+            .create_subresource::<Binding, serde_json::Value>(
+                "binding",
+                &write.name,
+                &PostParams::default(),
+                &binding,
+            )
+            .await
+            .map(|_| ())
+            .map_err(api_error)
+    }
+
+    async fn get_pod(&self, namespace: &str, name: &str) -> Result<Option<Pod>, ApiError> {
+        Api::<Pod>::namespaced(self.client.clone(), namespace)
+            .get_opt(name)
+            .await
+            .map_err(api_error)
+    }
+}
+
+impl PodTouch for KubeApi {
+    async fn touch_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        annotation: &str,
+        value: &str,
+    ) -> Result<(), ApiError> {
+        let patch = serde_json::json!({ "metadata": { "annotations": { annotation: value } } });
+        Api::<Pod>::namespaced(self.client.clone(), namespace)
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(|_| ())
+            .map_err(api_error)
+    }
+}
+
+fn api_error(error: kube::Error) -> ApiError {
+    match error {
+        kube::Error::Api(status) => match status.code {
+            409 => ApiError::Conflict(status.message),
+            404 => ApiError::NotFound(status.message),
+            code => ApiError::Other {
+                code: Some(code),
+                message: status.message,
+            },
+        },
+        other => ApiError::Other {
+            code: None,
+            message: other.to_string(),
+        },
+    }
+}
+
+/// A client from an explicit kubeconfig, or kube's default discovery.
+pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(
+                kubeconfig,
+                &kube::config::KubeConfigOptions::default(),
+            )
+            .await
+            .with_context(|| format!("using kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("finding a kubeconfig or in-cluster config")?,
+    };
+    kube::Client::try_from(config).context("building the API client")
+}

@@ -1,0 +1,273 @@
+//! The cluster as the extender knows it: the allocation table, the pending GPU pods and their
+//! UIDs, readiness, the feed's health and where capacity was freed. One writer (the watch feed,
+//! in [`crate::k8s::watch`]) and many readers (filter, prioritize, preempt, inspect, metrics),
+//! with the binder's short writes to reserve: the store/writer split of kube-runtime's
+//! reflector. Nothing here reads Kubernetes objects beyond storing the pending ones.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use dashmap::DashMap;
+use k8s_openapi::api::core::v1::Pod;
+use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crate::config::Config;
+use crate::engine::{NodeName, PodAllocation, PodKey, Table};
+
+/// The cluster as the extender knows it, shared by the feed (the writer), the HTTP handlers
+/// (readers) and the binder (short writes to reserve).
+#[derive(Debug)]
+pub struct ClusterState {
+    table: RwLock<Table>,
+    /// Pending GPU pods, slimmed to what translation needs: the binder reads the pod it binds
+    /// from here, the requeue task the pods it may touch. Bound pods are not kept: their use is
+    /// in the table, and at 150,000 pods a slimmed `Pod` each (7.5 KiB, the k8s-openapi structs
+    /// are large even when mostly empty) would be a gigabyte.
+    ///
+    /// Per-key concurrent maps: the feed inserts and removes one pod at a time while binds read
+    /// the pod they bind and preempt looks victims up by UID, none of them waiting on a lock
+    /// over the whole map.
+    pods: DashMap<PodKey, Arc<Pod>>,
+    /// Every GPU pod the watch shows, pending or bound, by UID (preemption names its victims by
+    /// UID only).
+    uids: DashMap<Box<str>, PodKey>,
+    ready: AtomicBool,
+    stats: Mutex<FeedStats>,
+    /// Nodes where capacity was freed since the requeue task last looked (see `requeue`).
+    freed: Mutex<BTreeSet<NodeName>>,
+    /// Wakes the requeue task when `freed` gains a node; a wake-up with no waiter is kept.
+    freed_signal: tokio::sync::Notify,
+    /// Times to apply full lists not yet taken by a metrics scrape (at most
+    /// [`MAX_PENDING_REBUILDS`], the newest kept).
+    rebuilds: Mutex<Vec<Duration>>,
+}
+
+/// Rebuild times kept for the next scrape; older ones are dropped if nobody scrapes.
+const MAX_PENDING_REBUILDS: usize = 64;
+
+/// Health of the feed, for metrics and logs. Gauges describe the current state; counters only
+/// grow.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FeedStats {
+    /// Nodes in the table.
+    pub nodes: usize,
+    /// Nodes whose labels, capacity or detail annotation had problems (see the logs).
+    pub nodes_with_problems: usize,
+    /// Bound pods in the table (reservations not included).
+    pub pods_bound: usize,
+    /// Bound GPU pods without an allocation record, counted as using what they request.
+    pub records_missing: usize,
+    /// Bound GPU pods whose record is corrupt or copied, counted as using what they request.
+    pub records_corrupt: usize,
+    /// Of those, pods whose requests do not fit their node even when empty: they hold CPU and
+    /// memory only.
+    pub unplaceable: usize,
+    /// Pods without a usable record bound to a node not (yet) seen; placed when it appears.
+    pub waiting_for_node: usize,
+    /// Completed relists (the first list included).
+    pub node_lists: u64,
+    pub pod_lists: u64,
+    /// Watch errors reported by the runner (each is retried with backoff).
+    pub watch_errors: u64,
+    /// Reservations released because the watch never saw their pod bound.
+    pub reservations_expired: u64,
+    /// Watch events applied, per kind.
+    pub node_events: EventCounts,
+    pub pod_events: EventCounts,
+}
+
+/// Watch events of one kind, by type. Counters: they only grow.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EventCounts {
+    pub apply: u64,
+    pub delete: u64,
+    /// Objects delivered by a full list (initial or relist).
+    pub listed: u64,
+}
+
+impl ClusterState {
+    /// An empty state whose table enforces `max_shares_per_gpu`.
+    pub fn new(max_shares_per_gpu: u16) -> Self {
+        Self {
+            table: RwLock::new(Table::new(max_shares_per_gpu)),
+            pods: DashMap::new(),
+            uids: DashMap::new(),
+            ready: AtomicBool::new(false),
+            stats: Mutex::new(FeedStats::default()),
+            freed: Mutex::new(BTreeSet::new()),
+            freed_signal: tokio::sync::Notify::new(),
+            rebuilds: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A state serving a fixed table, synced by definition (tools, tests, load runs).
+    pub fn with_table(table: Table) -> Self {
+        let state = Self::new(table.max_shares_per_gpu());
+        *state.write() = table;
+        state.set_ready();
+        state
+    }
+
+    /// The key of the GPU pod with this UID, if the watch has seen it (preemption victims are
+    /// named by UID only).
+    pub fn pod_key_for_uid(&self, uid: &str) -> Option<PodKey> {
+        self.uids.get(uid).map(|key| key.value().clone())
+    }
+
+    /// One consistent snapshot for filter, prioritize and inspect. Hold it only to decide.
+    pub fn read(&self) -> RwLockReadGuard<'_, Table> {
+        // parking_lot's lock does not poison: a panic while writing leaves the table as it was
+        // at that instant; serving on beats refusing every request, and check_invariants
+        // would show any damage.
+        self.table.read()
+    }
+
+    /// An empty state enforcing the configuration's per-GPU pod limit (the same limit the
+    /// engine policy from [`Config::engine_policy`] decides with).
+    pub fn for_config(cfg: &Config) -> Self {
+        Self::new(cfg.policy.max_pods_per_shared_gpu)
+    }
+
+    /// The table for writing: the feed and the binder's reservation only, briefly.
+    pub fn write(&self) -> RwLockWriteGuard<'_, Table> {
+        self.table.write()
+    }
+
+    /// Whether both initial lists have been applied: before that the table may miss
+    /// allocations, and the extender must not decide.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    /// A pending GPU pod as last seen by the watch (bound pods are not kept).
+    pub fn pod(&self, key: &PodKey) -> Option<Arc<Pod>> {
+        self.pods.get(key).map(|pod| Arc::clone(pod.value()))
+    }
+
+    /// The feed's health.
+    pub fn stats(&self) -> FeedStats {
+        *self.stats.lock()
+    }
+
+    /// Releases reservations older than their TTL; returns the pods released.
+    pub fn expire_reservations(&self, now_ms: u64) -> Vec<PodKey> {
+        self.expire_in(&mut self.write(), now_ms)
+    }
+
+    /// [`ClusterState::expire_reservations`] on a table the caller already holds for writing
+    /// (`table` is this state's table, from [`ClusterState::write`]): counts the expiries and
+    /// records where capacity was freed. Every expiry goes through here.
+    pub fn expire_in(&self, table: &mut Table, now_ms: u64) -> Vec<PodKey> {
+        let released = table.expire_reservations_released(now_ms);
+        if !released.is_empty() {
+            self.update_stats(|s| s.reservations_expired += released.len() as u64);
+        }
+        released
+            .into_iter()
+            .map(|(pod, allocation)| {
+                self.note_freed(&allocation.node);
+                pod
+            })
+            .collect()
+    }
+
+    /// Releases what `pod` holds on `table` (this state's table, held for writing) and records
+    /// its node as freed for the requeue task. Every release outside the watch's own pod-gone
+    /// path goes through here.
+    pub fn release_in(&self, table: &mut Table, pod: &PodKey) -> Option<PodAllocation> {
+        let released = table.release(pod)?;
+        self.note_freed(&released.node);
+        Some(released)
+    }
+
+    /// Records how long applying one full list (nodes or pods) to the table took.
+    pub fn note_rebuild(&self, took: Duration) {
+        let mut rebuilds = self.rebuilds.lock();
+        if rebuilds.len() >= MAX_PENDING_REBUILDS {
+            rebuilds.remove(0);
+        }
+        rebuilds.push(took);
+    }
+
+    /// The list application times recorded since the last call (for the metrics scrape).
+    pub fn take_rebuild_times(&self) -> Vec<Duration> {
+        std::mem::take(&mut *self.rebuilds.lock())
+    }
+
+    /// Records that capacity was freed on `node` (a pod finished or was deleted, a reservation
+    /// lapsed or was cancelled, the node appeared or changed) and wakes the requeue task.
+    pub fn note_freed(&self, node: &NodeName) {
+        let mut freed = self.freed.lock();
+        if freed.insert(node.clone()) {
+            self.freed_signal.notify_one();
+        }
+    }
+
+    /// The nodes freed since the last call, emptied.
+    pub fn take_freed(&self) -> BTreeSet<NodeName> {
+        std::mem::take(&mut *self.freed.lock())
+    }
+
+    /// Resolves when [`ClusterState::note_freed`] has recorded a node since the last wake-up.
+    pub async fn freed_wakeup(&self) {
+        self.freed_signal.notified().await;
+    }
+
+    /// The pending GPU pods, as the watch last saw them, that `wanted` accepts (the requeue
+    /// task asks for those kube-scheduler has marked unschedulable).
+    pub fn pending_pods(&self, wanted: impl Fn(&Pod) -> bool) -> Vec<(PodKey, Arc<Pod>)> {
+        self.pods
+            .iter()
+            .filter(|entry| wanted(entry.value()))
+            .map(|entry| (entry.key().clone(), Arc::clone(entry.value())))
+            .collect()
+    }
+
+    /// Marks the state synced: both initial lists are applied (the feed's call).
+    pub fn set_ready(&self) {
+        self.ready.store(true, Ordering::Release);
+    }
+
+    /// Notes a GPU pod the watch shows: its UID, and the pod itself while it is pending.
+    pub fn note_gpu_pod(&self, key: PodKey, uid: &str, pending: Option<Arc<Pod>>) {
+        // The read guard is dropped before inserting: a DashMap shard held for reading while
+        // the same shard is written would deadlock.
+        let known = self.uids.get(uid).is_some_and(|known| *known == key);
+        if !known {
+            self.uids.insert(uid.into(), key.clone());
+        }
+        match pending {
+            Some(pod) => {
+                self.pods.insert(key, pod);
+            }
+            None => {
+                self.pods.remove(&key);
+            }
+        }
+    }
+
+    /// Forgets a pod that is gone; `uid` is the one the feed last saw for it, if any.
+    pub fn forget_pod(&self, key: &PodKey, uid: Option<&str>) {
+        self.pods.remove(key);
+        match uid {
+            Some(uid) => {
+                self.uids.remove_if(uid, |_, known| known == key);
+            }
+            // The feed kept no memo of the pod: find its UID the slow way (rare).
+            None => self.uids.retain(|_, known| known != key),
+        }
+    }
+
+    /// Updates the feed's health counters (the feed's and the binder's expiry calls).
+    pub fn update_stats(&self, update: impl FnOnce(&mut FeedStats)) {
+        update(&mut self.stats.lock());
+    }
+}
+
+/// Milliseconds since `epoch` on the monotonic clock: the time base of reservations. Binds and
+/// the expiry tick must use the same `epoch`.
+pub fn monotonic_ms(epoch: Instant) -> u64 {
+    u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+}

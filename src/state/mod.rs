@@ -1,0 +1,16 @@
+//! The shared state of the running service, in a room of its own: the allocation table and what
+//! the watch knows of pending pods ([`ClusterState`]), the policy in force ([`PolicyCell`]), the
+//! decisions taken on them (filter, prioritize, preempt: [`decide`]) and the bind seam
+//! ([`Bind`]). The watchers write it, the HTTP layer and the binder read it and reserve in it;
+//! it imports none of them, only the pure [`crate::engine`] and the object readers of
+//! [`crate::objects`].
+
+pub mod binding;
+pub mod cluster;
+pub mod decide;
+pub mod policy;
+
+pub use binding::{ApiError, Bind, BindError, BindOutcome, BindRequest};
+pub use cluster::{ClusterState, EventCounts, FeedStats, monotonic_ms};
+pub use decide::{FilterVerdict, NotReady, Proposal};
+pub use policy::PolicyCell;
