@@ -349,7 +349,7 @@ pub fn write_outputs(out: &Path, results: &[RunResult], tune: f64) -> anyhow::Re
         let of_trace: Vec<&report::Group<'_>> =
             groups.iter().filter(|g| g.trace == trace).collect();
         let file = format!("alloc-{}.svg", file_safe(trace));
-        write(&file, report::alloc_svg(trace, &of_trace))?;
+        write(&file, report::alloc_svg(trace, &of_trace)?)?;
     }
     Ok(())
 }

@@ -4,6 +4,8 @@
 
 use std::fmt::Write as _;
 
+use plotters::drawing::DrawingAreaErrorKind;
+use plotters::prelude::*;
 use serde::Serialize;
 
 use super::metrics::{LAST_COLUMN, mean, std_dev};
@@ -262,106 +264,77 @@ pub fn steps_csv(results: &[RunResult]) -> Result<String, csv::Error> {
 }
 
 /// Line colours for the plot, one per policy in order (colour-blind-safe Okabe–Ito set).
-const COLOURS: [&str; 8] = [
-    "#999999", "#E69F00", "#56B4E9", "#009E73", "#0072B2", "#D55E00", "#CC79A7", "#000000",
+const COLOURS: [RGBColor; 8] = [
+    RGBColor(0x99, 0x99, 0x99),
+    RGBColor(0xE6, 0x9F, 0x00),
+    RGBColor(0x56, 0xB4, 0xE9),
+    RGBColor(0x00, 0x9E, 0x73),
+    RGBColor(0x00, 0x72, 0xB2),
+    RGBColor(0xD5, 0x5E, 0x00),
+    RGBColor(0xCC, 0x79, 0xA7),
+    RGBColor(0x00, 0x00, 0x00),
 ];
 
-/// An SVG line plot of one trace: mean allocation ratio over seeds against arrived workload
-/// (0..=130%), one line per policy, with the y = x line for reference.
-pub fn alloc_svg(trace: &str, groups: &[&Group<'_>]) -> String {
-    let (width, height) = (760.0, 480.0);
-    let (left, right, top, bottom) = (60.0, 180.0, 40.0, 50.0);
-    let plot_w = width - left - right;
-    let plot_h = height - top - bottom;
-    let x = |k: f64| left + k / LAST_COLUMN as f64 * plot_w;
-    let y = |v: f64| top + (1.0 - v / 100.0) * plot_h;
-    let mut svg = String::new();
-    let _ = writeln!(
-        svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(
-        svg,
-        r#"<rect width="{width}" height="{height}" fill="white"/><text x="{}" y="22" text-anchor="middle" font-size="14">GPU allocation vs arrived workload: {}</text>"#,
-        left + plot_w / 2.0,
-        escape(trace)
-    );
-    for tick in (0..=LAST_COLUMN).step_by(10) {
-        let px = x(tick as f64);
-        let _ = writeln!(
-            svg,
-            r##"<line x1="{px:.1}" y1="{top}" x2="{px:.1}" y2="{:.1}" stroke="#eeeeee"/><text x="{px:.1}" y="{:.1}" text-anchor="middle">{tick}</text>"##,
-            top + plot_h,
-            top + plot_h + 16.0
-        );
-    }
-    for tick in (0..=100).step_by(10) {
-        let py = y(f64::from(tick));
-        let _ = writeln!(
-            svg,
-            r##"<line x1="{left}" y1="{py:.1}" x2="{:.1}" y2="{py:.1}" stroke="#eeeeee"/><text x="{:.1}" y="{:.1}" text-anchor="end">{tick}</text>"##,
-            left + plot_w,
-            left - 6.0,
-            py + 4.0
-        );
-    }
-    let _ = writeln!(
-        svg,
-        r##"<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#333333"/>"##
-    );
-    let _ = writeln!(
-        svg,
-        r##"<text x="{:.1}" y="{:.1}" text-anchor="middle">arrived GPU workload (% of capacity)</text>"##,
-        left + plot_w / 2.0,
-        height - 12.0
-    );
-    let _ = writeln!(
-        svg,
-        r##"<text transform="translate(16 {:.1}) rotate(-90)" text-anchor="middle">GPU allocation ratio (%)</text>"##,
-        top + plot_h / 2.0
-    );
-    let _ = writeln!(
-        svg,
-        r##"<line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#bbbbbb" stroke-dasharray="4 4"/>"##,
-        x(0.0),
-        y(0.0),
-        x(100.0),
-        y(100.0)
-    );
-    for (i, group) in groups.iter().enumerate() {
-        let colour = COLOURS[i % COLOURS.len()];
-        let points: Vec<String> = (0..=LAST_COLUMN)
-            .filter_map(|k| {
-                mean(group.runs.iter().map(|r| r.curves.alloc[k]))
-                    .map(|v| format!("{:.1},{:.1}", x(k as f64), y(v)))
-            })
-            .collect();
-        let _ = writeln!(
-            svg,
-            r#"<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{}"/>"#,
-            points.join(" ")
-        );
-        let ly = top + 10.0 + 20.0 * i as f64;
-        let lx = left + plot_w + 14.0;
-        let (m130, _) = group.alloc_at(LAST_COLUMN);
-        let _ = writeln!(
-            svg,
-            r#"<line x1="{lx:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{colour}" stroke-width="3"/><text x="{:.1}" y="{:.1}">{} ({})</text>"#,
-            lx + 20.0,
-            lx + 26.0,
-            ly + 4.0,
-            escape(&group.policy.label()),
-            cell(m130)
-        );
-    }
-    svg.push_str("</svg>\n");
-    svg
-}
+/// Why the plot could not be drawn (into a string, so in practice never).
+pub type PlotError = DrawingAreaErrorKind<std::io::Error>;
 
-fn escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
+/// An SVG line plot of one trace: mean allocation ratio over seeds against arrived workload
+/// (0..=130%), one line per policy, with the y = x line for reference. The legend names each
+/// policy with its mean allocation at 130% arrived.
+pub fn alloc_svg(trace: &str, groups: &[&Group<'_>]) -> Result<String, PlotError> {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (760, 480)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                format!("GPU allocation vs arrived workload: {trace}"),
+                ("sans-serif", 16),
+            )
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(50)
+            .build_cartesian_2d(0.0..LAST_COLUMN as f64, 0.0..100.0)?;
+        chart
+            .configure_mesh()
+            .x_desc("arrived GPU workload (% of capacity)")
+            .y_desc("GPU allocation ratio (%)")
+            .x_labels(LAST_COLUMN / 10 + 1)
+            .y_labels(11)
+            // One grid line per labelled tick, as the labels are every 10 points.
+            .max_light_lines(0)
+            .x_label_formatter(&|v| format!("{v:.0}"))
+            .y_label_formatter(&|v| format!("{v:.0}"))
+            .draw()?;
+        // Where every arrived GPU would be placed: the ceiling below 100% arrived.
+        chart.draw_series(DashedLineSeries::new(
+            [(0.0, 0.0), (100.0, 100.0)],
+            4,
+            4,
+            RGBColor(0xBB, 0xBB, 0xBB).into(),
+        ))?;
+        for (i, group) in groups.iter().enumerate() {
+            let colour = COLOURS[i % COLOURS.len()];
+            let points = (0..=LAST_COLUMN).filter_map(|k| {
+                mean(group.runs.iter().map(|r| r.curves.alloc[k])).map(|v| (k as f64, v))
+            });
+            let (m130, _) = group.alloc_at(LAST_COLUMN);
+            chart
+                .draw_series(LineSeries::new(points, colour.stroke_width(2)))?
+                .label(format!("{} ({})", group.policy.label(), cell(m130)))
+                .legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(3))
+                });
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .background_style(WHITE.mix(0.9))
+            .border_style(BLACK)
+            .draw()?;
+        root.present()?;
+    }
+    Ok(svg)
 }
 
 #[cfg(test)]
@@ -508,5 +481,83 @@ mod tests {
         let mut reader = csv::Reader::from_reader(runs.as_bytes());
         let row = reader.records().nth(1).unwrap().unwrap();
         assert_eq!((&row[0], row.len()), ("a,b \"c\"", 13));
+    }
+
+    /// Every tag opened is closed, in order (the SVG is XML; no XML parser is a dependency).
+    fn assert_well_formed(svg: &str) {
+        let mut open = Vec::new();
+        let mut rest = svg;
+        while let Some(start) = rest.find('<') {
+            let end = start + rest[start..].find('>').unwrap();
+            let tag = &rest[start + 1..end];
+            if let Some(name) = tag.strip_prefix('/') {
+                assert_eq!(open.pop(), Some(name.trim()), "closing {tag}");
+            } else if !tag.ends_with('/') {
+                open.push(tag.split_whitespace().next().unwrap());
+            }
+            rest = &rest[end + 1..];
+        }
+        assert!(open.is_empty(), "left open: {open:?}");
+    }
+
+    /// The `points` of the polylines drawn in `colour` at `width`.
+    fn lines_in<'s>(svg: &'s str, colour: &str, width: u32) -> Vec<&'s str> {
+        let stroke = format!("stroke=\"{colour}\" stroke-width=\"{width}\" points=\"");
+        svg.lines()
+            .filter(|l| l.starts_with("<polyline"))
+            .filter_map(|l| l.split_once(stroke.as_str()))
+            .map(|(_, points)| points.split('"').next().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn the_plot_has_axes_a_legend_entry_and_a_line_per_policy() {
+        let mut results = results(1.3);
+        for r in &mut results {
+            r.trace = "a<b & c".to_owned();
+        }
+        let groups = group(&results);
+        let refs: Vec<&Group<'_>> = groups.iter().collect();
+        let svg = alloc_svg("a<b & c", &refs).unwrap();
+        assert!(svg.starts_with("<svg "), "{svg}");
+        assert!(svg.trim_end().ends_with("</svg>"));
+        assert_well_formed(&svg);
+        let texts: Vec<&str> = svg
+            .split("<text")
+            .skip(1)
+            .map(|t| {
+                t.split_once('>')
+                    .unwrap()
+                    .1
+                    .split("</text>")
+                    .next()
+                    .unwrap()
+                    .trim()
+            })
+            .collect();
+        for wanted in [
+            "GPU allocation vs arrived workload: a&lt;b &amp; c",
+            "arrived GPU workload (% of capacity)",
+            "GPU allocation ratio (%)",
+            "0",
+            "100",
+            "130",
+        ] {
+            assert!(texts.contains(&wanted), "no text {wanted:?} in {texts:?}");
+        }
+        for (i, group) in groups.iter().enumerate() {
+            let (m130, _) = group.alloc_at(LAST_COLUMN);
+            let entry = format!("{} ({})", group.policy.label(), cell(m130));
+            assert!(texts.contains(&entry.as_str()), "no legend {entry:?}");
+            let RGBColor(red, green, blue) = COLOURS[i];
+            let colour = format!("#{red:02X}{green:02X}{blue:02X}");
+            // The data: one point per arrival point with a value.
+            let data = lines_in(&svg, &colour, 2);
+            let values = group.runs[0].curves.alloc.iter().flatten().count();
+            assert_eq!(data.len(), 1, "{colour}");
+            assert_eq!(data[0].split_whitespace().count(), values, "{colour}");
+            // The legend's sample of the line.
+            assert_eq!(lines_in(&svg, &colour, 3).len(), 1, "{colour}");
+        }
     }
 }
