@@ -164,7 +164,7 @@ pub async fn run_cli(args: ReplayArgs) -> Result<()> {
     if args.compare {
         write_outputs(&args.out.join("simulate"), &simulated, args.tune)?;
         let path = args.out.join("compare.csv");
-        std::fs::write(&path, compare_csv(&simulated, &real))
+        std::fs::write(&path, compare_csv(&simulated, &real)?)
             .with_context(|| format!("writing {}", path.display()))?;
         print!("{}", compare_summary(&simulated, &real));
     }
@@ -278,22 +278,48 @@ fn paired(simulated: &RunResult, real: &RunResult) -> Vec<(usize, f64, f64)> {
         .collect()
 }
 
-/// `trace,policy,seed,arrived,simulate,replay,difference` for every arrival point.
-pub fn compare_csv(simulated: &[RunResult], real: &[RunResult]) -> String {
-    let mut out = String::from("trace,policy,seed,arrived_percent,simulate,replay,difference\n");
-    for (s, r) in simulated.iter().zip(real) {
-        for (k, sim, rep) in paired(s, r) {
-            let _ = writeln!(
-                out,
-                "{},{},{},{k},{sim:.2},{rep:.2},{:.2}",
-                r.trace,
-                r.policy.name(),
-                r.seed,
-                rep - sim
-            );
-        }
-    }
-    out
+/// One row of `compare.csv`: the two curves at one arrival point, and real minus simulated.
+#[derive(serde::Serialize)]
+struct CompareRow<'a> {
+    trace: &'a str,
+    policy: &'a str,
+    seed: u64,
+    arrived_percent: usize,
+    simulate: String,
+    replay: String,
+    difference: String,
+}
+
+/// `trace,policy,seed,arrived_percent,simulate,replay,difference` for every arrival point.
+pub fn compare_csv(simulated: &[RunResult], real: &[RunResult]) -> Result<String, csv::Error> {
+    let header = [
+        "trace",
+        "policy",
+        "seed",
+        "arrived_percent",
+        "simulate",
+        "replay",
+        "difference",
+    ];
+    let names: Vec<String> = real.iter().map(|r| r.policy.name()).collect();
+    let rows = simulated
+        .iter()
+        .zip(real)
+        .zip(&names)
+        .flat_map(|((s, r), name)| {
+            paired(s, r)
+                .into_iter()
+                .map(move |(k, sim, rep)| CompareRow {
+                    trace: &r.trace,
+                    policy: name,
+                    seed: r.seed,
+                    arrived_percent: k,
+                    simulate: format!("{sim:.2}"),
+                    replay: format!("{rep:.2}"),
+                    difference: format!("{:.2}", rep - sim),
+                })
+        });
+    crate::sim::report::csv_text(header, rows)
 }
 
 /// The largest difference at any arrival point from 1% on, and where.
@@ -344,6 +370,42 @@ mod tests {
     struct Wrapper {
         #[command(flatten)]
         args: ReplayArgs,
+    }
+
+    #[test]
+    fn compare_csv_pairs_the_curves_at_every_arrival_point() {
+        let scenario = crate::sim::load::parse_scenario(
+            std::path::Path::new("example"),
+            crate::sim::cli::EXAMPLE_SCENARIO,
+        )
+        .unwrap();
+        let prepared = Prepared::new(&scenario.cluster.unwrap(), &scenario.workload.unwrap());
+        let one = |scoring| {
+            crate::sim::replay::run(
+                &prepared,
+                SimPolicy::engine(scoring),
+                42,
+                1.3,
+                false,
+                &|_| {},
+            )
+        };
+        let simulated = [one(ScoringPolicy::Binpack)];
+        let real = [one(ScoringPolicy::Spread)];
+        let csv = compare_csv(&simulated, &real).unwrap();
+        let mut lines = csv.lines();
+        assert_eq!(
+            lines.next(),
+            Some("trace,policy,seed,arrived_percent,simulate,replay,difference")
+        );
+        let pairs = paired(&simulated[0], &real[0]);
+        let (k, sim, rep) = pairs[100];
+        let row = format!(
+            "small-example,engine-spread,42,{k},{sim:.2},{rep:.2},{:.2}",
+            rep - sim
+        );
+        assert_eq!(lines.nth(100), Some(row.as_str()));
+        assert_eq!(csv.lines().count(), 1 + pairs.len());
     }
 
     #[test]

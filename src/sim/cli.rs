@@ -339,9 +339,9 @@ pub fn write_outputs(out: &Path, results: &[RunResult], tune: f64) -> anyhow::Re
         std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))
     };
     write("summary.md", report::summary_markdown(results))?;
-    write("runs.csv", report::runs_csv(results))?;
-    write("discrete.csv", report::discrete_csv(results, tune))?;
-    write("steps.csv", report::steps_csv(results))?;
+    write("runs.csv", report::runs_csv(results)?)?;
+    write("discrete.csv", report::discrete_csv(results, tune)?)?;
+    write("steps.csv", report::steps_csv(results)?)?;
     let groups = report::group(results);
     let mut traces: Vec<&str> = groups.iter().map(|g| g.trace).collect();
     traces.dedup();
@@ -349,7 +349,7 @@ pub fn write_outputs(out: &Path, results: &[RunResult], tune: f64) -> anyhow::Re
         let of_trace: Vec<&report::Group<'_>> =
             groups.iter().filter(|g| g.trace == trace).collect();
         let file = format!("alloc-{}.svg", file_safe(trace));
-        write(&file, report::alloc_svg(trace, &of_trace))?;
+        write(&file, report::alloc_svg(trace, &of_trace)?)?;
     }
     Ok(())
 }

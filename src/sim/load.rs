@@ -123,110 +123,126 @@ fn stem(path: &Path) -> String {
 // ---------------------------------------------------------------------------------------------
 // openb CSV
 
-/// A parsed CSV: column positions by name, and data rows with their 1-based line numbers.
-struct Csv<'a> {
-    path: &'a Path,
-    columns: HashMap<String, usize>,
-    header: Vec<String>,
-    rows: Vec<(usize, Vec<String>)>,
-}
-
-impl<'a> Csv<'a> {
-    fn parse(path: &'a Path, text: &str) -> Result<Self, LoadError> {
-        let mut lines = text
-            .lines()
-            .enumerate()
-            .map(|(i, line)| (i + 1, line.trim_end_matches('\r')))
-            .filter(|(_, line)| !line.trim().is_empty());
-        let Some((header_line, header)) = lines.next() else {
-            return Err(LoadError::File {
+/// Reads a CSV with a header line and hands each data row, deserialized into `R`, to `row` with
+/// its 1-based line number. `required` lists the columns `R` cannot do without, each with the
+/// other names it may go by: a header that lacks one fails before any row is read, so the error
+/// names the column rather than the first row.
+fn read_rows<R: serde::de::DeserializeOwned>(
+    path: &Path,
+    text: &str,
+    required: &[&[&'static str]],
+    mut row: impl FnMut(usize, R) -> Result<(), LoadError>,
+) -> Result<(), LoadError> {
+    // Flexible and untrimmed: the field count is checked here to say "like the header", and a
+    // line break inside a field is looked for before trimming would hide it.
+    let mut reader = csv::ReaderBuilder::new()
+        .flexible(true)
+        .trim(csv::Trim::None)
+        .from_reader(text.as_bytes());
+    let mut header = reader
+        .headers()
+        .map_err(|error| csv_error(path, text, &error))?
+        .clone();
+    header.trim();
+    if header.iter().all(str::is_empty) {
+        return Err(LoadError::File {
+            path: path.to_owned(),
+            message: "the file is empty or its first line blank (expected a header line)"
+                .to_owned(),
+        });
+    }
+    for names in required {
+        if !names.iter().any(|name| header.iter().any(|h| h == *name)) {
+            return Err(LoadError::MissingColumn {
                 path: path.to_owned(),
-                message: "the file is empty (expected a header line)".to_owned(),
-            });
-        };
-        let header: Vec<String> = split_fields(header)
-            .map_err(|message| row_error(path, header_line, message))?
-            .into_iter()
-            .map(|h| h.trim().to_owned())
-            .collect();
-        let columns = header
-            .iter()
-            .enumerate()
-            .map(|(i, h)| (h.clone(), i))
-            .collect();
-        let mut rows = Vec::new();
-        for (line, text) in lines {
-            let fields = split_fields(text).map_err(|message| row_error(path, line, message))?;
-            if fields.len() != header.len() {
-                return Err(row_error(
-                    path,
-                    line,
-                    format!(
-                        "expected {} fields like the header, found {}",
-                        header.len(),
-                        fields.len()
-                    ),
-                ));
-            }
-            rows.push((line, fields));
-        }
-        Ok(Self {
-            path,
-            columns,
-            header,
-            rows,
-        })
-    }
-
-    /// The position of the first of `names` that the header has.
-    fn column(&self, names: &[&'static str]) -> Result<usize, LoadError> {
-        names
-            .iter()
-            .find_map(|name| self.columns.get(*name).copied())
-            .ok_or_else(|| LoadError::MissingColumn {
-                path: self.path.to_owned(),
                 column: names[0],
-                found: self.header.join(","),
-            })
+                found: header.iter().collect::<Vec<_>>().join(","),
+            });
+        }
     }
-
-    fn optional_column(&self, name: &str) -> Option<usize> {
-        self.columns.get(name).copied()
+    let mut record = csv::StringRecord::new();
+    loop {
+        match reader.read_record(&mut record) {
+            Ok(true) => {}
+            Ok(false) => return Ok(()),
+            Err(error) => return Err(csv_error(path, text, &error)),
+        }
+        let line = record.position().map_or(0, |p| record_line(text, p));
+        // The reader skips empty lines; a line of spaces is one blank field, skipped too.
+        if record.len() == 1 && record[0].trim().is_empty() {
+            continue;
+        }
+        // RFC 4180 lets a quoted field run over lines, and an unclosed quote then swallows the
+        // rest of the file; no trace field has a line break, so one means a quote left open.
+        if record.iter().any(|field| field.contains(['\n', '\r'])) {
+            return Err(row_error(
+                path,
+                line,
+                "a quoted field is not closed on its line",
+            ));
+        }
+        if record.len() != header.len() {
+            return Err(row_error(
+                path,
+                line,
+                format!(
+                    "expected {} fields like the header, found {}",
+                    header.len(),
+                    record.len()
+                ),
+            ));
+        }
+        record.trim();
+        let value = record
+            .deserialize(Some(&header))
+            .map_err(|error| row_error(path, line, field_message(&header, &record, &error)))?;
+        row(line, value)?;
     }
 }
 
-/// Splits one CSV line. Fields may be quoted (`"a,b"`, with `""` for a quote inside).
-fn split_fields(line: &str) -> Result<Vec<String>, String> {
-    let mut fields = Vec::new();
-    let mut field = String::new();
-    let mut chars = line.chars().peekable();
-    let mut quoted = false;
-    let mut at_start = true;
-    while let Some(c) = chars.next() {
-        match c {
-            '"' if quoted => {
-                if chars.peek() == Some(&'"') {
-                    chars.next();
-                    field.push('"');
-                } else {
-                    quoted = false;
-                }
-            }
-            '"' if at_start => quoted = true,
-            ',' if !quoted => {
-                fields.push(std::mem::take(&mut field));
-                at_start = true;
-                continue;
-            }
-            other => field.push(other),
+/// A reader error (a header or record the reader itself refused) with its line.
+fn csv_error(path: &Path, text: &str, error: &csv::Error) -> LoadError {
+    let line = error.position().map_or(0, |p| record_line(text, p));
+    row_error(path, line, error.to_string())
+}
+
+/// The line a record starts on. The reader's position for a record is where it began to look,
+/// before the empty lines it skips, so those are counted here.
+fn record_line(text: &str, position: &csv::Position) -> usize {
+    let start = usize::try_from(position.byte()).unwrap_or(usize::MAX);
+    let skipped = text
+        .as_bytes()
+        .get(start..)
+        .unwrap_or_default()
+        .iter()
+        .take_while(|b| matches!(b, b'\r' | b'\n'))
+        .filter(|b| **b == b'\n')
+        .count();
+    usize::try_from(position.line())
+        .unwrap_or(usize::MAX)
+        .saturating_add(skipped)
+}
+
+/// What was wrong with a row, naming the column and its value where the error has a field.
+fn field_message(
+    header: &csv::StringRecord,
+    record: &csv::StringRecord,
+    error: &csv::Error,
+) -> String {
+    let csv::ErrorKind::Deserialize { err, .. } = error.kind() else {
+        return error.to_string();
+    };
+    let Some(index) = err.field().and_then(|i| usize::try_from(i).ok()) else {
+        return err.kind().to_string();
+    };
+    let column = header.get(index).unwrap_or("?");
+    let value = record.get(index).unwrap_or_default();
+    match err.kind() {
+        csv::DeserializeErrorKind::ParseInt(_) => {
+            format!("{column} {value:?} is not a whole number")
         }
-        at_start = false;
+        kind => format!("{column} {value:?}: {kind}"),
     }
-    if quoted {
-        return Err("a quoted field is not closed".to_owned());
-    }
-    fields.push(field);
-    Ok(fields)
 }
 
 fn row_error(path: &Path, line: usize, message: impl Into<String>) -> LoadError {
@@ -235,13 +251,6 @@ fn row_error(path: &Path, line: usize, message: impl Into<String>) -> LoadError 
         line,
         message: message.into(),
     }
-}
-
-fn whole_number(value: &str, column: &str) -> Result<u64, String> {
-    value
-        .trim()
-        .parse::<u64>()
-        .map_err(|_| format!("{column} {value:?} is not a whole number"))
 }
 
 fn gpu_count(value: u64, column: &str) -> Result<u16, String> {
@@ -263,46 +272,58 @@ pub(crate) fn model_list(value: &str) -> Result<Vec<ModelPattern>, String> {
         .collect()
 }
 
+/// One row of an openb node list. Field names are the column names.
+#[derive(Debug, Deserialize)]
+struct NodeRow {
+    #[serde(alias = "name")]
+    sn: String,
+    cpu_milli: u64,
+    memory_mib: u64,
+    #[serde(alias = "num_gpu")]
+    gpu: u64,
+    model: String,
+}
+
+/// The node list's columns, each with the names it may also go by (as [`NodeRow`]'s aliases).
+const NODE_COLUMNS: &[&[&str]] = &[
+    &["sn", "name"],
+    &["cpu_milli"],
+    &["memory_mib"],
+    &["gpu", "num_gpu"],
+    &["model"],
+];
+
 /// Parses an openb node list (`sn,cpu_milli,memory_mib,gpu,model`; `name` may replace `sn`).
 pub fn parse_node_csv(path: &Path, text: &str) -> Result<Vec<SimNode>, LoadError> {
-    let csv = Csv::parse(path, text)?;
-    let name = csv.column(&["sn", "name"])?;
-    let cpu = csv.column(&["cpu_milli"])?;
-    let memory = csv.column(&["memory_mib"])?;
-    let gpu = csv.column(&["gpu", "num_gpu"])?;
-    let model = csv.column(&["model"])?;
     let mut seen: HashMap<String, usize> = HashMap::new();
-    let mut nodes = Vec::with_capacity(csv.rows.len());
-    for (line, fields) in &csv.rows {
-        let line = *line;
-        let node = (|| -> Result<SimNode, String> {
-            let name = fields[name].trim().to_owned();
-            if name.is_empty() {
-                return Err("the node name is empty".to_owned());
-            }
-            let gpus = gpu_count(whole_number(&fields[gpu], "gpu")?, "gpu")?;
-            let model = fields[model].trim().to_owned();
-            if gpus > 0 && model.is_empty() {
-                return Err(format!("node {name} has {gpus} GPUs but no model"));
-            }
-            Ok(SimNode {
-                name,
-                cpu: CpuMilli(whole_number(&fields[cpu], "cpu_milli")?),
-                memory: MemMiB(whole_number(&fields[memory], "memory_mib")?),
-                gpus,
-                model,
-            })
-        })()
-        .map_err(|message| row_error(path, line, message))?;
-        if let Some(first) = seen.insert(node.name.clone(), line) {
-            return Err(row_error(
-                path,
-                line,
-                format!("node {} is listed twice (first on line {first})", node.name),
-            ));
+    let mut nodes = Vec::new();
+    read_rows(path, text, NODE_COLUMNS, |line, row: NodeRow| {
+        let fail = |message: String| row_error(path, line, message);
+        if row.sn.is_empty() {
+            return Err(fail("the node name is empty".to_owned()));
         }
-        nodes.push(node);
-    }
+        let gpus = gpu_count(row.gpu, "gpu").map_err(fail)?;
+        if gpus > 0 && row.model.is_empty() {
+            return Err(fail(format!(
+                "node {} has {gpus} GPUs but no model",
+                row.sn
+            )));
+        }
+        if let Some(first) = seen.insert(row.sn.clone(), line) {
+            return Err(fail(format!(
+                "node {} is listed twice (first on line {first})",
+                row.sn
+            )));
+        }
+        nodes.push(SimNode {
+            name: row.sn,
+            cpu: CpuMilli(row.cpu_milli),
+            memory: MemMiB(row.memory_mib),
+            gpus,
+            model: row.model,
+        });
+        Ok(())
+    })?;
     if nodes.is_empty() {
         return Err(LoadError::File {
             path: path.to_owned(),
@@ -312,43 +333,52 @@ pub fn parse_node_csv(path: &Path, text: &str) -> Result<Vec<SimNode>, LoadError
     Ok(nodes)
 }
 
+/// One row of an openb pod list; other columns (qos, phases, timestamps) are ignored, as the
+/// reference ignores them.
+#[derive(Debug, Deserialize)]
+struct PodRow {
+    name: String,
+    cpu_milli: u64,
+    memory_mib: u64,
+    num_gpu: u64,
+    /// Signed: the reference's converter clips it to 0..=1000 rather than refusing it.
+    gpu_milli: i64,
+    /// Absent in the multigpu traces: every pod takes any model.
+    #[serde(default)]
+    gpu_spec: String,
+}
+
+const POD_COLUMNS: &[&[&str]] = &[
+    &["name"],
+    &["cpu_milli"],
+    &["memory_mib"],
+    &["num_gpu"],
+    &["gpu_milli"],
+];
+
 /// Parses an openb pod list (`name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec,...]`).
 /// Other columns (qos, phases, timestamps) are ignored, as the reference ignores them;
 /// `gpu_milli` is clipped to 0..=1000 as the reference's converter does.
 pub fn parse_pod_csv(path: &Path, text: &str) -> Result<Vec<SimPod>, LoadError> {
-    let csv = Csv::parse(path, text)?;
-    let name = csv.column(&["name"])?;
-    let cpu = csv.column(&["cpu_milli"])?;
-    let memory = csv.column(&["memory_mib"])?;
-    let num_gpu = csv.column(&["num_gpu"])?;
-    let gpu_milli = csv.column(&["gpu_milli"])?;
-    let gpu_spec = csv.optional_column("gpu_spec");
-    let mut pods = Vec::with_capacity(csv.rows.len());
-    for (line, fields) in &csv.rows {
-        let pod = (|| -> Result<SimPod, String> {
-            let name = fields[name].trim().to_owned();
-            if name.is_empty() {
-                return Err("the pod name is empty".to_owned());
-            }
-            let milli_raw = fields[gpu_milli].trim();
-            let milli = milli_raw
-                .parse::<i64>()
-                .map_err(|_| format!("gpu_milli {milli_raw:?} is not a whole number"))?
-                .clamp(0, i64::from(WHOLE_GPU_COMPUTE.0)) as u32;
-            let spec = gpu_spec.map_or("", |column| fields[column].trim());
-            Ok(SimPod {
-                name,
-                cpu: CpuMilli(whole_number(&fields[cpu], "cpu_milli")?),
-                memory: MemMiB(whole_number(&fields[memory], "memory_mib")?),
-                gpus: gpu_count(whole_number(&fields[num_gpu], "num_gpu")?, "num_gpu")?,
-                milli,
-                gpu_spec: spec.to_owned(),
-                models: model_list(spec).map_err(|e| format!("gpu_spec: {e}"))?,
-            })
-        })()
-        .map_err(|message| row_error(path, *line, message))?;
-        pods.push(pod);
-    }
+    let mut pods = Vec::new();
+    read_rows(path, text, POD_COLUMNS, |line, row: PodRow| {
+        let fail = |message: String| row_error(path, line, message);
+        if row.name.is_empty() {
+            return Err(fail("the pod name is empty".to_owned()));
+        }
+        let gpus = gpu_count(row.num_gpu, "num_gpu").map_err(fail)?;
+        let models = model_list(&row.gpu_spec).map_err(|e| fail(format!("gpu_spec: {e}")))?;
+        pods.push(SimPod {
+            name: row.name,
+            cpu: CpuMilli(row.cpu_milli),
+            memory: MemMiB(row.memory_mib),
+            gpus,
+            milli: row.gpu_milli.clamp(0, i64::from(WHOLE_GPU_COMPUTE.0)) as u32,
+            gpu_spec: row.gpu_spec,
+            models,
+        });
+        Ok(())
+    })?;
     Ok(pods)
 }
 
@@ -615,6 +645,81 @@ mod tests {
         assert!(
             err.to_string()
                 .contains("t.csv:2: node n has 2 GPUs but no model"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn csv_fields_may_be_quoted_padded_and_in_any_column_order() {
+        let pods = parse_pod_csv(
+            path(),
+            " gpu_milli , name ,qos,cpu_milli,memory_mib,num_gpu,gpu_spec\n\
+             500,\"a,b\",LS, 1000 ,10,1,\" T4 | P100 \"\n\
+             0,\"say \"\"hi\"\"\",BE,1,1,0,\n",
+        )
+        .unwrap();
+        assert_eq!(pods[0].name, "a,b");
+        assert_eq!((pods[0].milli, pods[0].cpu.0), (500, 1000));
+        assert_eq!(pods[0].gpu_spec, "T4 | P100");
+        assert_eq!(pods[0].models.len(), 2);
+        assert_eq!(pods[1].name, "say \"hi\"");
+        // The node list's alternative column names.
+        let nodes = parse_node_csv(
+            path(),
+            "name,cpu_milli,memory_mib,num_gpu,model\nn,1,1,1,T4\n",
+        )
+        .unwrap();
+        assert_eq!((nodes[0].name.as_str(), nodes[0].gpus), ("n", 1));
+    }
+
+    #[test]
+    fn csv_errors_name_the_file_line_and_column() {
+        let header = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n";
+        // Blank lines count: the bad row is on line 4.
+        let err =
+            parse_pod_csv(path(), &format!("{header}a,1,1,0,0,\n\nb,1,1,x,0,\n")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "t.csv:4: num_gpu \"x\" is not a whole number"
+        );
+        let err = parse_pod_csv(
+            path(),
+            &format!("{header}a,1,1,0,0,\r\n\r\n\r\nb,1,1,0,y,\r\n"),
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "t.csv:5: gpu_milli \"y\" is not a whole number"
+        );
+        let err = parse_pod_csv(path(), &format!("{header}a,1,1,0,0,,extra\n")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "t.csv:2: expected 6 fields like the header, found 7"
+        );
+        // A quoted comma is no separator, so the count is checked after unquoting.
+        let err = parse_pod_csv(path(), &format!("{header}\"a,1\",1,0,0,\n")).unwrap_err();
+        assert!(err.to_string().contains("found 5"), "{err}");
+        let err =
+            parse_pod_csv(path(), "name,cpu_milli,memory_mib,num_gpu\na,1,1,0\n").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "t.csv: the header has no \"gpu_milli\" column (it has: name,cpu_milli,memory_mib,num_gpu)"
+        );
+        // An unclosed quote would swallow the lines after it; it is reported on its own line.
+        let err =
+            parse_pod_csv(path(), &format!("{header}a,1,1,0,\"0,\nb,1,1,0,0,\n")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "t.csv:2: a quoted field is not closed on its line"
+        );
+        let err = parse_node_csv(
+            path(),
+            "sn,cpu_milli,memory_mib,gpu,model\nn,1,1,99999999999999999999,T4\n",
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("t.csv:2: gpu \"99999999999999999999\""),
             "{err}"
         );
     }

@@ -4,6 +4,10 @@
 
 use std::fmt::Write as _;
 
+use plotters::drawing::DrawingAreaErrorKind;
+use plotters::prelude::*;
+use serde::Serialize;
+
 use super::metrics::{LAST_COLUMN, mean, std_dev};
 use super::replay::{RunResult, SimPolicy};
 
@@ -94,198 +98,466 @@ pub fn summary_markdown(results: &[RunResult]) -> String {
     out
 }
 
-/// One CSV row per run.
-pub fn runs_csv(results: &[RunResult]) -> String {
-    let mut out = String::from(
-        "trace,policy,seed,pods,added,failed,failed_gpu_milli,alloc_100,alloc_130,frag_amount_100,frag_ratio_50,final_alloc,final_idle_gpu_nodes\n",
-    );
-    for r in results {
-        let opt = |v: Option<f64>| v.map_or_else(String::new, |v| format!("{v:.4}"));
-        let _ = writeln!(
-            out,
-            "{},{},{},{},{},{},{},{},{},{},{},{:.4},{}",
-            r.trace,
-            r.policy.name(),
-            r.seed,
-            r.pods,
-            r.added,
-            r.failed,
-            r.failed_milli,
-            opt(r.curves.alloc[100]),
-            opt(r.curves.alloc[LAST_COLUMN]),
-            opt(r.curves.frag_amount[100]),
-            opt(r.curves.frag_ratio[50]),
-            r.last.alloc_percent(r.capacity_milli),
-            r.last.idle_nodes,
-        );
+/// CSV text: `header`, then one record per row. Rows carry their numbers already formatted
+/// (or as integers), so the digits are this module's choice, not the crate's float formatting;
+/// the crate quotes a field only where it holds a comma, a quote or a line break.
+pub fn csv_text<R: Serialize>(
+    header: impl IntoIterator<Item = impl AsRef<[u8]>>,
+    rows: impl IntoIterator<Item = R>,
+) -> Result<String, csv::Error> {
+    // The header is written by hand so that a file with no rows still has it.
+    let mut writer = csv::WriterBuilder::new()
+        .has_headers(false)
+        .from_writer(Vec::new());
+    writer.write_record(header)?;
+    for row in rows {
+        writer.serialize(row)?;
     }
-    out
+    let bytes = writer
+        .into_inner()
+        .map_err(|error| csv::Error::from(error.into_error()))?;
+    String::from_utf8(bytes)
+        .map_err(|error| std::io::Error::new(std::io::ErrorKind::InvalidData, error).into())
+}
+
+/// `v` with `decimals` decimals, or an empty field.
+fn fixed(value: Option<f64>, decimals: usize) -> String {
+    value.map_or_else(String::new, |v| format!("{v:.decimals$}"))
+}
+
+/// One row of `runs.csv`; the field names are [`RUNS_HEADER`].
+#[derive(Serialize)]
+struct RunRow<'a> {
+    trace: &'a str,
+    policy: String,
+    seed: u64,
+    pods: usize,
+    added: usize,
+    failed: usize,
+    failed_gpu_milli: u64,
+    alloc_100: String,
+    alloc_130: String,
+    frag_amount_100: String,
+    frag_ratio_50: String,
+    final_alloc: String,
+    final_idle_gpu_nodes: u32,
+}
+
+const RUNS_HEADER: [&str; 13] = [
+    "trace",
+    "policy",
+    "seed",
+    "pods",
+    "added",
+    "failed",
+    "failed_gpu_milli",
+    "alloc_100",
+    "alloc_130",
+    "frag_amount_100",
+    "frag_ratio_50",
+    "final_alloc",
+    "final_idle_gpu_nodes",
+];
+
+/// One CSV row per run.
+pub fn runs_csv(results: &[RunResult]) -> Result<String, csv::Error> {
+    csv_text(
+        RUNS_HEADER,
+        results.iter().map(|r| RunRow {
+            trace: &r.trace,
+            policy: r.policy.name(),
+            seed: r.seed,
+            pods: r.pods,
+            added: r.added,
+            failed: r.failed,
+            failed_gpu_milli: r.failed_milli,
+            alloc_100: fixed(r.curves.alloc[100], 4),
+            alloc_130: fixed(r.curves.alloc[LAST_COLUMN], 4),
+            frag_amount_100: fixed(r.curves.frag_amount[100], 4),
+            frag_ratio_50: fixed(r.curves.frag_ratio[50], 4),
+            final_alloc: fixed(Some(r.last.alloc_percent(r.capacity_milli)), 4),
+            final_idle_gpu_nodes: r.last.idle_nodes,
+        }),
+    )
 }
 
 /// The reference's `analysis_allo_discrete.csv`: one row per run, columns 0..=130.
-pub fn discrete_csv(results: &[RunResult], tune: f64) -> String {
-    let mut out = String::from("workload,sc_policy,tune,seed,total_gpus");
-    for k in 0..=LAST_COLUMN {
-        let _ = write!(out, ",{k}");
-    }
-    out.push('\n');
-    for r in results {
-        let _ = write!(
-            out,
-            "{},{},{},{},{}",
-            r.trace,
+pub fn discrete_csv(results: &[RunResult], tune: f64) -> Result<String, csv::Error> {
+    let header = ["workload", "sc_policy", "tune", "seed", "total_gpus"]
+        .map(str::to_owned)
+        .into_iter()
+        .chain((0..=LAST_COLUMN).map(|k| k.to_string()));
+    // One record of strings per run: the 131 curve columns make a struct pointless.
+    let rows = results.iter().map(|r| {
+        [
+            r.trace.clone(),
             r.policy.name(),
-            tune,
-            r.seed,
-            r.capacity_milli / 1000
-        );
-        for value in &r.curves.alloc {
-            match value {
-                Some(v) => {
-                    let _ = write!(out, ",{v:.2}");
-                }
-                None => out.push(','),
-            }
-        }
-        out.push('\n');
-    }
-    out
+            tune.to_string(),
+            r.seed.to_string(),
+            (r.capacity_milli / 1000).to_string(),
+        ]
+        .into_iter()
+        .chain(r.curves.alloc.iter().map(|v| fixed(*v, 2)))
+        .collect::<Vec<String>>()
+    });
+    csv_text(header, rows)
 }
 
-/// The header of the per-step CSV.
-pub const STEPS_HEADER: &str = "trace,policy,seed,step,arrived_milli,arrive_pct,used_milli,alloc_pct,frag_milli,frag_pct,frag_ratio,failed,idle_gpu_nodes\n";
+/// One row of `steps.csv`; the field names are [`STEPS_HEADER`].
+#[derive(Serialize)]
+struct StepRow<'a> {
+    trace: &'a str,
+    policy: &'a str,
+    seed: u64,
+    step: usize,
+    arrived_milli: u64,
+    arrive_pct: i64,
+    used_milli: u64,
+    alloc_pct: String,
+    frag_milli: String,
+    frag_pct: String,
+    frag_ratio: String,
+    failed: u32,
+    idle_gpu_nodes: u32,
+}
+
+const STEPS_HEADER: [&str; 13] = [
+    "trace",
+    "policy",
+    "seed",
+    "step",
+    "arrived_milli",
+    "arrive_pct",
+    "used_milli",
+    "alloc_pct",
+    "frag_milli",
+    "frag_pct",
+    "frag_ratio",
+    "failed",
+    "idle_gpu_nodes",
+];
 
 /// Per-step rows of the runs that kept their steps.
-pub fn steps_csv(results: &[RunResult]) -> String {
-    let mut out = String::from(STEPS_HEADER);
-    for r in results {
-        let Some(steps) = &r.steps else { continue };
-        let name = r.policy.name();
-        for (i, step) in steps.iter().enumerate() {
-            let ratio = step
-                .frag_ratio()
-                .map_or_else(String::new, |v| format!("{v:.3}"));
-            let _ = writeln!(
-                out,
-                "{},{},{},{},{},{},{},{:.2},{:.1},{:.3},{},{},{}",
-                r.trace,
-                name,
-                r.seed,
-                i + 1,
-                step.arrived_milli,
-                step.arrive_percent(r.capacity_milli),
-                step.used_milli,
-                step.alloc_percent(r.capacity_milli),
-                step.frag_milli,
-                step.frag_percent(r.capacity_milli),
-                ratio,
-                step.failed,
-                step.idle_nodes,
-            );
-        }
-    }
-    out
+pub fn steps_csv(results: &[RunResult]) -> Result<String, csv::Error> {
+    let names: Vec<String> = results.iter().map(|r| r.policy.name()).collect();
+    let rows = results.iter().zip(&names).flat_map(|(r, name)| {
+        r.steps.iter().flatten().enumerate().map(move |(i, step)| {
+            let capacity = r.capacity_milli;
+            StepRow {
+                trace: &r.trace,
+                policy: name,
+                seed: r.seed,
+                step: i + 1,
+                arrived_milli: step.arrived_milli,
+                arrive_pct: step.arrive_percent(capacity),
+                used_milli: step.used_milli,
+                alloc_pct: fixed(Some(step.alloc_percent(capacity)), 2),
+                frag_milli: fixed(Some(step.frag_milli), 1),
+                frag_pct: fixed(Some(step.frag_percent(capacity)), 3),
+                frag_ratio: fixed(step.frag_ratio(), 3),
+                failed: step.failed,
+                idle_gpu_nodes: step.idle_nodes,
+            }
+        })
+    });
+    csv_text(STEPS_HEADER, rows)
 }
 
 /// Line colours for the plot, one per policy in order (colour-blind-safe Okabe–Ito set).
-const COLOURS: [&str; 8] = [
-    "#999999", "#E69F00", "#56B4E9", "#009E73", "#0072B2", "#D55E00", "#CC79A7", "#000000",
+const COLOURS: [RGBColor; 8] = [
+    RGBColor(0x99, 0x99, 0x99),
+    RGBColor(0xE6, 0x9F, 0x00),
+    RGBColor(0x56, 0xB4, 0xE9),
+    RGBColor(0x00, 0x9E, 0x73),
+    RGBColor(0x00, 0x72, 0xB2),
+    RGBColor(0xD5, 0x5E, 0x00),
+    RGBColor(0xCC, 0x79, 0xA7),
+    RGBColor(0x00, 0x00, 0x00),
 ];
 
+/// Why the plot could not be drawn (into a string, so in practice never).
+pub type PlotError = DrawingAreaErrorKind<std::io::Error>;
+
 /// An SVG line plot of one trace: mean allocation ratio over seeds against arrived workload
-/// (0..=130%), one line per policy, with the y = x line for reference.
-pub fn alloc_svg(trace: &str, groups: &[&Group<'_>]) -> String {
-    let (width, height) = (760.0, 480.0);
-    let (left, right, top, bottom) = (60.0, 180.0, 40.0, 50.0);
-    let plot_w = width - left - right;
-    let plot_h = height - top - bottom;
-    let x = |k: f64| left + k / LAST_COLUMN as f64 * plot_w;
-    let y = |v: f64| top + (1.0 - v / 100.0) * plot_h;
+/// (0..=130%), one line per policy, with the y = x line for reference. The legend names each
+/// policy with its mean allocation at 130% arrived.
+pub fn alloc_svg(trace: &str, groups: &[&Group<'_>]) -> Result<String, PlotError> {
     let mut svg = String::new();
-    let _ = writeln!(
-        svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(
-        svg,
-        r#"<rect width="{width}" height="{height}" fill="white"/><text x="{}" y="22" text-anchor="middle" font-size="14">GPU allocation vs arrived workload: {}</text>"#,
-        left + plot_w / 2.0,
-        escape(trace)
-    );
-    for tick in (0..=LAST_COLUMN).step_by(10) {
-        let px = x(tick as f64);
-        let _ = writeln!(
-            svg,
-            r##"<line x1="{px:.1}" y1="{top}" x2="{px:.1}" y2="{:.1}" stroke="#eeeeee"/><text x="{px:.1}" y="{:.1}" text-anchor="middle">{tick}</text>"##,
-            top + plot_h,
-            top + plot_h + 16.0
-        );
+    {
+        let root = SVGBackend::with_string(&mut svg, (760, 480)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                format!("GPU allocation vs arrived workload: {trace}"),
+                ("sans-serif", 16),
+            )
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(50)
+            .build_cartesian_2d(0.0..LAST_COLUMN as f64, 0.0..100.0)?;
+        chart
+            .configure_mesh()
+            .x_desc("arrived GPU workload (% of capacity)")
+            .y_desc("GPU allocation ratio (%)")
+            .x_labels(LAST_COLUMN / 10 + 1)
+            .y_labels(11)
+            // One grid line per labelled tick, as the labels are every 10 points.
+            .max_light_lines(0)
+            .x_label_formatter(&|v| format!("{v:.0}"))
+            .y_label_formatter(&|v| format!("{v:.0}"))
+            .draw()?;
+        // Where every arrived GPU would be placed: the ceiling below 100% arrived.
+        chart.draw_series(DashedLineSeries::new(
+            [(0.0, 0.0), (100.0, 100.0)],
+            4,
+            4,
+            RGBColor(0xBB, 0xBB, 0xBB).into(),
+        ))?;
+        for (i, group) in groups.iter().enumerate() {
+            let colour = COLOURS[i % COLOURS.len()];
+            let points = (0..=LAST_COLUMN).filter_map(|k| {
+                mean(group.runs.iter().map(|r| r.curves.alloc[k])).map(|v| (k as f64, v))
+            });
+            let (m130, _) = group.alloc_at(LAST_COLUMN);
+            chart
+                .draw_series(LineSeries::new(points, colour.stroke_width(2)))?
+                .label(format!("{} ({})", group.policy.label(), cell(m130)))
+                .legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(3))
+                });
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .background_style(WHITE.mix(0.9))
+            .border_style(BLACK)
+            .draw()?;
+        root.present()?;
     }
-    for tick in (0..=100).step_by(10) {
-        let py = y(f64::from(tick));
-        let _ = writeln!(
-            svg,
-            r##"<line x1="{left}" y1="{py:.1}" x2="{:.1}" y2="{py:.1}" stroke="#eeeeee"/><text x="{:.1}" y="{:.1}" text-anchor="end">{tick}</text>"##,
-            left + plot_w,
-            left - 6.0,
-            py + 4.0
-        );
-    }
-    let _ = writeln!(
-        svg,
-        r##"<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#333333"/>"##
-    );
-    let _ = writeln!(
-        svg,
-        r##"<text x="{:.1}" y="{:.1}" text-anchor="middle">arrived GPU workload (% of capacity)</text>"##,
-        left + plot_w / 2.0,
-        height - 12.0
-    );
-    let _ = writeln!(
-        svg,
-        r##"<text transform="translate(16 {:.1}) rotate(-90)" text-anchor="middle">GPU allocation ratio (%)</text>"##,
-        top + plot_h / 2.0
-    );
-    let _ = writeln!(
-        svg,
-        r##"<line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#bbbbbb" stroke-dasharray="4 4"/>"##,
-        x(0.0),
-        y(0.0),
-        x(100.0),
-        y(100.0)
-    );
-    for (i, group) in groups.iter().enumerate() {
-        let colour = COLOURS[i % COLOURS.len()];
-        let points: Vec<String> = (0..=LAST_COLUMN)
-            .filter_map(|k| {
-                mean(group.runs.iter().map(|r| r.curves.alloc[k]))
-                    .map(|v| format!("{:.1},{:.1}", x(k as f64), y(v)))
-            })
-            .collect();
-        let _ = writeln!(
-            svg,
-            r#"<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{}"/>"#,
-            points.join(" ")
-        );
-        let ly = top + 10.0 + 20.0 * i as f64;
-        let lx = left + plot_w + 14.0;
-        let (m130, _) = group.alloc_at(LAST_COLUMN);
-        let _ = writeln!(
-            svg,
-            r#"<line x1="{lx:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{colour}" stroke-width="3"/><text x="{:.1}" y="{:.1}">{} ({})</text>"#,
-            lx + 20.0,
-            lx + 26.0,
-            ly + 4.0,
-            escape(&group.policy.label()),
-            cell(m130)
-        );
-    }
-    svg.push_str("</svg>\n");
-    svg
+    Ok(svg)
 }
 
-fn escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::engine::policy::reference::ReferencePolicy;
+    use crate::sim::cli::EXAMPLE_SCENARIO;
+    use crate::sim::load::parse_scenario;
+    use crate::sim::replay::{Prepared, run};
+
+    /// The built-in example under two policies, one seed; the first run keeps its steps.
+    fn results(tune: f64) -> Vec<RunResult> {
+        let scenario = parse_scenario(Path::new("example"), EXAMPLE_SCENARIO).unwrap();
+        let prepared = Prepared::new(&scenario.cluster.unwrap(), &scenario.workload.unwrap());
+        [ReferencePolicy::Fgd, ReferencePolicy::BestFit]
+            .into_iter()
+            .enumerate()
+            .map(|(i, policy)| {
+                run(
+                    &prepared,
+                    SimPolicy::Reference(policy),
+                    42,
+                    tune,
+                    i == 0,
+                    &|_| {},
+                )
+            })
+            .collect()
+    }
+
+    /// The lines the hand-written formatting wrote before the csv crate: the files' layout
+    /// (columns, decimals, empty cells) must not change.
+    fn runs_lines(results: &[RunResult]) -> Vec<String> {
+        let opt = |v: Option<f64>| v.map_or_else(String::new, |v| format!("{v:.4}"));
+        results
+            .iter()
+            .map(|r| {
+                format!(
+                    "{},{},{},{},{},{},{},{},{},{},{},{:.4},{}",
+                    r.trace,
+                    r.policy.name(),
+                    r.seed,
+                    r.pods,
+                    r.added,
+                    r.failed,
+                    r.failed_milli,
+                    opt(r.curves.alloc[100]),
+                    opt(r.curves.alloc[LAST_COLUMN]),
+                    opt(r.curves.frag_amount[100]),
+                    opt(r.curves.frag_ratio[50]),
+                    r.last.alloc_percent(r.capacity_milli),
+                    r.last.idle_nodes,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn csv_outputs_keep_the_hand_written_layout() {
+        for tune in [1.3, 0.0] {
+            let results = results(tune);
+            let runs = runs_csv(&results).unwrap();
+            let mut lines = runs.lines();
+            assert_eq!(
+                lines.next(),
+                Some(
+                    "trace,policy,seed,pods,added,failed,failed_gpu_milli,alloc_100,alloc_130,\
+                     frag_amount_100,frag_ratio_50,final_alloc,final_idle_gpu_nodes"
+                )
+            );
+            assert_eq!(
+                lines.map(str::to_owned).collect::<Vec<_>>(),
+                runs_lines(&results)
+            );
+            assert!(runs.ends_with('\n'));
+
+            let steps = steps_csv(&results).unwrap();
+            let r = &results[0];
+            let step = &r.steps.as_ref().unwrap()[0];
+            let c = r.capacity_milli;
+            let first = format!(
+                "small-example,fgd,42,1,{},{},{},{:.2},{:.1},{:.3},{},{},{}",
+                step.arrived_milli,
+                step.arrive_percent(c),
+                step.used_milli,
+                step.alloc_percent(c),
+                step.frag_milli,
+                step.frag_percent(c),
+                step.frag_ratio()
+                    .map_or_else(String::new, |v| format!("{v:.3}")),
+                step.failed,
+                step.idle_nodes,
+            );
+            let mut lines = steps.lines();
+            assert_eq!(
+                lines.next(),
+                Some(
+                    "trace,policy,seed,step,arrived_milli,arrive_pct,used_milli,alloc_pct,\
+                     frag_milli,frag_pct,frag_ratio,failed,idle_gpu_nodes"
+                )
+            );
+            assert_eq!(lines.next(), Some(first.as_str()));
+            // Only the first run kept its steps.
+            assert_eq!(steps.lines().count(), 1 + r.pods);
+
+            let discrete = discrete_csv(&results, tune).unwrap();
+            let mut lines = discrete.lines();
+            let header = lines.next().unwrap();
+            assert!(header.starts_with("workload,sc_policy,tune,seed,total_gpus,0,1,2,"));
+            assert!(header.ends_with(",129,130"));
+            let row: Vec<&str> = lines.next().unwrap().split(',').collect();
+            assert_eq!(
+                row[..5],
+                ["small-example", "fgd", &tune.to_string(), "42", "108"]
+            );
+            assert_eq!(row.len(), 5 + LAST_COLUMN + 1);
+            for (cell, value) in row[5..].iter().zip(&r.curves.alloc) {
+                assert_eq!(*cell, value.map_or_else(String::new, |v| format!("{v:.2}")));
+            }
+        }
+    }
+
+    #[test]
+    fn csv_outputs_have_a_header_without_rows_and_quote_what_needs_it() {
+        assert_eq!(
+            runs_csv(&[]).unwrap(),
+            "trace,policy,seed,pods,added,failed,failed_gpu_milli,alloc_100,alloc_130,\
+             frag_amount_100,frag_ratio_50,final_alloc,final_idle_gpu_nodes\n"
+        );
+        let mut results = results(1.3);
+        results[0].steps = None;
+        assert_eq!(steps_csv(&results).unwrap().lines().count(), 1);
+        // A trace named after a file may hold a comma or a quote: quoted, not a column more.
+        results[1].trace = "a,b \"c\"".to_owned();
+        let runs = runs_csv(&results).unwrap();
+        assert!(
+            runs.lines()
+                .nth(2)
+                .unwrap()
+                .starts_with("\"a,b \"\"c\"\"\",best-fit,42,")
+        );
+        let mut reader = csv::Reader::from_reader(runs.as_bytes());
+        let row = reader.records().nth(1).unwrap().unwrap();
+        assert_eq!((&row[0], row.len()), ("a,b \"c\"", 13));
+    }
+
+    /// Every tag opened is closed, in order (the SVG is XML; no XML parser is a dependency).
+    fn assert_well_formed(svg: &str) {
+        let mut open = Vec::new();
+        let mut rest = svg;
+        while let Some(start) = rest.find('<') {
+            let end = start + rest[start..].find('>').unwrap();
+            let tag = &rest[start + 1..end];
+            if let Some(name) = tag.strip_prefix('/') {
+                assert_eq!(open.pop(), Some(name.trim()), "closing {tag}");
+            } else if !tag.ends_with('/') {
+                open.push(tag.split_whitespace().next().unwrap());
+            }
+            rest = &rest[end + 1..];
+        }
+        assert!(open.is_empty(), "left open: {open:?}");
+    }
+
+    /// The `points` of the polylines drawn in `colour` at `width`.
+    fn lines_in<'s>(svg: &'s str, colour: &str, width: u32) -> Vec<&'s str> {
+        let stroke = format!("stroke=\"{colour}\" stroke-width=\"{width}\" points=\"");
+        svg.lines()
+            .filter(|l| l.starts_with("<polyline"))
+            .filter_map(|l| l.split_once(stroke.as_str()))
+            .map(|(_, points)| points.split('"').next().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn the_plot_has_axes_a_legend_entry_and_a_line_per_policy() {
+        let mut results = results(1.3);
+        for r in &mut results {
+            r.trace = "a<b & c".to_owned();
+        }
+        let groups = group(&results);
+        let refs: Vec<&Group<'_>> = groups.iter().collect();
+        let svg = alloc_svg("a<b & c", &refs).unwrap();
+        assert!(svg.starts_with("<svg "), "{svg}");
+        assert!(svg.trim_end().ends_with("</svg>"));
+        assert_well_formed(&svg);
+        let texts: Vec<&str> = svg
+            .split("<text")
+            .skip(1)
+            .map(|t| {
+                t.split_once('>')
+                    .unwrap()
+                    .1
+                    .split("</text>")
+                    .next()
+                    .unwrap()
+                    .trim()
+            })
+            .collect();
+        for wanted in [
+            "GPU allocation vs arrived workload: a&lt;b &amp; c",
+            "arrived GPU workload (% of capacity)",
+            "GPU allocation ratio (%)",
+            "0",
+            "100",
+            "130",
+        ] {
+            assert!(texts.contains(&wanted), "no text {wanted:?} in {texts:?}");
+        }
+        for (i, group) in groups.iter().enumerate() {
+            let (m130, _) = group.alloc_at(LAST_COLUMN);
+            let entry = format!("{} ({})", group.policy.label(), cell(m130));
+            assert!(texts.contains(&entry.as_str()), "no legend {entry:?}");
+            let RGBColor(red, green, blue) = COLOURS[i];
+            let colour = format!("#{red:02X}{green:02X}{blue:02X}");
+            // The data: one point per arrival point with a value.
+            let data = lines_in(&svg, &colour, 2);
+            let values = group.runs[0].curves.alloc.iter().flatten().count();
+            assert_eq!(data.len(), 1, "{colour}");
+            assert_eq!(data[0].split_whitespace().count(), values, "{colour}");
+            // The legend's sample of the line.
+            assert_eq!(lines_in(&svg, &colour, 3).len(), 1, "{colour}");
+        }
+    }
 }

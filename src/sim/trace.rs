@@ -1,5 +1,5 @@
 //! The simulator's input: a cluster (nodes) and a workload (pods) in the reference's units, and
-//! their translation into engine values. Owns no parsing (see `csv` and `yaml`) and no replay.
+//! their translation into engine values. Owns no parsing (see `load`) and no replay.
 
 use crate::engine::{
     CpuMilli, GpuConstraints, GpuDemand, GpuMode, MemMiB, ModelPattern, NodeSpec, PodRequest,
