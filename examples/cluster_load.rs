@@ -38,7 +38,7 @@ use serde_json::{Value, json};
 mod http_load;
 #[path = "support/rss.rs"]
 mod rss;
-use http_load::{Percentiles, post};
+use http_load::{Latencies, Percentiles, post};
 use rss::rss_kib;
 
 #[derive(Debug, Parser)]
@@ -391,10 +391,10 @@ struct Stage {
 }
 
 /// What the bind workers saw.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct BindResults {
-    latencies: Vec<Duration>,
-    queued: Vec<Duration>,
+    latencies: Latencies,
+    queued: Latencies,
     http_errors: usize,
     errors: usize,
     first_error: Option<String>,
@@ -416,7 +416,13 @@ fn schedule(
     let mut stream = connect(addr)?;
     let (jobs, queue) = mpsc::channel::<(String, Instant)>();
     let queue = Arc::new(Mutex::new(queue));
-    let results = Arc::new(Mutex::new(BindResults::default()));
+    let results = Arc::new(Mutex::new(BindResults {
+        latencies: Latencies::new()?,
+        queued: Latencies::new()?,
+        http_errors: 0,
+        errors: 0,
+        first_error: None,
+    }));
     let handles: Vec<_> = (0..workers)
         .map(|_| {
             let (queue, results) = (queue.clone(), results.clone());
@@ -431,10 +437,10 @@ fn schedule(
                     let answer = post(&mut stream, "bind", &body);
                     let took = started.elapsed();
                     let mut r = results.lock().unwrap_or_else(PoisonError::into_inner);
-                    r.queued.push(started.duration_since(queued));
+                    r.queued.record(started.duration_since(queued));
                     match answer {
                         Ok(raw) => {
-                            r.latencies.push(took);
+                            r.latencies.record(took);
                             let error = serde_json::from_slice::<Value>(&raw)
                                 .ok()
                                 .and_then(|v| v["Error"].as_str().map(str::to_owned))
@@ -459,7 +465,7 @@ fn schedule(
         pods: pods.len(),
         ..Stage::default()
     };
-    let (mut filter, mut prioritize) = (Vec::new(), Vec::new());
+    let (mut filter, mut prioritize) = (Latencies::new()?, Latencies::new()?);
     let interval = Duration::from_secs_f64(1.0 / f64::from(rate.max(1)));
     let started = Instant::now();
     for (i, pod) in pods.iter().enumerate() {
@@ -473,7 +479,7 @@ fn schedule(
         let t = Instant::now();
         let passed = match post(&mut stream, "filter", &body) {
             Ok(raw) => {
-                filter.push(t.elapsed());
+                filter.record(t.elapsed());
                 let answer: Value = serde_json::from_slice(&raw)?;
                 answer["NodeNames"]
                     .as_array()
@@ -499,7 +505,7 @@ fn schedule(
         let t = Instant::now();
         let best = match post(&mut stream, "prioritize", &body) {
             Ok(raw) => {
-                prioritize.push(t.elapsed());
+                prioritize.record(t.elapsed());
                 let scores: Value = serde_json::from_slice(&raw)?;
                 scores
                     .as_array()
@@ -531,14 +537,14 @@ fn schedule(
             .map_err(|_| anyhow!("a bind worker panicked"))??;
     }
     stage.seconds = started.elapsed().as_secs_f64();
-    let mut binds = std::mem::take(&mut *results.lock().unwrap_or_else(PoisonError::into_inner));
+    let binds = results.lock().unwrap_or_else(PoisonError::into_inner);
     stage.http_errors += binds.http_errors;
     stage.bind_errors = binds.errors;
-    stage.first_bind_error = binds.first_error;
-    stage.filter = Percentiles::of(&mut filter);
-    stage.prioritize = Percentiles::of(&mut prioritize);
-    stage.bind = Percentiles::of(&mut binds.latencies);
-    stage.bind_queue = Percentiles::of(&mut binds.queued);
+    stage.first_bind_error = binds.first_error.clone();
+    stage.filter = filter.percentiles();
+    stage.prioritize = prioritize.percentiles();
+    stage.bind = binds.latencies.percentiles();
+    stage.bind_queue = binds.queued.percentiles();
     Ok(stage)
 }
 
@@ -552,7 +558,7 @@ fn steady_pod() -> Value {
 /// What the steady phase measured.
 #[derive(Debug, Default)]
 struct Steady {
-    requests: usize,
+    requests: u64,
     seconds: f64,
     filter: Percentiles,
     prioritize: Percentiles,
@@ -571,7 +577,7 @@ fn steady_state(
 ) -> Result<Steady> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut stream = connect(addr)?;
-    let (mut filter, mut prioritize) = (Vec::new(), Vec::new());
+    let (mut filter, mut prioritize) = (Latencies::new()?, Latencies::new()?);
     let mut errors = 0;
     let started = Instant::now();
     let end = started + Duration::from_secs(seconds);
@@ -581,7 +587,7 @@ fn steady_state(
         for (verb, series) in [("filter", &mut filter), ("prioritize", &mut prioritize)] {
             let t = Instant::now();
             match post(&mut stream, verb, &body) {
-                Ok(_) => series.push(t.elapsed()),
+                Ok(_) => series.record(t.elapsed()),
                 Err(_) => {
                     errors += 1;
                     stream = connect(addr)?;
@@ -589,11 +595,12 @@ fn steady_state(
             }
         }
     }
+    let (filter, prioritize) = (filter.percentiles(), prioritize.percentiles());
     Ok(Steady {
-        requests: filter.len() + prioritize.len(),
+        requests: filter.count + prioritize.count,
         seconds: started.elapsed().as_secs_f64(),
-        filter: Percentiles::of(&mut filter),
-        prioritize: Percentiles::of(&mut prioritize),
+        filter,
+        prioritize,
         errors,
     })
 }

@@ -31,7 +31,7 @@ use gpu_extender::telemetry::Metrics;
 
 #[path = "support/http_load.rs"]
 mod http_load;
-use http_load::{Percentiles, post};
+use http_load::{Latencies, post};
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -103,17 +103,17 @@ fn main() -> Result<()> {
             for _ in 0..200 {
                 post(&mut stream, verb, &body)?;
             }
-            let mut latencies = Vec::with_capacity(args.requests);
+            let mut latencies = Latencies::new()?;
             let started = Instant::now();
             let cpu_started = server_cpu_ns();
             for _ in 0..args.requests {
                 let start = Instant::now();
                 post(&mut stream, verb, &body)?;
-                latencies.push(start.elapsed());
+                latencies.record(start.elapsed());
             }
             let server_cpu = server_cpu_ns().saturating_sub(cpu_started);
             let elapsed = started.elapsed();
-            let p = Percentiles::of(&mut latencies);
+            let p = latencies.percentiles();
             println!(
                 "| {verb} | {label} | {} | {:.0} | {} | {} | {} | {} | {:.0} |",
                 p.count,

@@ -1,11 +1,13 @@
 //! What the load examples share: one keep-alive HTTP/1.1 POST to the extender over a plain
-//! `TcpStream` (the way kube-scheduler's client reuses its connection), and latency percentiles.
+//! `TcpStream` (the way kube-scheduler's client reuses its connection), and latency percentiles
+//! (an HDR histogram).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
 use anyhow::{Result, bail};
+use hdrhistogram::Histogram;
 
 /// One keep-alive HTTP/1.1 POST of `body` to `/scheduler/{verb}`; returns the response body of a
 /// 200 answer and fails on any other status.
@@ -40,33 +42,42 @@ pub fn post(stream: &mut TcpStream, verb: &str, body: &str) -> Result<Vec<u8>> {
     Ok(response)
 }
 
+/// One series of latencies, recorded into an HDR histogram in microseconds at 3 significant
+/// digits: constant memory however long a run lasts, and each percentile within 0.1 % of the
+/// exact one.
+#[derive(Debug, Clone)]
+pub struct Latencies(Histogram<u64>);
+
+impl Latencies {
+    pub fn new() -> Result<Self> {
+        Ok(Self(Histogram::new(3)?))
+    }
+
+    pub fn record(&mut self, latency: Duration) {
+        self.0
+            .saturating_record(u64::try_from(latency.as_micros()).unwrap_or(u64::MAX));
+    }
+
+    /// Nearest rank (the smallest recorded value with at least that share of the series at or
+    /// below it), reported as the top of its histogram bucket.
+    pub fn percentiles(&self) -> Percentiles {
+        let h = &self.0;
+        Percentiles {
+            count: h.len(),
+            p50: h.value_at_quantile(0.50),
+            p99: h.value_at_quantile(0.99),
+            p999: h.value_at_quantile(0.999),
+            max: h.max(),
+        }
+    }
+}
+
 /// Latency percentiles of one series, in microseconds.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Percentiles {
-    pub count: usize,
-    pub p50: u128,
-    pub p99: u128,
-    pub p999: u128,
-    pub max: u128,
-}
-
-impl Percentiles {
-    /// Sorts `latencies` and reads the percentiles off it (nearest rank).
-    pub fn of(latencies: &mut [Duration]) -> Self {
-        if latencies.is_empty() {
-            return Self::default();
-        }
-        latencies.sort_unstable();
-        let at = |p: f64| {
-            let index = ((latencies.len() as f64 * p).ceil() as usize).saturating_sub(1);
-            latencies[index.min(latencies.len() - 1)].as_micros()
-        };
-        Self {
-            count: latencies.len(),
-            p50: at(0.50),
-            p99: at(0.99),
-            p999: at(0.999),
-            max: latencies.last().map_or(0, Duration::as_micros),
-        }
-    }
+    pub count: u64,
+    pub p50: u64,
+    pub p99: u64,
+    pub p999: u64,
+    pub max: u64,
 }

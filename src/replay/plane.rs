@@ -226,10 +226,7 @@ impl Plane {
                 );
             }
             let url = format!("http://{admin}/readyz");
-            let ready = tokio::task::spawn_blocking(move || crate::cli::http_get(&url).is_ok())
-                .await
-                .unwrap_or(false);
-            if ready {
+            if crate::cli::http_get(&url).await.is_ok() {
                 return Ok(());
             }
             if started.elapsed() > Duration::from_secs(120) {
