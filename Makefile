@@ -18,9 +18,12 @@ test: lint k8s-bins
 		$(CARGO) test --locked --all-targets
 	$(MAKE) fuzz-smoke
 
+## lint: formatting, clippy, and no import cycle between the library's modules (cargo-modules,
+## installed into the cache on first use; the layer order is checked by tests/architecture.rs).
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --locked --all-targets -- -D warnings
+	scripts/module-graph.sh
 
 ## unit: the tests that need no control plane (end-to-end tests skip with a message).
 unit:

@@ -7,6 +7,11 @@
 //! the bottom show what it catches and what it lets through.
 //!
 //! Every `.rs` file under `src/` must open with a `//!` line saying what it owns.
+//!
+//! The rooms of `src/` (its top-level modules) are layered ([`LAYERS`]): a room imports only
+//! rooms below it, never one beside or above it, outside its `#[cfg(test)]` code. Cycles between
+//! modules inside a room are found by `scripts/module-graph.sh` (cargo-modules, in `make lint`);
+//! see docs/decisions/0007-one-room-for-shared-state.md.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -123,6 +128,191 @@ fn opens_with_module_doc(text: &str) -> bool {
     text.lines()
         .find(|line| !line.trim().is_empty())
         .is_some_and(|line| line.trim_start().starts_with("//!"))
+}
+
+/// The rooms of `src/`, lowest layer first. A room may import the rooms of lower layers only:
+/// the engine nothing; the readers of the engine's values (configuration, the explanation and
+/// inspection reports, the simulator) the engine; the Kubernetes-object translation those; the
+/// shared state (table, policy in force, readiness, the verbs' decisions) everything below it;
+/// the metrics the state; the watchers and binder (`k8s`) and the extender's HTTP surface
+/// (`http`) the state and the metrics but not each other; the composition (`service`) and the
+/// operator commands (`cli`, `replay`) whatever they wire together.
+const LAYERS: &[&[&str]] = &[
+    &["engine"],
+    &["config", "explain", "inspect", "sim"],
+    &["objects"],
+    &["state"],
+    &["telemetry"],
+    &["k8s", "http"],
+    &["service", "cli", "replay"],
+];
+
+fn layer_of(room: &str) -> Option<usize> {
+    LAYERS.iter().position(|layer| layer.contains(&room))
+}
+
+/// The module path of a file under `src/`: `k8s/bind.rs` is `[k8s, bind]`, `state/mod.rs` is
+/// `[state]`.
+fn module_path(file: &Path) -> Vec<String> {
+    let relative = file.strip_prefix(src()).unwrap_or(file);
+    let mut segments: Vec<String> = relative
+        .with_extension("")
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if segments.last().is_some_and(|last| last == "mod") {
+        segments.pop();
+    }
+    segments
+}
+
+#[test]
+fn every_room_imports_only_rooms_below_it() {
+    let rooms: Vec<String> = read(&src().join("lib.rs"))
+        .lines()
+        .filter_map(|line| line.strip_prefix("pub mod "))
+        .map(|rest| rest.trim_end_matches(';').to_owned())
+        .collect();
+    assert!(rooms.len() >= 10, "too few rooms in lib.rs: {rooms:?}");
+    for room in &rooms {
+        assert!(
+            layer_of(room).is_some(),
+            "the room `{room}` has no layer in LAYERS: place it"
+        );
+    }
+    let mut violations = Vec::new();
+    let mut checked = 0;
+    for file in rust_files(&src()) {
+        let module = module_path(&file);
+        let Some(room) = module
+            .first()
+            .filter(|_| module.len() > 1 || rooms.contains(&module[0]))
+        else {
+            continue; // lib.rs and main.rs
+        };
+        // A `tests.rs` child is a `#[cfg(test)]` module by this project's convention.
+        if module.last().is_some_and(|last| last == "tests") {
+            continue;
+        }
+        checked += 1;
+        for (path, target) in rooms_named(&module, &read(&file)) {
+            if let Some(problem) = layer_violation(room, &target) {
+                violations.push(format!("{}: `{path}`: {problem}", file.display()));
+            }
+        }
+    }
+    assert!(checked >= 40, "the guard checked only {checked} files");
+    assert!(
+        violations.is_empty(),
+        "imports that break the layer order:\n{}",
+        violations.join("\n")
+    );
+}
+
+/// Why `room` may not import `target`, if it may not.
+fn layer_violation(room: &str, target: &str) -> Option<String> {
+    if room == target {
+        return None;
+    }
+    let (Some(own), Some(theirs)) = (layer_of(room), layer_of(target)) else {
+        return Some(format!("`{target}` is not a room with a layer"));
+    };
+    (theirs >= own).then(|| {
+        let relation = if theirs == own { "beside" } else { "above" };
+        format!("{room} (layer {own}) imports {target}, a room {relation} it (layer {theirs})")
+    })
+}
+
+/// Every crate-internal path in `source` (the file of module `module`) that leaves its room, and
+/// the room it reaches: `crate::x::...` and `super::` chains that climb out of the room, in
+/// `use` trees and in code alike. `#[cfg(test)]` items are skipped.
+fn rooms_named(module: &[String], source: &str) -> Vec<(String, String)> {
+    let tokens = without_test_items(&tokens(&strip_comments_and_literals(source)));
+    let mut paths: Vec<Vec<String>> = Vec::new();
+    let mut i = 0;
+    while i < tokens.len() {
+        if tokens[i] == "use" {
+            let end = tokens[i..]
+                .iter()
+                .position(|t| t == ";")
+                .map_or(tokens.len(), |p| i + p);
+            paths.extend(expand_use_tree(&tokens[i + 1..end]));
+            i = end + 1;
+            continue;
+        }
+        let continues_a_path = i > 0 && tokens[i - 1] == "::";
+        if (tokens[i] == "crate" || tokens[i] == "super") && !continues_a_path {
+            let mut path = vec![tokens[i].clone()];
+            let mut j = i + 1;
+            while tokens.get(j).is_some_and(|t| t == "::")
+                && tokens.get(j + 1).is_some_and(|t| is_ident(t))
+            {
+                path.push(tokens[j + 1].clone());
+                j += 2;
+            }
+            paths.push(path);
+            i = j;
+            continue;
+        }
+        i += 1;
+    }
+    let mut found = Vec::new();
+    for path in paths {
+        let absolute: Vec<String> = match path.first().map(String::as_str) {
+            Some("crate") => path[1..].to_vec(),
+            Some("super") => {
+                let climbs = path.iter().take_while(|s| *s == "super").count();
+                let Some(kept) = module.len().checked_sub(climbs) else {
+                    continue;
+                };
+                module[..kept]
+                    .iter()
+                    .chain(&path[climbs..])
+                    .cloned()
+                    .collect()
+            }
+            _ => continue,
+        };
+        if let Some(target) = absolute.first()
+            && Some(target) != module.first()
+        {
+            found.push((path.join("::"), target.clone()));
+        }
+    }
+    found
+}
+
+/// `tokens` without the items marked `#[cfg(test)]`: from the attribute to the end of the item
+/// (its `;`, or its outermost `{ ... }`).
+fn without_test_items(tokens: &[String]) -> Vec<String> {
+    let marker = ["#", "[", "cfg", "(", "test", ")", "]"];
+    let mut out = Vec::with_capacity(tokens.len());
+    let mut i = 0;
+    while i < tokens.len() {
+        if tokens[i..].starts_with(&marker.map(str::to_owned)) {
+            let mut j = i + marker.len();
+            let mut depth = 0usize;
+            while let Some(token) = tokens.get(j) {
+                j += 1;
+                match token.as_str() {
+                    "{" => depth += 1,
+                    "}" => {
+                        depth = depth.saturating_sub(1);
+                        if depth == 0 {
+                            break;
+                        }
+                    }
+                    ";" if depth == 0 => break,
+                    _ => {}
+                }
+            }
+            i = j;
+            continue;
+        }
+        out.push(tokens[i].clone());
+        i += 1;
+    }
+    out
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -459,4 +649,41 @@ fn module_docs_are_detected() {
     assert!(!opens_with_module_doc("/// An item doc.\nfn f() {}"));
     assert!(!opens_with_module_doc("use x;\n//! too late"));
     assert!(!opens_with_module_doc(""));
+}
+
+#[test]
+fn the_layer_guard_catches_imports_that_climb() {
+    let state = vec!["state".to_owned(), "cluster".to_owned()];
+    let climbing = [
+        "use crate::service::serve;",
+        "use crate::{engine::Table, http::server::AppState};",
+        "fn f() { crate::k8s::watch::Feed::new(); }",
+        "use super::super::telemetry::Metrics;",
+    ];
+    for code in climbing {
+        let problems: Vec<String> = rooms_named(&state, code)
+            .into_iter()
+            .filter_map(|(_, target)| layer_violation("state", &target))
+            .collect();
+        assert!(!problems.is_empty(), "not caught: {code}");
+    }
+    let allowed = [
+        "use crate::engine::Table;\nuse super::policy::PolicyCell;",
+        "use crate::objects::translate;\nuse crate::config::Config;",
+        "//! Mentions crate::service in a comment.\nfn f() -> &'static str { \"crate::http\" }",
+        "#[cfg(test)]\nmod tests {\n    use crate::service::serve;\n}",
+        "#[cfg(test)]\nfn helper() { crate::http::server::router(); }\nfn kept() {}",
+    ];
+    for code in allowed {
+        let problems: Vec<String> = rooms_named(&state, code)
+            .into_iter()
+            .filter_map(|(_, target)| layer_violation("state", &target))
+            .collect();
+        assert!(problems.is_empty(), "flagged: {code}: {problems:?}");
+    }
+    assert!(
+        layer_violation("k8s", "http").is_some(),
+        "rooms beside each other"
+    );
+    assert!(layer_violation("http", "state").is_none());
 }

@@ -1,5 +1,7 @@
 //! The extender surface: wire types mirroring k8s.io/kube-scheduler/extender/v1 and the HTTP
-//! routers whose handlers decode, ask the shared state ([`crate::state`]) and encode.
+//! routers whose handlers decode, ask the shared state ([`crate::state`]) and encode; and the
+//! client the operator commands read an extender's admin surface with.
 
+pub mod client;
 pub mod server;
 pub mod wire;

@@ -1,100 +1,23 @@
-//! The `replay` command: arguments, one run per (policy, seed) on a fresh loopback plane (or on
+//! The `replay` command: one run per (policy, seed) on a fresh loopback plane (or on
 //! the cluster a kubeconfig names), the outputs `simulate` writes, and the `--compare` summary
 //! of the real loop against `simulate` at every arrival point. `main.rs` only parses
 //! [`ReplayArgs`] and calls [`run_cli`].
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
+use super::args::ReplayArgs;
 use super::objects::{dns_name, extender_config};
-use super::plane::{GPU_SCHEDULER, Plane, SchedulerSetup, client_from, k8s_bins};
+use super::plane::{Plane, SchedulerSetup, client_from, k8s_bins};
 use super::run::{
     ReplayPlan, Replayed, clean_up, create_cluster, refuse_foreign_objects, replay_pods,
 };
-use super::throughput::{ThroughputArgs, run_throughput};
+use super::throughput::run_throughput;
 use crate::engine::ScoringPolicy;
-use crate::sim::cli::{TraceInputs, parse_seeds, write_outputs};
+use crate::sim::cli::{parse_seeds, write_outputs};
 use crate::sim::{Cluster, Prepared, RunResult, SimPolicy, Workload};
-
-/// Replay a GPU workload trace through a real kube-apiserver, kube-scheduler and gpu-extender.
-#[derive(Clone, Debug, clap::Args)]
-pub struct ReplayArgs {
-    #[command(flatten)]
-    pub inputs: TraceInputs,
-
-    /// Extender policies, comma-separated: binpack, spread, fgd, fgd-plus. Each runs on a fresh
-    /// loopback plane; with --kubeconfig, name the policy the cluster's extender runs.
-    #[arg(long, value_delimiter = ',', default_value = "binpack")]
-    pub policies: Vec<String>,
-
-    /// Seeds: a list and/or inclusive ranges, e.g. `42..44` or `42,45`.
-    #[arg(long, default_value = "42")]
-    pub seeds: String,
-
-    /// Inflate (or shrink) the arrivals to this multiple of GPU capacity, as `simulate`.
-    #[arg(long, default_value_t = 1.3)]
-    pub tune: f64,
-
-    /// Where to write summary.md, runs.csv, discrete.csv, steps.csv, alloc-TRACE.svg (and with
-    /// --compare, simulate/ and compare.csv).
-    #[arg(long, value_name = "DIR", default_value = "replay-out")]
-    pub out: PathBuf,
-
-    /// Also run `simulate` on the same sequence and print both curves and their difference.
-    #[arg(long)]
-    pub compare: bool,
-
-    /// Replay in the cluster this kubeconfig names (its kube-scheduler and gpu-extender decide)
-    /// instead of a loopback plane. Only the replay's own nodes and namespace are created.
-    #[arg(long, value_name = "PATH")]
-    pub kubeconfig: Option<PathBuf>,
-
-    /// The scheduler profile the replayed pods name.
-    #[arg(long, default_value = GPU_SCHEDULER)]
-    pub scheduler_name: String,
-
-    /// KubeSchedulerConfiguration to run instead of the shipped dedicated GPU scheduler
-    /// (scheduler-config/gpu-scheduler-dedicated.yaml; loopback plane only; its extender URL and
-    /// kubeconfig are filled in).
-    #[arg(long, value_name = "FILE")]
-    pub scheduler_config: Option<PathBuf>,
-
-    /// Set kube-scheduler's percentageOfNodesToScore (loopback plane only; default: the file's,
-    /// or kube-scheduler's adaptive default).
-    #[arg(long, value_name = "PERCENT", value_parser = clap::value_parser!(u32).range(0..=100))]
-    pub percentage_of_nodes_to_score: Option<u32>,
-
-    /// kube-scheduler's client QPS (burst twice that); default: kube-scheduler's own (50).
-    #[arg(long, value_name = "QPS", value_parser = clap::value_parser!(u32).range(1..))]
-    pub scheduler_qps: Option<u32>,
-
-    /// Override a key of the replay's extender configuration (repeatable), as `serve --set`,
-    /// e.g. `policy.filterBestOnly=false` (loopback plane only).
-    #[arg(long, value_name = "KEY=VALUE")]
-    pub extender_set: Vec<String>,
-
-    /// Seconds one pod may stay undecided before the replay fails.
-    #[arg(long, default_value_t = 60)]
-    pub decision_timeout: u64,
-
-    /// The gpu-extender checkout whose scripts/control-plane.sh runs the loopback plane.
-    #[arg(long, value_name = "DIR", default_value = env!("CARGO_MANIFEST_DIR"))]
-    pub repo: PathBuf,
-
-    /// Keep the loopback plane's directory (logs, configurations) after the run.
-    #[arg(long)]
-    pub keep: bool,
-
-    /// No progress bar.
-    #[arg(long)]
-    pub quiet: bool,
-
-    #[command(flatten)]
-    pub throughput: ThroughputArgs,
-}
 
 /// The `replay` command.
 pub async fn run_cli(args: ReplayArgs) -> Result<()> {
@@ -119,7 +42,7 @@ pub async fn run_cli(args: ReplayArgs) -> Result<()> {
              kube-scheduler and gpu-extender decide"
         );
     }
-    let setup = scheduler_setup(&args)?;
+    let setup = args.scheduler_setup()?;
     let mut real = Vec::new();
     let mut simulated = Vec::new();
     for workload in &workloads {
@@ -170,18 +93,6 @@ pub async fn run_cli(args: ReplayArgs) -> Result<()> {
     }
     println!("results in {}", args.out.display());
     Ok(())
-}
-
-/// The scheduler configuration runs start from.
-pub fn scheduler_setup(args: &ReplayArgs) -> Result<SchedulerSetup> {
-    let mut setup = SchedulerSetup::shipped();
-    if let Some(path) = &args.scheduler_config {
-        setup.base =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    }
-    setup.percentage_of_nodes_to_score = args.percentage_of_nodes_to_score;
-    setup.client_qps = args.scheduler_qps;
-    Ok(setup)
 }
 
 /// Parses the extender policy names.

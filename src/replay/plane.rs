@@ -226,7 +226,7 @@ impl Plane {
                 );
             }
             let url = format!("http://{admin}/readyz");
-            if crate::cli::http_get(&url).await.is_ok() {
+            if crate::http::client::http_get(&url).await.is_ok() {
                 return Ok(());
             }
             if started.elapsed() > Duration::from_secs(120) {

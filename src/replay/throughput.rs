@@ -14,39 +14,12 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::watcher::{self, Event};
 
-use super::cli::ReplayArgs;
-use super::cli::scheduler_setup;
+use super::args::ReplayArgs;
 use super::objects::{NAMESPACE, OWNER_LABEL, extender_config, pod_object};
 use super::plane::{DEFAULT_SCHEDULER, GPU_SCHEDULER, Plane, SHIPPED_PROFILE, cpu_time, k8s_bins};
 use super::run::{clean_up, create_cluster};
 use crate::engine::{CpuMilli, MemMiB, ScoringPolicy, TypicalPods};
 use crate::sim::{Cluster, SimNode, SimPod};
-
-/// The throughput mode's flags (part of `replay`).
-#[derive(Clone, Debug, clap::Args)]
-pub struct ThroughputArgs {
-    /// Measure kube-scheduler's pods/s with and without the extender instead of replaying a
-    /// trace (loopback plane only).
-    #[arg(long = "throughput")]
-    pub enabled: bool,
-
-    /// Nodes of 8 GPUs in the throughput mode.
-    #[arg(long = "throughput-nodes", default_value_t = 1000)]
-    pub node_count: usize,
-
-    /// One-GPU pods per measurement in the throughput mode.
-    #[arg(long = "throughput-pods", default_value_t = 2000)]
-    pub pod_count: usize,
-
-    /// Measurements of each setup, alternating (with, without, with, ...).
-    #[arg(long = "throughput-rounds", default_value_t = 1)]
-    pub rounds: usize,
-
-    /// kube-scheduler's client QPS in the throughput mode (raised from its default 50 so that
-    /// its own Binding writes are not throttled in the baseline).
-    #[arg(long = "throughput-qps", default_value_t = 1000)]
-    pub qps: u32,
-}
 
 /// One timed batch.
 #[derive(Clone, Debug)]
@@ -115,7 +88,7 @@ pub async fn run_throughput(args: &ReplayArgs) -> Result<()> {
         for with_extender in [true, false] {
             // With: the replay's scheduler configuration (the dedicated GPU scheduler unless
             // --scheduler-config says otherwise); without: the shipped default profile alone.
-            let mut setup = scheduler_setup(args)?;
+            let mut setup = args.scheduler_setup()?;
             setup.client_qps = Some(t.qps);
             if !with_extender {
                 setup.base = SHIPPED_PROFILE.to_owned();

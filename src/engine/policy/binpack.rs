@@ -6,7 +6,7 @@ use crate::engine::model::{CpuMilli, MAX_GPUS_PER_NODE};
 use crate::engine::state::{GpuUsage, NodeState};
 use crate::engine::topology::positions;
 
-use super::Picked;
+use super::pick::Picked;
 
 /// The `count` GPUs of `pool` with the least free capacity (lowest position on ties).
 pub fn choose(node: &NodeState, usage: &[GpuUsage], pool: u64, count: usize) -> Vec<usize> {

@@ -16,8 +16,9 @@ use crate::engine::model::{ComputeMilli, CpuMilli, MemMiB};
 use crate::engine::state::{GpuUsage, NodeState};
 use crate::engine::topology::{bit, positions};
 
+use super::binpack;
 use super::fgd::{self, TypicalPod, TypicalPods};
-use super::{Picked, Policy, ShareAsk, binpack, free_milli};
+use super::pick::{Picked, ShareAsk, free_milli};
 
 /// The knobs of the policy; [`Tuning::default`] is the measured best on the openb traces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -98,13 +99,12 @@ pub(crate) fn pick(
     usage: &[GpuUsage],
     pool: u64,
     ask: ShareAsk,
-    policy: &Policy,
+    typical: &TypicalPods,
+    tuning: &Tuning,
 ) -> Picked {
-    let typical = &policy.typical;
     if typical.is_empty() {
         return binpack::pick(node, usage, pool, ask.count);
     }
-    let tuning = &policy.fgd_plus;
     let access = typical.access_masks(node);
     let with_ask = |slot: GpuUsage| GpuUsage {
         mem: MemMiB(slot.mem.0 + ask.mem.0),

@@ -5,17 +5,21 @@ pub mod binpack;
 pub mod fgd;
 pub mod fgd_plus;
 pub mod learn;
+pub mod pick;
 pub mod reference;
 pub mod spread;
 pub mod topology;
 
 use super::allocation::PodAllocation;
-use super::model::{ComputeMilli, CpuMilli, GpuPlacement, MAX_GPUS_PER_NODE, MemMiB};
+use super::model::{ComputeMilli, CpuMilli, GpuPlacement, MemMiB};
 use super::request::PodRequest;
 use super::state::{GpuUsage, NodeState, PerGpu};
-use super::topology::{bit, positions};
+use super::topology::positions;
 use fgd::{FgdCache, FreeChange, TypicalPods};
 use fgd_plus::Taking;
+pub(crate) use pick::Picked;
+pub use pick::{ShareAsk, free_milli, usage_after};
+use pick::{add_allocation, changes_between, free_milli_of};
 
 /// How nodes are ranked for a pod.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -99,15 +103,6 @@ impl Default for Policy {
     }
 }
 
-/// A share to place: amounts per GPU, how many GPUs, and the CPU the node keeps afterwards.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ShareAsk {
-    pub mem: MemMiB,
-    pub compute: ComputeMilli,
-    pub count: usize,
-    pub cpu_after: CpuMilli,
-}
-
 /// A feasible placement and its score.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Evaluation {
@@ -173,7 +168,7 @@ impl Policy {
             ShareChoice::Binpack => binpack::pick(node, usage, pool, ask.count),
             ShareChoice::Spread => spread::pick(node, usage, pool, ask.count),
             ShareChoice::Fgd if self.scoring == ScoringPolicy::FgdPlus => {
-                fgd_plus::pick(node, usage, pool, ask, self)
+                fgd_plus::pick(node, usage, pool, ask, &self.typical, &self.fgd_plus)
             }
             ShareChoice::Fgd => fgd_pick(node, usage, pool, ask, self, cache),
             ShareChoice::Drawn(draw) => reference::drawn_pick(pool, ask.count, draw),
@@ -244,102 +239,6 @@ impl Policy {
         };
         (base * quality).clamp(0.0, 100.0)
     }
-}
-
-/// GPU positions picked for a share, in the order they were picked; on the stack, since masks
-/// address at most 64 positions.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Picked {
-    positions: [u8; MAX_GPUS_PER_NODE],
-    len: usize,
-}
-
-impl Picked {
-    pub(crate) fn new() -> Self {
-        Self {
-            positions: [0; MAX_GPUS_PER_NODE],
-            len: 0,
-        }
-    }
-
-    /// Appends a position (below 64, as every mask position is).
-    pub(crate) fn push(&mut self, position: usize) {
-        if let (Some(slot), Ok(position)) =
-            (self.positions.get_mut(self.len), u8::try_from(position))
-        {
-            *slot = position;
-            self.len += 1;
-        }
-    }
-
-    /// The picked positions, in order.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = usize> + '_ {
-        self.positions[..self.len].iter().map(|&p| usize::from(p))
-    }
-
-    /// The picked positions as a mask.
-    pub(crate) fn mask(&self) -> u64 {
-        self.iter()
-            .fold(0u64, |mask, position| mask | bit(position))
-    }
-
-    fn to_vec(self) -> Vec<usize> {
-        self.iter().collect()
-    }
-}
-
-/// Per-GPU free milli-GPU of `node` under `usage`.
-pub fn free_milli(node: &NodeState, usage: &[GpuUsage]) -> Vec<u32> {
-    free_milli_of(node, usage).to_vec()
-}
-
-/// [`free_milli`] on the stack.
-fn free_milli_of(node: &NodeState, usage: &[GpuUsage]) -> PerGpu<u32> {
-    let mut free = PerGpu::defaults(usage.len().min(node.spec.gpus.len()));
-    for (position, slot) in free.iter_mut().enumerate() {
-        *slot = node.free_milli_under(position, &usage[position]);
-    }
-    free
-}
-
-/// The positions whose free capacity differs between `before` and `after`.
-fn changes_between(before: &[u32], after: &[u32]) -> PerGpu<FreeChange> {
-    let differing = before.iter().zip(after).filter(|(b, a)| b != a).count();
-    let mut changes = PerGpu::defaults(differing);
-    let found = before
-        .iter()
-        .zip(after)
-        .enumerate()
-        .filter(|(_, (b, a))| b != a)
-        .map(|(position, (&old, &new))| FreeChange { position, old, new });
-    for (slot, change) in changes.iter_mut().zip(found) {
-        *slot = change;
-    }
-    changes
-}
-
-/// The node's GPU usage once `allocation` is added.
-pub fn usage_after(node: &NodeState, allocation: &PodAllocation) -> Vec<GpuUsage> {
-    let mut usage = node.gpus.to_vec();
-    add_allocation(node, &mut usage, allocation);
-    usage
-}
-
-/// Adds `allocation`'s per-GPU holds to scratch `usage` (holds on GPUs the node lacks are
-/// skipped).
-fn add_allocation(node: &NodeState, usage: &mut [GpuUsage], allocation: &PodAllocation) {
-    allocation.for_each_hold(|hold| {
-        let Some(slot) = node.position_of(hold.gpu).and_then(|p| usage.get_mut(p)) else {
-            return;
-        };
-        if hold.whole {
-            slot.whole_pods = slot.whole_pods.saturating_add(1);
-        } else {
-            slot.mem = MemMiB(slot.mem.0.saturating_add(hold.mem.0));
-            slot.compute = ComputeMilli(slot.compute.0.saturating_add(hold.compute.0));
-            slot.shares = slot.shares.saturating_add(1);
-        }
-    });
 }
 
 /// FGD's GPU choice: one GPU at a time, the one whose use leaves the least expected

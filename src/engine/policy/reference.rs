@@ -11,7 +11,8 @@ use crate::engine::request::{GpuDemand, PodRequest};
 use crate::engine::state::NodeState;
 use crate::engine::topology::positions;
 
-use super::{Picked, fgd};
+use super::fgd;
+use super::pick::Picked;
 
 /// The reference's CPU normaliser (`MaxSpecCpu`): the largest node it was built for.
 pub const MAX_SPEC_CPU: f64 = 128_000.0;

@@ -7,8 +7,8 @@ use crate::engine::allocation::PodAllocation;
 use crate::engine::model::CpuMilli;
 use crate::engine::state::{GpuUsage, NodeState};
 
-use super::Picked;
 use super::binpack::{pick_smallest, utilisation_taking};
+use super::pick::Picked;
 
 /// The `count` GPUs of `pool` with the most free capacity, then the fewest pods (lowest position
 /// on ties).
