@@ -4,8 +4,16 @@
 //! number of requests. Prints p50/p99/p99.9 latency and requests per second per verb, and the
 //! CPU time the server spent per request (the process's CPU time less the client thread's).
 //!
+//! With `--binders N`, a bind phase follows: N client threads bind one-GPU pods concurrently
+//! (`POST /bind`, each pod to its own node, round-robin over the exclusive-mode nodes) through
+//! the real binder over an in-memory API that answers every Binding after `--api-latency-ms`,
+//! while one more thread keeps kube-scheduler's serial filter loop going. The pods reach the
+//! state the way the watch delivers them (the feed). Prints binds/s and the latency of binds and
+//! of the filters made meanwhile: what the shared state's locks cost when binds and reads meet.
+//!
 //! ```sh
 //! cargo run --release --example extender_load -- --nodes 500 --candidates 500 --requests 20000
+//! cargo run --release --example extender_load -- --nodes 5000 --requests 1000 --binders 16 --server-threads 2
 //! ```
 
 #![allow(clippy::print_stdout, reason = "a command-line report")]
@@ -23,11 +31,17 @@ use serde_json::json;
 
 use gpu_extender::config::Config;
 use gpu_extender::engine::{
-    CpuMilli, GpuDemand, GpuMode, GpuPlacement, MemMiB, NodeSpec, PodKey, PodRequest, Table, fit,
+    CpuMilli, GpuDemand, GpuMode, GpuPlacement, MemMiB, NodeName, NodeSpec, PodKey, PodRequest,
+    Table, fit,
 };
 use gpu_extender::http::server::{AppState, router};
-use gpu_extender::state::ClusterState;
+use gpu_extender::k8s::api::{BindingWrite, PodApi};
+use gpu_extender::k8s::bind::{Binder, MeteredBinder};
+use gpu_extender::k8s::watch::Feed;
+use gpu_extender::state::{ApiError, ClusterState, PolicyCell};
 use gpu_extender::telemetry::Metrics;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::watcher::Event;
 
 #[path = "support/http_load.rs"]
 mod http_load;
@@ -47,6 +61,19 @@ struct Args {
     /// Node scoring policy: binpack, spread or fgd.
     #[arg(long, default_value = "binpack")]
     scoring: String,
+    /// Concurrent bind clients in the bind phase (0: no bind phase).
+    #[arg(long, default_value_t = 0)]
+    binders: usize,
+    /// Pods bound in the bind phase (the synthetic cluster has about two free GPUs on each
+    /// exclusive-mode node, every fourth node: at most about `--nodes / 2`).
+    #[arg(long, default_value_t = 2000)]
+    bind_pods: usize,
+    /// How long the in-memory API takes to answer a Binding, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    api_latency_ms: u64,
+    /// Worker threads of the server's runtime (1: a current-thread runtime).
+    #[arg(long, default_value_t = 1)]
+    server_threads: usize,
 }
 
 fn main() -> Result<()> {
@@ -55,23 +82,48 @@ fn main() -> Result<()> {
     config = config.with_override("policy.scoring", &args.scoring, "--scoring")?;
     let config = Arc::new(config);
     let table = synthetic_table(&config, args.nodes)?;
+    let cluster = Arc::new(ClusterState::with_table(table));
+    let policy: PolicyCell = config.engine_policy().into();
+    let metrics = Metrics::new()?;
+    let binder = Binder::new(
+        Arc::clone(&cluster),
+        Arc::clone(&config),
+        policy.clone(),
+        InstantApi {
+            latency: Duration::from_millis(args.api_latency_ms),
+        },
+    );
+    let binder = MeteredBinder::new(
+        binder,
+        metrics.clone(),
+        Instant::now(),
+        Duration::from_secs(30),
+    );
     let state = AppState {
-        cluster: Arc::new(ClusterState::with_table(table)),
-        policy: config.engine_policy().into(),
+        cluster: Arc::clone(&cluster),
+        policy,
         config: config.clone(),
-        binder: None,
-        metrics: Metrics::new()?,
+        binder: Some(Arc::new(binder)),
+        metrics,
         body_limit: 64 << 20,
     };
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     let address = listener.local_addr()?;
     listener.set_nonblocking(true)?;
     let app = router(state, "/scheduler");
-    // One core for the server: a current-thread runtime on its own OS thread.
+    // The server on its own OS thread: by default one core (a current-thread runtime).
+    let server_threads = args.server_threads;
     std::thread::spawn(move || -> Result<()> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
+        let runtime = if server_threads <= 1 {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?
+        } else {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(server_threads)
+                .enable_all()
+                .build()?
+        };
         runtime.block_on(async move {
             let listener = tokio::net::TcpListener::from_std(listener)?;
             axum::serve(listener, app).await?;
@@ -125,6 +177,179 @@ fn main() -> Result<()> {
                 server_cpu as f64 / 1000.0 / p.count as f64,
             );
         }
+    }
+    if args.binders > 0 {
+        bind_phase(&args, &config, &cluster, address, &names)?;
+    }
+    Ok(())
+}
+
+/// The in-memory API of the bind phase: every Binding succeeds after `latency`.
+#[derive(Clone, Copy, Debug)]
+struct InstantApi {
+    latency: Duration,
+}
+
+impl PodApi for InstantApi {
+    async fn create_binding(&self, _binding: &BindingWrite) -> Result<(), ApiError> {
+        if !self.latency.is_zero() {
+            tokio::time::sleep(self.latency).await;
+        }
+        Ok(())
+    }
+
+    async fn get_pod(&self, _namespace: &str, _name: &str) -> Result<Option<Pod>, ApiError> {
+        Ok(None)
+    }
+}
+
+/// `--binders` clients bind `--bind-pods` one-GPU pods concurrently while one more client keeps
+/// filtering; prints the bind rate and both latency distributions.
+fn bind_phase(
+    args: &Args,
+    config: &Arc<Config>,
+    cluster: &Arc<ClusterState>,
+    address: std::net::SocketAddr,
+    names: &[String],
+) -> Result<()> {
+    // The pods arrive as the watch delivers them: pending, through the feed.
+    let mut feed = Feed::new(
+        Arc::clone(cluster),
+        Arc::clone(config),
+        Arc::new(config.engine_policy()),
+    );
+    // Each pod goes to an exclusive-mode node with a GPU free for it, planned on a copy of the
+    // table, round-robin: every bind should succeed, and consecutive binds hit different nodes.
+    let policy = config.engine_policy();
+    let mut plan = cluster.read().clone();
+    let one_gpu = PodRequest::single(CpuMilli(1000), MemMiB(4096), GpuDemand::whole(1)?);
+    let exclusive: Vec<String> = (0..args.nodes)
+        .filter(|index| index % 4 == 2)
+        .map(node_name)
+        .collect();
+    let mut targets = Vec::with_capacity(args.bind_pods);
+    let mut cursor = 0;
+    while targets.len() < args.bind_pods && cursor < exclusive.len() * 8 {
+        let node = &exclusive[cursor % exclusive.len()];
+        cursor += 1;
+        let Some(state) = plan.node(&NodeName::new(node)) else {
+            continue;
+        };
+        if let Ok(allocation) = fit(state, &one_gpu, &policy) {
+            let key = PodKey::new("plan", &format!("p-{}", targets.len()));
+            plan.reserve(key, allocation, u64::MAX).context("plan")?;
+            targets.push(node.clone());
+        }
+    }
+    if targets.len() < args.bind_pods {
+        bail!(
+            "only {} free GPUs on exclusive-mode nodes for --bind-pods {}: more --nodes",
+            targets.len(),
+            args.bind_pods
+        );
+    }
+    let mut binds = Vec::with_capacity(args.bind_pods);
+    for (index, node) in targets.iter().enumerate() {
+        let name = format!("bind-{index}");
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}")},
+            "spec": {"containers": [{"name": "c", "image": "img",
+                     "resources": {"limits": {"nvidia.com/gpu": "1"},
+                                   "requests": {"cpu": "1", "memory": "4Gi"}}}],
+                     "schedulerName": "gpu-scheduler"},
+            "status": {"phase": "Pending"}
+        }))?;
+        feed.apply_pod_event(&Event::Apply(pod));
+        binds.push(
+            json!({"PodName": name, "PodNamespace": "ml", "PodUID": format!("uid-{name}"),
+                   "Node": node})
+            .to_string(),
+        );
+    }
+    let filter_body =
+        json!({"Pod": sample_pods()[0].1, "Nodes": null, "NodeNames": names}).to_string();
+    let binds = Arc::new(binds);
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let connect = || -> Result<TcpStream> {
+        let stream = TcpStream::connect(address)?;
+        stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+        stream.set_nodelay(true)?;
+        Ok(stream)
+    };
+    let filterer = {
+        let mut stream = connect()?;
+        let done = Arc::clone(&done);
+        std::thread::spawn(move || -> Result<Latencies> {
+            let mut latencies = Latencies::new()?;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let start = Instant::now();
+                post(&mut stream, "filter", &filter_body)?;
+                latencies.record(start.elapsed());
+            }
+            Ok(latencies)
+        })
+    };
+    let started = Instant::now();
+    let clients: Vec<_> = (0..args.binders)
+        .map(|_| {
+            let mut stream = connect()?;
+            let (binds, next) = (Arc::clone(&binds), Arc::clone(&next));
+            Ok(std::thread::spawn(move || -> Result<(Latencies, usize)> {
+                let mut latencies = Latencies::new()?;
+                let mut refused = 0;
+                loop {
+                    let index = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(body) = binds.get(index) else {
+                        break;
+                    };
+                    let start = Instant::now();
+                    let answer = post(&mut stream, "bind", body)?;
+                    latencies.record(start.elapsed());
+                    let answer: serde_json::Value = serde_json::from_slice(&answer)?;
+                    if let Some(error) = answer["Error"].as_str().filter(|e| !e.is_empty()) {
+                        if refused == 0 {
+                            println!("first refused bind: {error}");
+                        }
+                        refused += 1;
+                    }
+                }
+                Ok((latencies, refused))
+            }))
+        })
+        .collect::<Result<_>>()?;
+    let mut bind_latencies = Latencies::new()?;
+    let mut refused = 0;
+    for client in clients {
+        let (latencies, client_refused) = client
+            .join()
+            .map_err(|_| anyhow::anyhow!("a bind client panicked"))??;
+        bind_latencies.add(&latencies)?;
+        refused += client_refused;
+    }
+    let elapsed = started.elapsed();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let filters = filterer
+        .join()
+        .map_err(|_| anyhow::anyhow!("the filter client panicked"))??;
+    let (b, f) = (bind_latencies.percentiles(), filters.percentiles());
+    println!();
+    println!(
+        "bind phase: {} binds by {} clients ({} refused), API latency {} ms, server threads {}",
+        b.count, args.binders, refused, args.api_latency_ms, args.server_threads
+    );
+    println!("| series | requests | req/s | p50 (us) | p99 (us) | p99.9 (us) | max (us) |");
+    println!("|---|---|---|---|---|---|---|");
+    for (label, p) in [("bind", &b), ("filter during binds", &f)] {
+        println!(
+            "| {label} | {} | {:.0} | {} | {} | {} | {} |",
+            p.count,
+            p.count as f64 / elapsed.as_secs_f64(),
+            p.p50,
+            p.p99,
+            p.p999,
+            p.max
+        );
     }
     Ok(())
 }

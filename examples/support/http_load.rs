@@ -58,6 +58,16 @@ impl Latencies {
             .saturating_record(u64::try_from(latency.as_micros()).unwrap_or(u64::MAX));
     }
 
+    /// Adds another series' latencies (several clients' into one distribution).
+    #[allow(
+        dead_code,
+        reason = "used by extender_load only; cluster_load shares this file"
+    )]
+    pub fn add(&mut self, other: &Self) -> Result<()> {
+        self.0.add(&other.0)?;
+        Ok(())
+    }
+
     /// Nearest rank (the smallest recorded value with at least that share of the series at or
     /// below it), reported as the top of its histogram bucket.
     pub fn percentiles(&self) -> Percentiles {
