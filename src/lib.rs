@@ -1,31 +1,34 @@
 //! gpu-extender: a GPU-aware placement service that kube-scheduler calls as a scheduler extender.
 //!
 //! ```text
-//!                     watch Nodes, Pods                      POST pods/binding (+ record)
-//!   kube-apiserver ───────────────────▶ k8s (translate) ──▶ Table ◀── reserve ── k8s::bind
-//!                                                          │  ▲                     ▲
-//!                                                   read   │  │ apply(change)       │ bind
-//!                                                          ▼  │                     │
-//!   kube-scheduler ──── filter / prioritize / preempt ──▶ http ──▶ engine (pure) ───┘
+//!                     watch Nodes, Pods                        POST pods/binding (+ record)
+//!   kube-apiserver ───────────────────▶ k8s::watch ──write──▶ state ◀──reserve── k8s::bind
+//!                                                              │ ▲                   ▲
+//!                                          read, decide        │ │ ask               │ Bind
+//!                                                              ▼ │                   │
+//!   kube-scheduler ── filter / prioritize / preempt / bind ──▶ http ─────────────────┘
+//!                                                    state ──▶ engine (pure)
 //! ```
 //!
-//! Data flows one way: watchers keep the [`engine::Table`] in step with the cluster; kube-scheduler's
-//! calls arrive in [`http`], which decodes, asks the pure [`engine`] on one consistent snapshot and
+//! Data flows one way: the watchers keep the shared [`state`] (the [`engine::Table`], the policy
+//! in force, readiness) in step with the cluster; kube-scheduler's calls arrive in [`http`],
+//! which decodes, asks the state (which asks the pure [`engine`] on one consistent snapshot) and
 //! encodes. Filter and prioritize never write; only bind reserves capacity and writes to the API.
 //!
-//! Modules:
-//! - [`config`]: the only reader of configuration files, environment and flags.
-//! - [`engine`]: the placement core (model, requests, fit, policies, topology, table). No I/O.
-//! - [`http`]: the extender wire protocol, verbs and routers.
-//! - [`k8s`]: translation of Nodes and Pods, the allocation record, watchers and the binder.
-//! - [`service`]: composition of the running service (adapter between http and k8s).
-//! - [`inspect`]: the per-node, per-GPU allocation report.
-//! - [`explain`]: why a pod fits or does not fit each node now.
-//! - [`cli`]: the `inspect` and `explain` commands (reading the cluster or an extender).
-//! - [`sim`]: the trace-replay simulator behind `gpu-extender simulate` (seeded, with I/O).
-//! - [`replay`]: the same trace through a real kube-apiserver, kube-scheduler and gpu-extender
-//!   (`gpu-extender replay`), and kube-scheduler's throughput with and without the extender.
-//! - [`telemetry`]: Prometheus metric families and tracing setup.
+//! The rooms, in layers: a room imports only rooms below it (checked by `tests/architecture.rs`;
+//! no module import cycles, checked by `scripts/module-graph.sh`; decision 0007).
+//! 0. [`engine`]: the placement core (model, requests, fit, policies, topology, table). No I/O.
+//! 1. [`config`]: the only reader of configuration files, environment and flags;
+//!    [`inspect`]: the per-node, per-GPU allocation report; [`explain`]: why a pod fits or does
+//!    not fit each node now; [`sim`]: the trace-replay simulator behind `gpu-extender simulate`.
+//! 2. [`objects`]: Kubernetes objects in and out: Node/Pod translation, quantities, the record.
+//! 3. [`state`]: the shared state, the policy in force, the verbs' decisions, the bind seam.
+//! 4. [`telemetry`]: Prometheus metric families (the state read at scrape time) and tracing.
+//! 5. [`k8s`]: watchers, binder, requeue, events; [`http`]: the extender wire protocol and
+//!    routers, and the client the operator commands read an extender with.
+//! 6. [`service`]: composition of the running service; [`cli`]: the `inspect` and `explain`
+//!    commands; [`replay`]: the trace through a real kube-apiserver, kube-scheduler and
+//!    gpu-extender (`gpu-extender replay`), and kube-scheduler's throughput with and without it.
 
 pub mod cli;
 pub mod config;

@@ -519,6 +519,81 @@ async fn admin_surface_reports_health_readiness_metrics_and_inspection() {
     assert_eq!(report["nodes"][0]["name"], "gpu-a");
 }
 
+/// Log lines written by a test's own subscriber.
+#[derive(Clone, Default)]
+struct CapturedLogs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for CapturedLogs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for CapturedLogs {
+    type Writer = Self;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+impl CapturedLogs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+/// Every request, on either router, runs in a `request` span naming its method and path, and
+/// its status and latency are logged when it is answered; the verb's span (with the pod) nests
+/// inside.
+#[tokio::test]
+async fn every_request_is_traced_with_its_path_status_and_latency() {
+    let logs = CapturedLogs::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(logs.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let harness = Harness::new(true);
+    harness
+        .post_json("filter", &fixture("filter-cache.json"))
+        .await;
+    assert_eq!(harness.admin("/healthz").await.0, StatusCode::OK);
+    let text = logs.text();
+    let answered: Vec<&str> = text
+        .lines()
+        .filter(|line| line.contains("finished processing request"))
+        .collect();
+    assert_eq!(answered.len(), 2, "{text}");
+    assert!(
+        answered[0].contains("request{method=POST uri=/scheduler/filter")
+            && answered[0].contains("status=200")
+            && answered[0].contains("latency="),
+        "{text}"
+    );
+    assert!(answered[1].contains("uri=/healthz"), "{text}");
+    // A bind with no binder warns inside its verb's span, which names the pod.
+    harness
+        .post_json(
+            "bind",
+            &json!({"PodName": "p", "PodNamespace": "ml", "PodUID": "u", "Node": "gpu-a"}),
+        )
+        .await;
+    let text = logs.text();
+    assert!(
+        text.lines().any(|line| line
+            .contains("request{method=POST uri=/scheduler/bind version=HTTP/1.1}:bind{pod=ml/p")
+            && line.contains("bind failed")),
+        "the verb's span nests in the request's: {text}"
+    );
+}
+
 /// A binder that holds its bind until the test lets it go, saying when it has started.
 struct HeldBinder {
     started: tokio::sync::Notify,

@@ -49,8 +49,10 @@ pub fn post(stream: &mut TcpStream, verb: &str, body: &str) -> Result<Vec<u8>> {
 pub struct Latencies(Histogram<u64>);
 
 impl Latencies {
+    /// 1 µs to 10 minutes: `saturating_record` clamps to the bounds given here (it does not grow
+    /// the histogram as `record` would), so they must hold every latency a run can see.
     pub fn new() -> Result<Self> {
-        Ok(Self(Histogram::new(3)?))
+        Ok(Self(Histogram::new_with_bounds(1, 600_000_000, 3)?))
     }
 
     pub fn record(&mut self, latency: Duration) {

@@ -17,7 +17,9 @@ use axum::{Json, Router};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
-use tracing::{Instrument, info_span, warn};
+use tower_http::classify::{ServerErrorsAsFailures, SharedClassifier};
+use tower_http::trace::{DefaultOnFailure, TraceLayer};
+use tracing::{Instrument, Level, info_span, warn};
 
 use crate::config::Config;
 use crate::engine::{NodeState, PodRequest, RejectReason};
@@ -67,8 +69,23 @@ impl AppState {
     }
 }
 
-/// The extender's routes under `prefix` (for example `/scheduler`; empty for the root).
+/// The extender's routes under `prefix` (for example `/scheduler`; empty for the root), each
+/// request in a span ([`request_spans`]).
 pub fn router(state: AppState, prefix: &str) -> Router {
+    verb_routes(state, prefix).layer(request_spans())
+}
+
+/// A `request` span around every request (method, path, HTTP version), with its status and
+/// latency logged when it is answered; all at `debug` (`RUST_LOG=gpu_extender=info,tower_http=debug`
+/// shows them). The verbs' own spans (`filter`, `bind`, ...) nest inside it and carry the pod.
+/// A 5xx answer is logged at `debug` too: the shed 503 and the not-ready 503 of `/readyz`
+/// already have their own line or are expected.
+fn request_spans() -> TraceLayer<SharedClassifier<ServerErrorsAsFailures>> {
+    TraceLayer::new_for_http().on_failure(DefaultOnFailure::new().level(Level::DEBUG))
+}
+
+/// The verb routes, without the request spans.
+fn verb_routes(state: AppState, prefix: &str) -> Router {
     let prefix = prefix.trim_end_matches('/');
     let limit = state.body_limit;
     Router::new()
@@ -97,7 +114,10 @@ pub fn guarded_router(
         budget: queue_budget,
         metrics: state.metrics.clone(),
     });
-    router(state, prefix).layer(axum::middleware::from_fn_with_state(gate, admit))
+    // The spans outermost, so that a shed request is traced too.
+    verb_routes(state, prefix)
+        .layer(axum::middleware::from_fn_with_state(gate, admit))
+        .layer(request_spans())
 }
 
 /// The admission state of [`guarded_router`].
@@ -147,6 +167,7 @@ pub fn admin_router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .route("/inspect", get(inspect_table))
         .with_state(state)
+        .layer(request_spans())
 }
 
 /// A request body kube-scheduler should never send: 400 with a message saying what is wrong.
