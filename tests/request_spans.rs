@@ -4,6 +4,11 @@
 //! thread-local one in a shared test binary cannot be relied on to replace (other tests' threads
 //! cache the callsites' interest meanwhile).
 
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a panic is a test failure with its location"
+)]
+
 use std::sync::{Arc, Mutex};
 
 use axum::body::Body;
