@@ -163,11 +163,6 @@ impl Metrics {
         &self.names
     }
 
-    /// The registry, for collectors registered elsewhere.
-    pub fn registry(&self) -> &Registry {
-        &self.registry
-    }
-
     /// Registers the collector that reads `cluster` and `policy` at every scrape (the table's
     /// size, the allocation gauges and the feed's health and counters).
     pub fn watch_state(
