@@ -387,7 +387,10 @@ pub struct TlsConfig {
 pub struct BindConfig {
     /// How long capacity reserved at bind is held if the watch never shows the bound pod.
     pub reservation_ttl_seconds: u64,
-    /// Record a `GpusAllocated` Event on each pod bound (one more API write per bind).
+    /// Record a `GpusAllocated` Event on each pod bound (one more API write per bind). Off by
+    /// default: kube-scheduler's own `Scheduled` Event already names the node, the allocation
+    /// record on the pod names the GPUs, and the extra write cost a sixth of the scheduling
+    /// loop's throughput (decision 0006).
     pub events: bool,
 }
 
@@ -395,7 +398,7 @@ impl Default for BindConfig {
     fn default() -> Self {
         Self {
             reservation_ttl_seconds: 120,
-            events: true,
+            events: false,
         }
     }
 }

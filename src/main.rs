@@ -11,6 +11,12 @@ use gpu_extender::service::{ServeArgs, serve};
 use gpu_extender::sim::{SimArgs, run_cli};
 use gpu_extender::telemetry::tracing_setup::{self, LogFormat};
 
+// mimalloc instead of glibc's malloc: the extender allocates per request and per watch event
+// (node-name lists, decoded pods), and the allocator was a sixth of its CPU in the scheduling
+// loop (docs/benchmarks.md, "Throughput").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// GPU-aware placement for Kubernetes: a kube-scheduler extender.
 #[derive(Debug, Parser)]
 #[command(name = "gpu-extender", version, about)]

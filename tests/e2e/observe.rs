@@ -98,7 +98,7 @@ fn metrics_events_inspect_and_explain_tell_the_story() {
             GpuNode::new("t4x2", Mode::Share, 2, "Tesla-T4", 16),
             GpuNode::new("a100", Mode::Exclusive, 1, "NVIDIA-A100", 40),
         ];
-        up(c, &nodes, "").await?;
+        up(c, &nodes, "bind:\n  events: true\n").await?;
 
         // An empty cluster: every GPU and both nodes idle.
         let before = wait_metrics(c, "an idle cluster", |m| {
