@@ -556,12 +556,8 @@ fn prioritize_decision<'a>(
         .as_ref()
         .and_then(|pod| state.placement_request(pod).ok().flatten());
     let Some(request) = request else {
-        // No opinion: 0 everywhere, so it changes no ranking.
-        return candidates
-            .names()
-            .into_iter()
-            .map(|host| HostScore { host, score: 0 })
-            .collect();
+        // No opinion: 0 everywhere, so it changes no ranking (an empty list says just that).
+        return Vec::new();
     };
     let scores = match candidates {
         Candidates::Names(names) => state
@@ -576,8 +572,11 @@ fn prioritize_decision<'a>(
             &state.policy.load(),
         ),
     };
+    // kube-scheduler counts a candidate the answer leaves out as 0 (it adds only the hosts it is
+    // given), so zeros are left out: less for its serial loop to decode.
     scores
         .into_iter()
+        .filter(|&(_, score)| score > 0)
         .map(|(host, score)| HostScore { host, score })
         .collect()
 }
