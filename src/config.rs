@@ -84,6 +84,8 @@ pub const KEYS: &[&str] = &[
     "server.bodyLimitBytes",
     "server.tls.certFile",
     "server.tls.keyFile",
+    "server.tls.clientCaFile",
+    "server.tls.reloadIntervalSeconds",
     "server.requestTimeoutMs",
     "bind.reservationTtlSeconds",
     "bind.events",
@@ -353,7 +355,8 @@ pub struct ServerConfig {
     /// The largest request body accepted. The default holds 500 full Node objects (what
     /// `nodeCacheCapable: false` sends) with room to spare.
     pub body_limit_bytes: u64,
-    /// Serve the extender over TLS with this certificate and key.
+    /// Serve the extender listener over TLS with this certificate and key (the admin listener
+    /// stays plain HTTP).
     pub tls: Option<TlsConfig>,
     /// Give up on one request after this long; below kube-scheduler's `httpTimeout`.
     pub request_timeout_ms: u64,
@@ -372,13 +375,31 @@ impl Default for ServerConfig {
     }
 }
 
-/// PEM files for the extender listener. Both are required; they default to empty only so that
-/// each can be overridden on its own (validation then insists on both).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// PEM files for the extender listener (served by [`crate::http::tls`]). Certificate and key are
+/// required; they default to empty only so that each can be overridden on its own (validation
+/// then insists on both).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct TlsConfig {
+    /// The certificate chain, leaf first.
     pub cert_file: PathBuf,
+    /// The leaf's private key (PKCS#8, PKCS#1 or SEC1).
     pub key_file: PathBuf,
+    /// When set, clients must present a certificate signed by one of these CAs.
+    pub client_ca_file: Option<PathBuf>,
+    /// How often the files are read again; a change is served to new connections.
+    pub reload_interval_seconds: u64,
+}
+
+impl Default for TlsConfig {
+    fn default() -> Self {
+        Self {
+            cert_file: PathBuf::new(),
+            key_file: PathBuf::new(),
+            client_ca_file: None,
+            reload_interval_seconds: 10,
+        }
+    }
 }
 
 /// Binding.
@@ -718,6 +739,18 @@ impl Config {
                 !tls.key_file.as_os_str().is_empty(),
                 "server.tls.keyFile",
                 "must not be empty".into(),
+            );
+            check(
+                tls.client_ca_file
+                    .as_ref()
+                    .is_none_or(|f| !f.as_os_str().is_empty()),
+                "server.tls.clientCaFile",
+                "must not be empty (leave it out for no client certificates)".into(),
+            );
+            check(
+                (1..=3600).contains(&tls.reload_interval_seconds),
+                "server.tls.reloadIntervalSeconds",
+                format!("{} is out of range 1..=3600", tls.reload_interval_seconds),
             );
         }
         check(
@@ -1190,7 +1223,8 @@ limits:
             cfg.server.tls,
             Some(TlsConfig {
                 cert_file: "/c.pem".into(),
-                key_file: "/k.pem".into()
+                key_file: "/k.pem".into(),
+                ..TlsConfig::default()
             })
         );
         let cfg = Config::from_sources(
@@ -1278,6 +1312,8 @@ limits:
         cfg.server.tls = Some(TlsConfig {
             cert_file: "/c".into(),
             key_file: "/k".into(),
+            client_ca_file: Some("/ca".into()),
+            ..TlsConfig::default()
         });
         let tree = serde_yaml_ng::to_value(&cfg).unwrap();
         for key in KEYS {
