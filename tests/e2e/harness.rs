@@ -559,10 +559,27 @@ impl Cluster {
 
     /// [`Cluster::start_scheduler`] with extra kube-scheduler command-line flags (feature gates).
     pub async fn start_scheduler_with_flags(&self, shipped: &str, flags: &[&str]) -> Result<()> {
+        let rendered = self.rendered_scheduler_config(shipped, &self.extender_url())?;
+        self.start_scheduler_rendered(shipped, &rendered, flags)
+            .await
+    }
+
+    /// A shipped scheduler configuration (e.g. [`PROFILE_CONFIG`]) as [`render_scheduler_config`]
+    /// points it at `url` and this cluster's kubeconfig.
+    pub fn rendered_scheduler_config(&self, shipped: &str, url: &str) -> Result<String> {
         let text = std::fs::read_to_string(Path::new(ROOT).join(shipped))
             .with_context(|| format!("reading {shipped}"))?;
-        let rendered = render_scheduler_config(&text, &self.extender_url())
-            .with_context(|| format!("rendering {shipped}"))?;
+        render_scheduler_config(&text, url).with_context(|| format!("rendering {shipped}"))
+    }
+
+    /// Starts (or restarts) kube-scheduler with `rendered`, a configuration made from the shipped
+    /// file `shipped` (named in the file written and in the log).
+    pub async fn start_scheduler_rendered(
+        &self,
+        shipped: &str,
+        rendered: &str,
+        flags: &[&str],
+    ) -> Result<()> {
         let file = Path::new(shipped)
             .file_name()
             .map(|f| f.to_string_lossy().into_owned())

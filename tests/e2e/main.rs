@@ -23,6 +23,7 @@ mod rejections;
 mod replay;
 mod restart;
 mod state;
+mod tls;
 
 use std::time::Duration;
 
