@@ -39,6 +39,8 @@ pub const RESERVED_ENV: &[&str] = &[
     "GPU_EXTENDER_CONFIG",
     "GPU_EXTENDER_LOG",
     "GPU_EXTENDER_LOG_FORMAT",
+    // The bearer token `inspect --from` sends (src/cli.rs).
+    "GPU_EXTENDER_ADMIN_TOKEN",
     // Build and test tooling (Makefile, scripts/, tests/), inherited by the processes it starts.
     "GPU_EXTENDER_CACHE",
     "GPU_EXTENDER_K8S_BIN",
@@ -86,6 +88,8 @@ pub const KEYS: &[&str] = &[
     "server.tls.keyFile",
     "server.tls.clientCaFile",
     "server.tls.reloadIntervalSeconds",
+    "server.adminAuth.paths",
+    "server.adminAuth.cacheTtlSeconds",
     "server.requestTimeoutMs",
     "bind.reservationTtlSeconds",
     "bind.events",
@@ -360,6 +364,31 @@ pub struct ServerConfig {
     pub tls: Option<TlsConfig>,
     /// Give up on one request after this long; below kube-scheduler's `httpTimeout`.
     pub request_timeout_ms: u64,
+    /// Which admin paths need a Kubernetes identity allowed to read them.
+    pub admin_auth: AdminAuthConfig,
+}
+
+/// Authentication of the admin listener ([`crate::http::auth`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct AdminAuthConfig {
+    /// Admin paths answered only to a bearer token that TokenReview accepts and whose user
+    /// SubjectAccessReview allows `get` on the path; the others are open.
+    pub paths: Vec<String>,
+    /// How long a review's outcome is reused for the same token and path (0: never).
+    pub cache_ttl_seconds: u64,
+}
+
+/// The admin paths [`AdminAuthConfig::paths`] may name.
+pub const ADMIN_PATHS: &[&str] = &["/healthz", "/readyz", "/metrics", "/inspect"];
+
+impl Default for AdminAuthConfig {
+    fn default() -> Self {
+        Self {
+            paths: vec!["/inspect".into()],
+            cache_ttl_seconds: 10,
+        }
+    }
 }
 
 impl Default for ServerConfig {
@@ -371,6 +400,7 @@ impl Default for ServerConfig {
             body_limit_bytes: 64 * 1024 * 1024,
             tls: None,
             request_timeout_ms: 2000,
+            admin_auth: AdminAuthConfig::default(),
         }
     }
 }
@@ -753,6 +783,21 @@ impl Config {
                 format!("{} is out of range 1..=3600", tls.reload_interval_seconds),
             );
         }
+        for path in &s.admin_auth.paths {
+            check(
+                ADMIN_PATHS.contains(&path.as_str()),
+                "server.adminAuth.paths",
+                format!(
+                    "{path:?} is not an admin path (one of {})",
+                    ADMIN_PATHS.join(", ")
+                ),
+            );
+        }
+        check(
+            s.admin_auth.cache_ttl_seconds <= 300,
+            "server.adminAuth.cacheTtlSeconds",
+            format!("{} is out of range 0..=300", s.admin_auth.cache_ttl_seconds),
+        );
         check(
             (1..=86_400).contains(&self.bind.reservation_ttl_seconds),
             "bind.reservationTtlSeconds",

@@ -13,7 +13,8 @@ use tokio::net::TcpListener;
 use tracing::info;
 
 use crate::config::ConfigFlags;
-use crate::http::server::{AppState, admin_router, guarded_router};
+use crate::http::auth::{AdminAuth, KubeReview};
+use crate::http::server::{AppState, admin_router, guarded_admin_router, guarded_router};
 use crate::http::tls;
 use crate::k8s::api::{KubeApi, kube_client};
 use crate::k8s::bind::{Binder, MeteredBinder};
@@ -84,6 +85,14 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     );
     let budget = Duration::from_millis(config.server.request_timeout_ms);
     let mut metered = MeteredBinder::new(binder, metrics.clone(), epoch, budget);
+    let admin_auth = &config.server.admin_auth;
+    let auth = (!admin_auth.paths.is_empty()).then(|| {
+        Arc::new(AdminAuth::new(
+            admin_auth.paths.clone(),
+            Duration::from_secs(admin_auth.cache_ttl_seconds),
+            Arc::new(KubeReview::new(client.clone())),
+        ))
+    });
     if config.bind.events {
         metered = metered.with_events(Arc::new(KubeEvents::new(client, metrics.clone())));
     }
@@ -97,7 +106,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     let limit = usize::try_from(config.limits.max_concurrent_requests).unwrap_or(usize::MAX);
     let extender = guarded_router(state.clone(), &config.server.url_prefix, limit, budget);
-    let admin = admin_router(state);
+    let admin = match auth {
+        Some(auth) => guarded_admin_router(state, auth),
+        None => admin_router(state),
+    };
 
     let extender_listener = TcpListener::bind(config.server.listen)
         .await
