@@ -11,6 +11,7 @@ mod objects;
 mod proxy;
 mod record;
 
+mod admin_auth;
 mod burst;
 mod configs;
 mod faults;
