@@ -343,22 +343,93 @@ mod tests {
 
     /// The certificate a fresh handshake with `addr` is served, trusting `ca`.
     async fn served_certificate(addr: SocketAddr, ca: &Ca) -> Vec<u8> {
+        let (served, _) = exchange(addr, ca, None).await.unwrap();
+        served
+    }
+
+    /// A GET over a fresh TLS connection to `addr`, trusting `ca`, presenting `client`
+    /// (certificate and key PEM) when given: the certificate served and the answer's first line.
+    async fn exchange(
+        addr: SocketAddr,
+        ca: &Ca,
+        client: Option<(&str, &str)>,
+    ) -> std::io::Result<(Vec<u8>, String)> {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
         let mut roots = RootCertStore::empty();
         roots
             .add(CertificateDer::from_pem_slice(ca.pem.as_bytes()).unwrap())
             .unwrap();
-        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
         .with_safe_default_protocol_versions()
         .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+        .with_root_certificates(roots);
+        let config = match client {
+            None => builder.with_no_client_auth(),
+            Some((cert, key)) => builder
+                .with_client_auth_cert(
+                    vec![CertificateDer::from_pem_slice(cert.as_bytes()).unwrap()],
+                    PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
+                )
+                .unwrap(),
+        };
         let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-        let socket = TcpStream::connect(addr).await.unwrap();
+        let socket = TcpStream::connect(addr).await?;
         let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
-        let stream = connector.connect(name, socket).await.unwrap();
-        stream.get_ref().1.peer_certificates().unwrap()[0].to_vec()
+        let mut stream = connector.connect(name, socket).await?;
+        let served = stream.get_ref().1.peer_certificates().unwrap()[0].to_vec();
+        stream
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await?;
+        let mut answer = Vec::new();
+        match stream.read_to_end(&mut answer).await {
+            Ok(_) => {}
+            Err(error)
+                if error.kind() == std::io::ErrorKind::UnexpectedEof && !answer.is_empty() => {}
+            Err(error) => return Err(error),
+        }
+        let text = String::from_utf8_lossy(&answer);
+        Ok((served, text.lines().next().unwrap_or_default().to_owned()))
+    }
+
+    #[tokio::test]
+    async fn with_a_client_ca_only_clients_with_its_certificates_are_served() {
+        let dir = scratch("mtls");
+        let mut files = files(&dir);
+        let ca = ca();
+        let (cert, key, _) = leaf(&ca);
+        write(&files, &cert, &key);
+        let client_ca = self::ca();
+        let client_ca_file = dir.join("client-ca.crt");
+        std::fs::write(&client_ca_file, &client_ca.pem).unwrap();
+        files.client_ca_file = Some(client_ca_file);
+        let reloader = Reloader::load(&files).unwrap();
+        let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = TlsListener::new(tcp, reloader, Duration::from_secs(3600)).unwrap();
+        let addr = listener.local;
+        let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+
+        let (client_cert, client_key, _) = leaf(&client_ca);
+        let (_, status) = exchange(addr, &ca, Some((&client_cert, &client_key)))
+            .await
+            .unwrap();
+        assert_eq!(status, "HTTP/1.1 200 OK");
+        assert!(
+            exchange(addr, &ca, None).await.is_err(),
+            "no client certificate"
+        );
+        // A certificate of another CA (the serving one) is refused too.
+        let (other_cert, other_key, _) = leaf(&ca);
+        assert!(
+            exchange(addr, &ca, Some((&other_cert, &other_key)))
+                .await
+                .is_err(),
+            "a client certificate of another CA"
+        );
+        server.abort();
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[tokio::test]
