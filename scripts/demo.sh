@@ -89,7 +89,9 @@ eval "$("$CP" env "$WD")"
 PORT=$(free_port)
 ADMIN_PORT=$(free_port)
 while [[ "$ADMIN_PORT" == "$PORT" ]]; do ADMIN_PORT=$(free_port); done
-: >"$WD/extender.yaml" # every key at its default (docs/configuration.md)
+# Every key at its default (docs/configuration.md), but /inspect open: the demo's extender is
+# on loopback and its report is read with curl below (server.adminAuth guards it by default).
+printf 'server:\n  adminAuth:\n    paths: []\n' >"$WD/extender.yaml"
 log "starting gpu-extender on 127.0.0.1:$PORT (admin 127.0.0.1:$ADMIN_PORT)"
 env -u GPU_EXTENDER_CACHE RUST_LOG="${RUST_LOG:-info}" "$EXTENDER" serve \
     --config "$WD/extender.yaml" --kubeconfig "$KUBECONFIG" \

@@ -15,7 +15,7 @@ use kube::runtime::watcher::Event;
 use crate::config::{Config, ConfigFlags};
 use crate::engine::PodKey;
 use crate::explain;
-use crate::http::client::fetch_report;
+use crate::http::client::fetch_report_as;
 use crate::inspect::{self, Filter};
 use crate::k8s::api::kube_client;
 use crate::k8s::watch::Feed;
@@ -52,6 +52,15 @@ pub struct InspectArgs {
     /// http://127.0.0.1:9443 (its admin listener; `/inspect` is added when no path is given).
     #[arg(long, value_name = "URL")]
     pub from: Option<String>,
+    /// With --from: a bearer token for the admin listener, which answers `/inspect` only to a
+    /// user allowed `get` on it (server.adminAuth.paths), e.g. "$(kubectl create token NAME)".
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "GPU_EXTENDER_ADMIN_TOKEN",
+        hide_env_values = true
+    )]
+    pub token: Option<String>,
     /// Only this node.
     #[arg(long, value_name = "NAME")]
     pub node: Option<String>,
@@ -82,7 +91,7 @@ pub struct ExplainArgs {
 /// Runs `inspect`; returns what to print.
 pub async fn inspect(args: InspectArgs) -> anyhow::Result<String> {
     let report = match &args.from {
-        Some(url) => fetch_report(url).await?,
+        Some(url) => fetch_report_as(url, args.token.as_deref()).await?,
         None => {
             let (_, state, _) = load(&args.cluster).await?;
             inspect::report(&state.read())

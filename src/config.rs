@@ -39,6 +39,8 @@ pub const RESERVED_ENV: &[&str] = &[
     "GPU_EXTENDER_CONFIG",
     "GPU_EXTENDER_LOG",
     "GPU_EXTENDER_LOG_FORMAT",
+    // The bearer token `inspect --from` sends (src/cli.rs).
+    "GPU_EXTENDER_ADMIN_TOKEN",
     // Build and test tooling (Makefile, scripts/, tests/), inherited by the processes it starts.
     "GPU_EXTENDER_CACHE",
     "GPU_EXTENDER_K8S_BIN",
@@ -84,6 +86,10 @@ pub const KEYS: &[&str] = &[
     "server.bodyLimitBytes",
     "server.tls.certFile",
     "server.tls.keyFile",
+    "server.tls.clientCaFile",
+    "server.tls.reloadIntervalSeconds",
+    "server.adminAuth.paths",
+    "server.adminAuth.cacheTtlSeconds",
     "server.requestTimeoutMs",
     "bind.reservationTtlSeconds",
     "bind.events",
@@ -353,10 +359,36 @@ pub struct ServerConfig {
     /// The largest request body accepted. The default holds 500 full Node objects (what
     /// `nodeCacheCapable: false` sends) with room to spare.
     pub body_limit_bytes: u64,
-    /// Serve the extender over TLS with this certificate and key.
+    /// Serve the extender listener over TLS with this certificate and key (the admin listener
+    /// stays plain HTTP).
     pub tls: Option<TlsConfig>,
     /// Give up on one request after this long; below kube-scheduler's `httpTimeout`.
     pub request_timeout_ms: u64,
+    /// Which admin paths need a Kubernetes identity allowed to read them.
+    pub admin_auth: AdminAuthConfig,
+}
+
+/// Authentication of the admin listener ([`crate::http::auth`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct AdminAuthConfig {
+    /// Admin paths answered only to a bearer token that TokenReview accepts and whose user
+    /// SubjectAccessReview allows `get` on the path; the others are open.
+    pub paths: Vec<String>,
+    /// How long a review's outcome is reused for the same token and path (0: never).
+    pub cache_ttl_seconds: u64,
+}
+
+/// The admin paths [`AdminAuthConfig::paths`] may name.
+pub const ADMIN_PATHS: &[&str] = &["/healthz", "/readyz", "/metrics", "/inspect"];
+
+impl Default for AdminAuthConfig {
+    fn default() -> Self {
+        Self {
+            paths: vec!["/inspect".into()],
+            cache_ttl_seconds: 10,
+        }
+    }
 }
 
 impl Default for ServerConfig {
@@ -368,17 +400,36 @@ impl Default for ServerConfig {
             body_limit_bytes: 64 * 1024 * 1024,
             tls: None,
             request_timeout_ms: 2000,
+            admin_auth: AdminAuthConfig::default(),
         }
     }
 }
 
-/// PEM files for the extender listener. Both are required; they default to empty only so that
-/// each can be overridden on its own (validation then insists on both).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// PEM files for the extender listener (served by [`crate::http::tls`]). Certificate and key are
+/// required; they default to empty only so that each can be overridden on its own (validation
+/// then insists on both).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct TlsConfig {
+    /// The certificate chain, leaf first.
     pub cert_file: PathBuf,
+    /// The leaf's private key (PKCS#8, PKCS#1 or SEC1).
     pub key_file: PathBuf,
+    /// When set, clients must present a certificate signed by one of these CAs.
+    pub client_ca_file: Option<PathBuf>,
+    /// How often the files are read again; a change is served to new connections.
+    pub reload_interval_seconds: u64,
+}
+
+impl Default for TlsConfig {
+    fn default() -> Self {
+        Self {
+            cert_file: PathBuf::new(),
+            key_file: PathBuf::new(),
+            client_ca_file: None,
+            reload_interval_seconds: 10,
+        }
+    }
 }
 
 /// Binding.
@@ -722,7 +773,34 @@ impl Config {
                 "server.tls.keyFile",
                 "must not be empty".into(),
             );
+            check(
+                tls.client_ca_file
+                    .as_ref()
+                    .is_none_or(|f| !f.as_os_str().is_empty()),
+                "server.tls.clientCaFile",
+                "must not be empty (leave it out for no client certificates)".into(),
+            );
+            check(
+                (1..=3600).contains(&tls.reload_interval_seconds),
+                "server.tls.reloadIntervalSeconds",
+                format!("{} is out of range 1..=3600", tls.reload_interval_seconds),
+            );
         }
+        for path in &s.admin_auth.paths {
+            check(
+                ADMIN_PATHS.contains(&path.as_str()),
+                "server.adminAuth.paths",
+                format!(
+                    "{path:?} is not an admin path (one of {})",
+                    ADMIN_PATHS.join(", ")
+                ),
+            );
+        }
+        check(
+            s.admin_auth.cache_ttl_seconds <= 300,
+            "server.adminAuth.cacheTtlSeconds",
+            format!("{} is out of range 0..=300", s.admin_auth.cache_ttl_seconds),
+        );
         check(
             (1..=86_400).contains(&self.bind.reservation_ttl_seconds),
             "bind.reservationTtlSeconds",
@@ -1193,7 +1271,8 @@ limits:
             cfg.server.tls,
             Some(TlsConfig {
                 cert_file: "/c.pem".into(),
-                key_file: "/k.pem".into()
+                key_file: "/k.pem".into(),
+                ..TlsConfig::default()
             })
         );
         let cfg = Config::from_sources(
@@ -1281,6 +1360,8 @@ limits:
         cfg.server.tls = Some(TlsConfig {
             cert_file: "/c".into(),
             key_file: "/k".into(),
+            client_ca_file: Some("/ca".into()),
+            ..TlsConfig::default()
         });
         let tree = serde_yaml_ng::to_value(&cfg).unwrap();
         for key in KEYS {

@@ -7,11 +7,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use futures::FutureExt as _;
+use futures::future::BoxFuture;
 use tokio::net::TcpListener;
 use tracing::info;
 
 use crate::config::ConfigFlags;
-use crate::http::server::{AppState, admin_router, guarded_router};
+use crate::http::auth::{AdminAuth, KubeReview};
+use crate::http::server::{AppState, admin_router, guarded_admin_router, guarded_router};
+use crate::http::tls;
 use crate::k8s::api::{KubeApi, kube_client};
 use crate::k8s::bind::{Binder, MeteredBinder};
 use crate::k8s::events::KubeEvents;
@@ -34,12 +38,14 @@ pub struct ServeArgs {
 /// admin listener. Returns after both listeners have drained.
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let config = Arc::new(args.config.load()?);
-    if config.server.tls.is_some() {
-        anyhow::bail!(
-            "server.tls is set, but this build serves plain HTTP only; kube-scheduler reaches the \
-             extender on loopback in the shipped deployment (see docs/install.md)"
-        );
-    }
+    // Read before anything starts, so that a missing or bad certificate stops the start-up with
+    // a message naming the key.
+    let tls = config
+        .server
+        .tls
+        .as_ref()
+        .map(|files| Ok::<_, anyhow::Error>((tls::Reloader::load(files)?, files)))
+        .transpose()?;
     let client = kube_client(args.kubeconfig.as_deref()).await?;
     let configured = Arc::new(config.engine_policy());
     // Record-less pods are placed with the configured policy; every other decision reads the
@@ -79,6 +85,14 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     );
     let budget = Duration::from_millis(config.server.request_timeout_ms);
     let mut metered = MeteredBinder::new(binder, metrics.clone(), epoch, budget);
+    let admin_auth = &config.server.admin_auth;
+    let auth = (!admin_auth.paths.is_empty()).then(|| {
+        Arc::new(AdminAuth::new(
+            admin_auth.paths.clone(),
+            Duration::from_secs(admin_auth.cache_ttl_seconds),
+            Arc::new(KubeReview::new(client.clone())),
+        ))
+    });
     if config.bind.events {
         metered = metered.with_events(Arc::new(KubeEvents::new(client, metrics.clone())));
     }
@@ -92,7 +106,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     let limit = usize::try_from(config.limits.max_concurrent_requests).unwrap_or(usize::MAX);
     let extender = guarded_router(state.clone(), &config.server.url_prefix, limit, budget);
-    let admin = admin_router(state);
+    let admin = match auth {
+        Some(auth) => guarded_admin_router(state, auth),
+        None => admin_router(state),
+    };
 
     let extender_listener = TcpListener::bind(config.server.listen)
         .await
@@ -107,6 +124,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         })?;
     info!(
         extender = %config.server.listen,
+        scheme = if tls.is_some() { "https" } else { "http" },
         prefix = %config.server.url_prefix,
         admin = %config.server.admin_listen,
         policy = config.policy.scoring.as_str(),
@@ -114,8 +132,22 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     );
     let shutdown = shutdown_signal();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(());
-    let extender_server =
-        axum::serve(extender_listener, extender).with_graceful_shutdown(wait_for(stop_rx.clone()));
+    let stop_extender = wait_for(stop_rx.clone());
+    let extender_server: BoxFuture<'static, std::io::Result<()>> = match tls {
+        None => axum::serve(extender_listener, extender)
+            .with_graceful_shutdown(stop_extender)
+            .into_future()
+            .boxed(),
+        Some((reloader, files)) => {
+            let interval = Duration::from_secs(files.reload_interval_seconds);
+            let listener = tls::TlsListener::new(extender_listener, reloader, interval)
+                .context("serving TLS on server.listen")?;
+            axum::serve(listener, extender)
+                .with_graceful_shutdown(stop_extender)
+                .into_future()
+                .boxed()
+        }
+    };
     let admin_server = axum::serve(admin_listener, admin).with_graceful_shutdown(wait_for(stop_rx));
     let servers = tokio::spawn(async move { tokio::try_join!(extender_server, admin_server) });
     shutdown.await;

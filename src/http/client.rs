@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, anyhow, bail};
 use http_body_util::{BodyExt as _, Empty, LengthLimitError, Limited};
 use hyper::body::Bytes;
-use hyper::header::ACCEPT;
+use hyper::header::{ACCEPT, AUTHORIZATION};
 use hyper::http::uri::{PathAndQuery, Scheme};
 use hyper::{Request, StatusCode, Uri};
 use hyper_util::client::legacy::Client;
@@ -41,7 +41,13 @@ const LIMITS: Limits = Limits {
 
 /// GETs an extender's `/inspect` and decodes it.
 pub async fn fetch_report(url: &str) -> anyhow::Result<ClusterReport> {
-    let body = http_get(url).await?;
+    fetch_report_as(url, None).await
+}
+
+/// [`fetch_report`] sending `token` as `Authorization: Bearer` (the admin listener guards
+/// `/inspect` by default, `server.adminAuth.paths`).
+pub async fn fetch_report_as(url: &str, token: Option<&str>) -> anyhow::Result<ClusterReport> {
+    let body = http_get_as(url, token).await?;
     serde_json::from_str(&body).with_context(|| format!("{url}: not an inspection report"))
 }
 
@@ -49,13 +55,18 @@ pub async fn fetch_report(url: &str) -> anyhow::Result<ClusterReport> {
 /// when the URL has no path) and returns the body of a 200 answer; anything else is an error
 /// naming the URL.
 pub async fn http_get(url: &str) -> anyhow::Result<String> {
+    http_get_as(url, None).await
+}
+
+/// [`http_get`] with `token` sent as `Authorization: Bearer`.
+async fn http_get_as(url: &str, token: Option<&str>) -> anyhow::Result<String> {
     let uri = target(url)?;
     let tls = if uri.scheme() == Some(&Scheme::HTTPS) {
         Some(system_tls(url)?)
     } else {
         None
     };
-    get(url, uri, tls, LIMITS).await
+    get(url, uri, tls, token, LIMITS).await
 }
 
 /// The URI to request: only http and https, with a host; `/inspect` when no path is given.
@@ -115,10 +126,14 @@ async fn get(
     url: &str,
     uri: Uri,
     tls: Option<rustls::ClientConfig>,
+    token: Option<&str>,
     limits: Limits,
 ) -> anyhow::Result<String> {
-    let request = Request::get(uri)
-        .header(ACCEPT, "application/json")
+    let mut request = Request::get(uri).header(ACCEPT, "application/json");
+    if let Some(token) = token {
+        request = request.header(AUTHORIZATION, format!("Bearer {token}"));
+    }
+    let request = request
         .body(Empty::<Bytes>::new())
         .with_context(|| format!("{url}: building the request"))?;
     let mut http = HttpConnector::new();
@@ -290,9 +305,29 @@ mod tests {
             "{request}"
         );
         assert!(
+            !request.to_ascii_lowercase().contains("authorization"),
+            "{request}"
+        );
+        assert!(
             request
                 .to_ascii_lowercase()
                 .contains("\r\nhost: 127.0.0.1:"),
+            "{request}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_token_is_sent_as_a_bearer_authorization() {
+        let body = report_json();
+        let (url, server) = serve_once(format!(
+            "HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n{body}"
+        ));
+        fetch_report_as(&url, Some("t0ken")).await.unwrap();
+        let request = server.join().unwrap();
+        assert!(
+            request
+                .to_ascii_lowercase()
+                .contains("\r\nauthorization: bearer t0ken\r\n"),
             "{request}"
         );
     }
@@ -361,7 +396,7 @@ mod tests {
             "HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n{}",
             "x".repeat(1000)
         ));
-        let error = get(&url, target(&url).unwrap(), None, small)
+        let error = get(&url, target(&url).unwrap(), None, None, small)
             .await
             .unwrap_err()
             .to_string();
@@ -378,7 +413,7 @@ mod tests {
             request: Duration::from_millis(300),
             ..LIMITS
         };
-        let error = get(&url, target(&url).unwrap(), None, quick)
+        let error = get(&url, target(&url).unwrap(), None, None, quick)
             .await
             .unwrap_err()
             .to_string();
@@ -434,7 +469,7 @@ mod tests {
             .unwrap()
             .with_root_certificates(roots)
             .with_no_client_auth();
-        let body = get(&url, target(&url).unwrap(), Some(trusting), LIMITS)
+        let body = get(&url, target(&url).unwrap(), Some(trusting), None, LIMITS)
             .await
             .unwrap();
         assert_eq!(

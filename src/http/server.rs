@@ -159,15 +159,30 @@ async fn admit(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> R
     }
 }
 
-/// The admin routes: `/healthz`, `/readyz`, `/metrics`, `/inspect`.
+/// The admin routes: `/healthz`, `/readyz`, `/metrics`, `/inspect`, all open (tools and tests
+/// that serve a fixed table; `serve` uses [`guarded_admin_router`]).
 pub fn admin_router(state: AppState) -> Router {
+    admin_routes(state).layer(request_spans())
+}
+
+/// The admin routes with the paths `auth` guards answered only to an allowed bearer token
+/// ([`super::auth`]).
+pub fn guarded_admin_router(state: AppState, auth: Arc<super::auth::AdminAuth>) -> Router {
+    admin_routes(state)
+        .layer(axum::middleware::from_fn_with_state(
+            auth,
+            super::auth::guard,
+        ))
+        .layer(request_spans())
+}
+
+fn admin_routes(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/inspect", get(inspect_table))
         .with_state(state)
-        .layer(request_spans())
 }
 
 /// A request body kube-scheduler should never send: 400 with a message saying what is wrong.

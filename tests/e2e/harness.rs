@@ -389,9 +389,30 @@ impl Cluster {
     }
 
     /// Writes the extender's configuration file (YAML; empty means every key at its default).
+    /// The admin pages are opened (`server.adminAuth.paths: []`) unless the scenario's
+    /// configuration sets `server.adminAuth` itself: the scenarios read `/inspect` with no token.
     fn write_extender_config(&self) -> Result<PathBuf> {
         let path = self.dir.join("extender.yaml");
-        std::fs::write(&path, &self.extender_config)
+        let mut config: serde_yaml_ng::Value = if self.extender_config.trim().is_empty() {
+            serde_yaml_ng::Value::Mapping(serde_yaml_ng::Mapping::new())
+        } else {
+            serde_yaml_ng::from_str(&self.extender_config).context("the scenario's config")?
+        };
+        let root = config
+            .as_mapping_mut()
+            .ok_or_else(|| anyhow!("the scenario's config is not a mapping"))?;
+        let server = root
+            .entry("server".into())
+            .or_insert_with(|| serde_yaml_ng::Value::Mapping(serde_yaml_ng::Mapping::new()))
+            .as_mapping_mut()
+            .ok_or_else(|| anyhow!("the scenario's server config is not a mapping"))?;
+        if !server.contains_key("adminAuth") {
+            server.insert(
+                "adminAuth".into(),
+                serde_yaml_ng::from_str("{paths: []}").context("adminAuth")?,
+            );
+        }
+        std::fs::write(&path, serde_yaml_ng::to_string(&config)?)
             .with_context(|| format!("writing {}", path.display()))?;
         Ok(path)
     }
@@ -559,10 +580,27 @@ impl Cluster {
 
     /// [`Cluster::start_scheduler`] with extra kube-scheduler command-line flags (feature gates).
     pub async fn start_scheduler_with_flags(&self, shipped: &str, flags: &[&str]) -> Result<()> {
+        let rendered = self.rendered_scheduler_config(shipped, &self.extender_url())?;
+        self.start_scheduler_rendered(shipped, &rendered, flags)
+            .await
+    }
+
+    /// A shipped scheduler configuration (e.g. [`PROFILE_CONFIG`]) as [`render_scheduler_config`]
+    /// points it at `url` and this cluster's kubeconfig.
+    pub fn rendered_scheduler_config(&self, shipped: &str, url: &str) -> Result<String> {
         let text = std::fs::read_to_string(Path::new(ROOT).join(shipped))
             .with_context(|| format!("reading {shipped}"))?;
-        let rendered = render_scheduler_config(&text, &self.extender_url())
-            .with_context(|| format!("rendering {shipped}"))?;
+        render_scheduler_config(&text, url).with_context(|| format!("rendering {shipped}"))
+    }
+
+    /// Starts (or restarts) kube-scheduler with `rendered`, a configuration made from the shipped
+    /// file `shipped` (named in the file written and in the log).
+    pub async fn start_scheduler_rendered(
+        &self,
+        shipped: &str,
+        rendered: &str,
+        flags: &[&str],
+    ) -> Result<()> {
         let file = Path::new(shipped)
             .file_name()
             .map(|f| f.to_string_lossy().into_owned())
@@ -772,7 +810,22 @@ pub fn free_port() -> Result<u16> {
 /// A plain HTTP/1.1 GET (`Connection: close`) with a 5 s budget: status and body.
 pub async fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
     let path = path.to_owned();
-    tokio::task::spawn_blocking(move || http_blocking(addr, "GET", &path, None))
+    tokio::task::spawn_blocking(move || http_blocking(addr, "GET", &path, "", None))
+        .await
+        .context("http task")?
+}
+
+/// [`http_get`] with `Authorization: Bearer TOKEN` when a token is given.
+pub async fn http_get_bearer(
+    addr: SocketAddr,
+    path: &str,
+    token: Option<&str>,
+) -> Result<(u16, String)> {
+    let path = path.to_owned();
+    let header = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    tokio::task::spawn_blocking(move || http_blocking(addr, "GET", &path, &header, None))
         .await
         .context("http task")?
 }
@@ -784,7 +837,7 @@ pub async fn http_post_json(
     body: &serde_json::Value,
 ) -> Result<(u16, String)> {
     let (path, body) = (path.to_owned(), body.to_string());
-    tokio::task::spawn_blocking(move || http_blocking(addr, "POST", &path, Some(&body)))
+    tokio::task::spawn_blocking(move || http_blocking(addr, "POST", &path, "", Some(&body)))
         .await
         .context("http task")?
 }
@@ -793,6 +846,7 @@ fn http_blocking(
     addr: SocketAddr,
     method: &str,
     path: &str,
+    headers: &str,
     json_body: Option<&str>,
 ) -> Result<(u16, String)> {
     let timeout = Duration::from_secs(5);
@@ -808,7 +862,7 @@ fn http_blocking(
     };
     write!(
         stream,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{payload}"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{headers}{payload}"
     )?;
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw)?;

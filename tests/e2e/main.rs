@@ -11,6 +11,7 @@ mod objects;
 mod proxy;
 mod record;
 
+mod admin_auth;
 mod burst;
 mod configs;
 mod faults;
@@ -23,6 +24,7 @@ mod rejections;
 mod replay;
 mod restart;
 mod state;
+mod tls;
 
 use std::time::Duration;
 

@@ -163,6 +163,8 @@ pub const KINDS: &[(&str, &str, &str)] = kinds![
     batch::v1::Job,
     policy::v1::PodDisruptionBudget,
     scheduling::v1::PriorityClass,
+    authentication::v1::TokenReview,
+    authorization::v1::SubjectAccessReview,
 ];
 
 /// What a method of `Api<K>` asks the API server for.
