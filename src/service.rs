@@ -10,7 +10,7 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 use tracing::info;
 
-use crate::config::ConfigFlags;
+use crate::config::{ConfigFlags, ServeFlags};
 use crate::http::server::{AppState, admin_router, guarded_router};
 use crate::k8s::api::{KubeApi, kube_client};
 use crate::k8s::bind::{Binder, MeteredBinder};
@@ -25,6 +25,8 @@ use crate::telemetry::Metrics;
 pub struct ServeArgs {
     #[command(flatten)]
     pub config: ConfigFlags,
+    #[command(flatten)]
+    pub shortcuts: ServeFlags,
     /// Kubeconfig to reach the API server; default: KUBECONFIG, ~/.kube/config, or in-cluster.
     #[arg(long, value_name = "PATH")]
     pub kubeconfig: Option<PathBuf>,
@@ -33,7 +35,7 @@ pub struct ServeArgs {
 /// Runs the extender until SIGTERM or Ctrl-C: watchers, binder, the extender listener and the
 /// admin listener. Returns after both listeners have drained.
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let config = Arc::new(args.config.load()?);
+    let config = Arc::new(args.config.load_with(args.shortcuts.overrides())?);
     if config.server.tls.is_some() {
         anyhow::bail!(
             "server.tls is set, but this build serves plain HTTP only; kube-scheduler reaches the \

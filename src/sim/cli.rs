@@ -60,10 +60,11 @@ pub struct SimArgs {
 
     /// Inflate (or shrink) the arrivals to this multiple of GPU capacity; 0 replays the trace
     /// as it is.
-    #[arg(long, default_value_t = 1.3)]
+    #[arg(long, default_value_t = 1.3, allow_negative_numbers = true)]
     pub tune: f64,
 
-    /// Where to write summary.md, runs.csv, discrete.csv, steps.csv and alloc-TRACE.svg.
+    /// Where to write summary.md, runs.csv, discrete.csv, steps.csv and alloc-TRACE.svg
+    /// (created if absent; the default is relative to the current directory).
     #[arg(long, value_name = "DIR", default_value = "sim-out")]
     pub out: PathBuf,
 
@@ -320,23 +321,50 @@ pub fn run_cli(args: SimArgs) -> anyhow::Result<()> {
     );
     progress.finish();
     let elapsed = started.elapsed();
-    write_outputs(&args.out, &results, args.tune)?;
+    let written = write_outputs(&args.out, &results, args.tune)?;
     print!("{}", report::summary_markdown(&results));
     println!(
-        "{} runs in {:.1} s; results in {}",
+        "{} runs in {:.1} s; {written}",
         results.len(),
         elapsed.as_secs_f64(),
-        args.out.display()
     );
     Ok(())
 }
 
-/// Writes every output file into `out`.
-pub fn write_outputs(out: &Path, results: &[RunResult], tune: f64) -> anyhow::Result<()> {
+/// What [`write_outputs`] wrote, for the command to tell the user.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Written {
+    /// The output folder, absolute.
+    pub dir: PathBuf,
+    /// Whether the folder was created (it did not exist before).
+    pub created: bool,
+    /// The files written into it, in order.
+    pub files: Vec<String>,
+}
+
+impl std::fmt::Display for Written {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "wrote {} to {}{}",
+            self.files.join(", "),
+            self.dir.display(),
+            if self.created { " (created)" } else { "" }
+        )
+    }
+}
+
+/// Writes every output file into `out`, creating it if needed.
+pub fn write_outputs(out: &Path, results: &[RunResult], tune: f64) -> anyhow::Result<Written> {
+    let created = !out.exists();
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let dir = std::path::absolute(out).unwrap_or_else(|_| out.to_owned());
+    let files = std::cell::RefCell::new(Vec::new());
     let write = |name: &str, text: String| -> anyhow::Result<()> {
         let path = out.join(name);
-        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
+        files.borrow_mut().push(name.to_owned());
+        Ok(())
     };
     write("summary.md", report::summary_markdown(results))?;
     write("runs.csv", report::runs_csv(results)?)?;
@@ -351,7 +379,11 @@ pub fn write_outputs(out: &Path, results: &[RunResult], tune: f64) -> anyhow::Re
         let file = format!("alloc-{}.svg", file_safe(trace));
         write(&file, report::alloc_svg(trace, &of_trace)?)?;
     }
-    Ok(())
+    Ok(Written {
+        dir,
+        created,
+        files: files.into_inner(),
+    })
 }
 
 fn file_safe(name: &str) -> String {
