@@ -47,6 +47,8 @@ pub const RESERVED_ENV: &[&str] = &[
     "GPU_EXTENDER_CACHE",
     "GPU_EXTENDER_K8S_BIN",
     "GPU_EXTENDER_E2E",
+    "GPU_EXTENDER_TRACES",
+    "GPU_EXTENDER_GO",
 ];
 
 /// Every configuration key, as a dotted path. Each one can be overridden by a flag

@@ -21,6 +21,14 @@ pub const EXAMPLE_SCENARIO: &str = include_str!("../../examples/sim-small.yaml")
 /// The openb node list's file name inside a trace folder.
 pub const OPENB_NODES: &str = "openb_node_list_gpu_node.csv";
 
+/// Where the openb traces come from and how to point the tool at them: for messages about a
+/// missing trace folder (here and in the tests that need it).
+pub const OPENB_SOURCE: &str = "the openb traces are Alibaba's public GPU cluster trace \
+    cluster-trace-gpu-v2023 (https://github.com/alibaba/clusterdata, folder \
+    cluster-trace-gpu-v2023: openb_node_list_gpu_node.csv and openb_pod_list_*.csv); download \
+    that folder and pass it as --trace-dir DIR (the trace tests read ../shared/traces/openb \
+    beside the clone; a symbolic link there works)";
+
 /// Where a cluster and its workloads come from: an openb folder, CSV or YAML files, a YAML
 /// scenario, or (none of these) the built-in example. `simulate` and `replay` read them alike.
 #[derive(Clone, Debug, Default, clap::Args)]
@@ -184,6 +192,14 @@ impl TraceInputs {
             };
             return Ok((cluster, vec![workload]));
         }
+        if let Some(dir) = &args.trace_dir
+            && !dir.join(OPENB_NODES).is_file()
+        {
+            bail!(
+                "--trace-dir {}: no {OPENB_NODES} there; {OPENB_SOURCE}",
+                dir.display()
+            );
+        }
         let nodes = match (&args.nodes, &args.trace_dir) {
             (Some(path), _) => path.clone(),
             (None, Some(dir)) => dir.join(OPENB_NODES),
@@ -199,7 +215,16 @@ impl TraceInputs {
         for name in names {
             let path = match &args.trace_dir {
                 Some(dir) if !name.contains('/') && !name.contains('.') => {
-                    dir.join(format!("openb_pod_list_{name}.csv"))
+                    let path = dir.join(format!("openb_pod_list_{name}.csv"));
+                    if !path.is_file() {
+                        bail!(
+                            "--trace {name}: no {} in --trace-dir {}; {OPENB_SOURCE}",
+                            path.file_name()
+                                .map_or_else(String::new, |f| f.to_string_lossy().into_owned()),
+                            dir.display()
+                        );
+                    }
+                    path
                 }
                 _ => PathBuf::from(&name),
             };
@@ -420,6 +445,31 @@ mod tests {
         assert_eq!(picked.len(), 2);
         let err = parse_policies(&["nope".to_owned()]).unwrap_err();
         assert!(err.to_string().contains("known: random"), "{err}");
+    }
+
+    #[test]
+    fn a_trace_dir_without_the_traces_says_where_they_come_from() {
+        let empty =
+            std::env::temp_dir().join(format!("gpu-extender-no-traces-{}", std::process::id()));
+        std::fs::create_dir_all(&empty).unwrap();
+        let inputs = TraceInputs {
+            trace_dir: Some(empty.clone()),
+            ..TraceInputs::default()
+        };
+        let err = inputs.resolve().unwrap_err().to_string();
+        assert!(err.contains(OPENB_NODES), "{err}");
+        assert!(err.contains("cluster-trace-gpu-v2023"), "{err}");
+        assert!(err.contains("github.com/alibaba/clusterdata"), "{err}");
+        std::fs::write(empty.join(OPENB_NODES), "").unwrap();
+        let inputs = TraceInputs {
+            trace_dir: Some(empty.clone()),
+            traces: vec!["gpushare40".into()],
+            ..TraceInputs::default()
+        };
+        let err = inputs.resolve().unwrap_err().to_string();
+        assert!(err.contains("openb_pod_list_gpushare40.csv"), "{err}");
+        assert!(err.contains("cluster-trace-gpu-v2023"), "{err}");
+        let _ = std::fs::remove_dir_all(empty);
     }
 
     #[test]
