@@ -460,7 +460,11 @@ mod tests {
         assert!(err.contains(OPENB_NODES), "{err}");
         assert!(err.contains("cluster-trace-gpu-v2023"), "{err}");
         assert!(err.contains("github.com/alibaba/clusterdata"), "{err}");
-        std::fs::write(empty.join(OPENB_NODES), "").unwrap();
+        std::fs::write(
+            empty.join(OPENB_NODES),
+            "sn,cpu_milli,memory_mib,gpu,model\nn1,64000,262144,1,T4\n",
+        )
+        .unwrap();
         let inputs = TraceInputs {
             trace_dir: Some(empty.clone()),
             traces: vec!["gpushare40".into()],
