@@ -7,8 +7,9 @@ CARGO ?= cargo
 
 .PHONY: demo test test-e2e test-traces test-go lint unit e2e k8s-bins build bench fuzz fuzz-smoke
 
-## demo: local control plane + extender + kube-scheduler + sample GPU pods; prints placements.
-demo: build k8s-bins
+## demo: local control plane + extender + kube-scheduler + sample GPU pods; prints placements and
+## what each pod shows. scripts/demo.sh builds the extender and the Kubernetes binaries itself.
+demo:
 	scripts/demo.sh
 
 ## test: formatting, lints, the unit and integration tests, the doc tests, the tiers that need
