@@ -5,18 +5,59 @@ export GPU_EXTENDER_CACHE ?= $(HOME)/.cache/gpu-extender
 export CARGO_TARGET_DIR ?= $(GPU_EXTENDER_CACHE)/target
 CARGO ?= cargo
 
-.PHONY: demo test lint unit e2e k8s-bins build bench fuzz fuzz-smoke
+.PHONY: demo test test-e2e test-traces test-go lint unit e2e k8s-bins build bench fuzz fuzz-smoke
 
-## demo: local control plane + extender + kube-scheduler + sample GPU pods; prints placements.
-demo: build k8s-bins
+## demo: local control plane + extender + kube-scheduler + sample GPU pods; prints placements and
+## what each pod shows. scripts/demo.sh builds the extender and the Kubernetes binaries itself.
+demo:
 	scripts/demo.sh
 
-## test: formatting, lints, unit/integration tests, the end-to-end scenarios, and a short
-## bounded run of every fuzz target.
+## test: formatting, lints, the unit and integration tests, the doc tests, the tiers that need
+## something outside the clone (run with --ignored: a plain `cargo test` counts them as ignored,
+## never as passed), and a short bounded run of every fuzz target. The end-to-end tier is
+## required (GPU_EXTENDER_E2E=require, the default here): its binaries are built first, and a
+## scenario that cannot run fails. The trace tier runs when the openb traces are at
+## ../shared/traces/openb and the Go tier when Go is installed; otherwise each says SKIPPED, which fails
+## `make test` under GPU_EXTENDER_TRACES=require or GPU_EXTENDER_GO=require.
+export GPU_EXTENDER_E2E ?= require
+TRACES := ../shared/traces/openb
+GO ?= $(shell command -v go || { test -x /usr/local/go/bin/go && echo /usr/local/go/bin/go; })
 test: lint k8s-bins
-	GPU_EXTENDER_K8S_BIN="$$(scripts/k8s-bins.sh | tail -n1)" GPU_EXTENDER_E2E=require \
-		$(CARGO) test --locked --all-targets
+	$(CARGO) test --locked --all-targets
+	$(CARGO) test --locked --doc
+	$(MAKE) test-e2e test-traces test-go
 	$(MAKE) fuzz-smoke
+
+## test-e2e: the end-to-end scenarios and the deployment tests against real Kubernetes binaries.
+test-e2e:
+	@if [[ "$$GPU_EXTENDER_E2E" == skip ]]; then \
+		echo "make: end-to-end tier SKIPPED (GPU_EXTENDER_E2E=skip)"; \
+	else \
+		set -x; GPU_EXTENDER_K8S_BIN="$${GPU_EXTENDER_K8S_BIN:-$$(scripts/k8s-bins.sh | tail -n1)}" \
+			$(CARGO) test --locked --test e2e --test deploy_manifests -- --ignored; \
+	fi
+
+## test-traces: the tests on Alibaba's openb traces (cluster-trace-gpu-v2023), when present.
+test-traces:
+	@if [[ -f "$(TRACES)/openb_node_list_gpu_node.csv" ]]; then \
+		set -x; $(CARGO) test --locked --lib --test sim -- --ignored; \
+	else \
+		echo "make: trace tier SKIPPED: no openb traces at $(TRACES). They are Alibaba's public" \
+			"cluster-trace-gpu-v2023 (https://github.com/alibaba/clusterdata, folder" \
+			"cluster-trace-gpu-v2023); put its CSVs there (a symbolic link works)."; \
+		if [[ "$${GPU_EXTENDER_TRACES:-}" == require ]]; then \
+			echo "make: GPU_EXTENDER_TRACES=require: failing"; exit 1; fi; \
+	fi
+
+## test-go: the simulator's port of Go's math/rand against Go itself, when Go is installed.
+test-go:
+	@if [[ -n "$(GO)" ]]; then \
+		set -x; PATH="$$(dirname "$(GO)"):$$PATH" $(CARGO) test --locked --test go_rand -- --ignored; \
+	else \
+		echo "make: Go tier SKIPPED: no Go toolchain (go on PATH or /usr/local/go/bin/go)"; \
+		if [[ "$${GPU_EXTENDER_GO:-}" == require ]]; then \
+			echo "make: GPU_EXTENDER_GO=require: failing"; exit 1; fi; \
+	fi
 
 ## lint: formatting, clippy, and no import cycle between the library's modules (cargo-modules,
 ## installed into the cache on first use; the layer order is checked by tests/architecture.rs).
@@ -25,9 +66,11 @@ lint:
 	$(CARGO) clippy --locked --all-targets -- -D warnings
 	scripts/module-graph.sh
 
-## unit: the tests that need no control plane (end-to-end tests skip with a message).
+## unit: the tests that need nothing outside the clone, and the doc tests (the other tiers are
+## listed as ignored).
 unit:
 	$(CARGO) test --locked --all-targets
+	$(CARGO) test --locked --doc
 
 build:
 	$(CARGO) build --locked --release --bin gpu-extender

@@ -2,7 +2,9 @@
 # The demo (`make demo`): a loopback control plane, gpu-extender and kube-scheduler (the
 # `gpu-scheduler` profile from scheduler-config/), a small heterogeneous GPU cluster of fake nodes,
 # sample pods for every GPU mode; prints where each pod went and which GPUs it got (read from the
-# allocation records on the pods), then tears everything down.
+# allocation records on the pods), one sentence per pod on what it shows (checked against the
+# placement: a pod placed otherwise fails the demo), then tears everything down. It builds what it
+# needs itself, saying what and how long a first build takes.
 #
 # Usage: scripts/demo.sh
 #   DEMO_HOLD=1   keep everything running until Enter is pressed (prints how to use kubectl)
@@ -24,14 +26,25 @@ for tool in curl openssl cargo; do
     command -v "$tool" >/dev/null || die "$tool is needed"
 done
 
-# --- build what is needed -------------------------------------------------------------------
-log "Kubernetes binaries (built once into the cache; the first time takes several minutes)"
+# --- build what is needed (here only: `make demo` builds nothing itself) ---------------------
+log "Kubernetes binaries (kube-apiserver, kube-scheduler, kubectl, etcd): built once from their Go"
+log "  modules into ${GPU_EXTENDER_CACHE:-$HOME/.cache/gpu-extender}/k8s; a first build takes about"
+log "  8 minutes on 2 cores, afterwards this is a check of seconds"
 BIN=$("$ROOT/scripts/k8s-bins.sh" | tail -n1)
 export K8S_BIN_DIR=$BIN
 K="$BIN/kubectl"
-log "building gpu-extender (release)"
-(cd "$ROOT" && cargo build --locked --release --bin gpu-extender)
-EXTENDER="${CARGO_TARGET_DIR:-$ROOT/target}/release/gpu-extender"
+TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
+log "building gpu-extender (cargo build --release) into $TARGET"
+log "  a first build takes several minutes on 2 cores, an unchanged one seconds"
+# cargo's own "Blocking waiting for file lock" is easy to miss: say in plain words what we wait on.
+(cd "$ROOT" && cargo build --locked --release --bin gpu-extender 2>&1) |
+    while IFS= read -r line; do
+        printf '%s\n' "$line" >&2
+        if [[ "$line" == *"Blocking waiting for file lock"* ]]; then
+            log "waiting for another cargo build that uses $TARGET to finish (it holds the lock)"
+        fi
+    done
+EXTENDER="$TARGET/release/gpu-extender"
 [[ -x "$EXTENDER" ]] || die "no extender binary at $EXTENDER"
 
 # --- teardown, whatever happens -------------------------------------------------------------
@@ -195,6 +208,27 @@ EOF
 }
 on_model() { printf '  nodeSelector: {aliyun.accelerator/nvidia_name: %s}' "$1"; }
 
+# What each sample pod shows: one sentence each, printed after the table only when the placement
+# makes it true (`shows` checks it; anything else fails the demo with what happened instead).
+declare -A SAYS=(
+    [train-4gpu]="4 whole GPUs that form one NVLink island of a100-nvlink (GPUs 0-3, NV12 inside), keeping the other island intact"
+    [train-2gpu]="2 whole GPUs from the second NVLink island (GPUs 4-7): the first is taken by train-4gpu"
+    [infer-a]="binpack: a 4 GiB share of the first T4"
+    [infer-b]="binpack: the same T4 as infer-a rather than an empty one"
+    [infer-c]="binpack: 8 GiB more fills that T4 (16 of 16 GiB)"
+    [notebook]="binpack: 6 GiB no longer fits the full T4, so it opens the next one"
+    [svc-1]="spread: a 4 GiB share on an A10"
+    [svc-2]="spread: a different A10 from svc-1's"
+    [svc-3]="spread: a third A10, neither svc-1's nor svc-2's"
+    [split-8g]="the pod label aliyun.com/gpu-count: 2 splits its 8 GiB into 4 GiB on each of two A10s"
+    [cm-half]="core_mem: 8 GiB and 50% of the compute of a V100"
+    [cm-third]="binpack on core_mem: the same V100 as cm-half, 30% more of its compute (80% in all)"
+    [batch-1]="an exclusive pod: the only GPU of a100-whole, whole"
+    [batch-2]="pending: the cluster's only whole nvidia.com/gpu is taken by batch-1"
+    [pick-a10]="the annotation gpu-extender.io/model-include: NVIDIA-A10 puts it on an A10 without a node selector"
+    [bad-split]="refused with the reason: 15 GiB cannot be split evenly over 2 GPUs"
+)
+
 log "submitting sample pods"
 # topology: whole GPUs chosen by NVLink; a 4-GPU pod gets one island, the 2-GPU pod the other.
 make_pod train-4gpu '"aliyun.com/gpu": "4"'
@@ -253,16 +287,55 @@ gpus_of() {
     printf '%s' "${out:--}"
 }
 
+declare -A NODE_OF GPUS_OF
 printf '\n%-12s %-14s %-30s %s\n' POD NODE GPUS "(from the allocation record) / why not scheduled"
 for pod in "${PODS[@]}"; do
     node=$("$K" get pod "$pod" -o jsonpath='{.spec.nodeName}')
     if [[ -n "$node" ]]; then
         record=$("$K" get pod "$pod" -o jsonpath='{.metadata.annotations.gpu-extender\.io/allocation}')
-        printf '%-12s %-14s %s\n' "$pod" "$node" "$(gpus_of "$record")"
+        NODE_OF[$pod]=$node GPUS_OF[$pod]=$(gpus_of "$record")
     else
         why=$("$K" get pod "$pod" -o jsonpath='{.status.conditions[?(@.type=="PodScheduled")].message}')
         why=${why%%. no new claims*} why=${why%%. preemption:*}
-        printf '%-12s %-14s %s\n' "$pod" "(pending)" "$why"
+        NODE_OF[$pod]="(pending)" GPUS_OF[$pod]=$why
+    fi
+    printf '%-12s %-14s %s\n' "$pod" "${NODE_OF[$pod]}" "${GPUS_OF[$pod]}"
+done
+
+# on POD NODE REGEX: POD is on NODE and its GPUs match REGEX in full.
+on() { [[ "${NODE_OF[$1]}" == "$2" && "${GPUS_OF[$1]}" =~ ^($3)$ ]]; }
+# shows POD: the placement makes POD's sentence true.
+shows() {
+    local g=${GPUS_OF[$1]}
+    case $1 in
+        train-4gpu) on "$1" a100-nvlink '(gpu[0-3]:whole ?){4}' ;;
+        train-2gpu) on "$1" a100-nvlink '(gpu[4-7]:whole ?){2}' ;;
+        infer-a | infer-b) on "$1" t4-binpack 'gpu0:4GiB' ;;
+        infer-c) on "$1" t4-binpack 'gpu0:8GiB' ;;
+        notebook) on "$1" t4-binpack 'gpu1:6GiB' ;;
+        svc-1) on "$1" a10-spread 'gpu[0-3]:4GiB' ;;
+        svc-2) on "$1" a10-spread 'gpu[0-3]:4GiB' && [[ $g != "${GPUS_OF[svc-1]}" ]] ;;
+        svc-3) on "$1" a10-spread 'gpu[0-3]:4GiB' &&
+            [[ $g != "${GPUS_OF[svc-1]}" && $g != "${GPUS_OF[svc-2]}" ]] ;;
+        split-8g) on "$1" a10-spread 'gpu[0-3]:4GiB gpu[0-3]:4GiB' && [[ ${g%% *} != "${g#* }" ]] ;;
+        cm-half) on "$1" v100-coremem 'gpu[01]:8GiB/50%' ;;
+        cm-third) on "$1" v100-coremem "${GPUS_OF[cm-half]%%:*}:8GiB/30%" ;;
+        batch-1) on "$1" a100-whole 'gpu0:whole' ;;
+        batch-2) [[ "${NODE_OF[$1]}" == "(pending)" && $g == *"Insufficient nvidia.com/gpu"* ]] ;;
+        pick-a10) on "$1" a10-spread 'gpu[0-3]:2GiB' ;;
+        bad-split) [[ "${NODE_OF[$1]}" == "(pending)" && $g == *"cannot be split evenly over 2 GPUs"* ]] ;;
+        *) false ;;
+    esac
+}
+printf '\nWhat each pod shows:\n'
+UNTRUE=()
+for pod in "${PODS[@]}"; do
+    if shows "$pod"; then
+        printf '  %-11s %s\n' "$pod:" "${SAYS[$pod]}"
+    else
+        printf '  %-11s NOT AS EXPECTED: meant to show that %s; got %s %s\n' "$pod:" \
+            "${SAYS[$pod]:-(no sentence)}" "${NODE_OF[$pod]}" "${GPUS_OF[$pod]}"
+        UNTRUE+=("$pod")
     fi
 done
 # Per node and GPU, what the extender's table holds (its /inspect report, like
@@ -305,5 +378,6 @@ Press Enter to tear down.
 EOF
     read -r _ || true
 fi
+((${#UNTRUE[@]} == 0)) || die "placed otherwise than the demo says: ${UNTRUE[*]}"
 OK=1
 log "done in $((SECONDS - T0))s; tearing down"

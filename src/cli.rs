@@ -49,7 +49,8 @@ pub struct InspectArgs {
     #[command(flatten)]
     pub cluster: ClusterArgs,
     /// Read a running extender's report instead of the API server, e.g.
-    /// http://127.0.0.1:9443 (its admin listener; `/inspect` is added when no path is given).
+    /// http://127.0.0.1:9090 (its admin listener, server.adminListen; `/inspect` is added when
+    /// no path is given).
     #[arg(long, value_name = "URL")]
     pub from: Option<String>,
     /// With --from: a bearer token for the admin listener, which answers `/inspect` only to a

@@ -12,7 +12,11 @@
 //! use gpu_extender::config::Config;
 //! let yaml = "policy:\n  scoring: spread\n";
 //! let env = [("GPU_EXTENDER_BIND_RESERVATION_TTL_SECONDS".to_owned(), "60".to_owned())];
-//! let flags = [("server.listen".to_owned(), "0.0.0.0:8888".to_owned())];
+//! let flags = [(
+//!     "server.listen".to_owned(),
+//!     "0.0.0.0:8888".to_owned(),
+//!     "flag --listen".to_owned(),
+//! )];
 //! let cfg = Config::from_sources(Some(("config.yaml", yaml)), &env, &flags).unwrap();
 //! assert_eq!(cfg.policy.scoring.as_str(), "spread");
 //! assert_eq!(cfg.bind.reservation_ttl_seconds, 60);
@@ -45,6 +49,8 @@ pub const RESERVED_ENV: &[&str] = &[
     "GPU_EXTENDER_CACHE",
     "GPU_EXTENDER_K8S_BIN",
     "GPU_EXTENDER_E2E",
+    "GPU_EXTENDER_TRACES",
+    "GPU_EXTENDER_GO",
 ];
 
 /// Every configuration key, as a dotted path. Each one can be overridden by a flag
@@ -536,8 +542,11 @@ mod scoring_name {
 impl Config {
     /// Loads the configuration the way the binary does: defaults, then the file at `path` (if
     /// any), then the process's `GPU_EXTENDER_*` environment, then `flags` (dotted key, YAML
-    /// value), and validates the result.
-    pub fn load(path: Option<&Path>, flags: &[(String, String)]) -> Result<Self, ConfigError> {
+    /// value, and the flag it came from for messages), and validates the result.
+    pub fn load(
+        path: Option<&Path>,
+        flags: &[(String, String, String)],
+    ) -> Result<Self, ConfigError> {
         let text = match path {
             Some(path) => {
                 Some(
@@ -561,11 +570,12 @@ impl Config {
     }
 
     /// The pure core of [`Config::load`]: `file` is `(name for messages, YAML text)`, `env` the
-    /// environment variables to consider (others are ignored), `flags` dotted-key overrides.
+    /// environment variables to consider (others are ignored), `flags` dotted-key overrides as
+    /// `(key, value, origin)`, the origin naming the flag in messages (`flag --scoring`).
     pub fn from_sources(
         file: Option<(&str, &str)>,
         env: &[(String, String)],
-        flags: &[(String, String)],
+        flags: &[(String, String, String)],
     ) -> Result<Self, ConfigError> {
         let mut config = match file {
             // An empty file (or one holding only comments) means "all defaults".
@@ -585,11 +595,8 @@ impl Config {
             }
             None => Self::default(),
         };
-        for (key, value, origin) in env_overrides(env)? {
-            config = config.with_override(&key, &value, &origin)?;
-        }
-        for (key, value) in flags {
-            config = config.with_override(key, value, &format!("flag --set {key}"))?;
+        for (key, value, origin) in env_overrides(env)?.iter().chain(flags) {
+            config = config.with_override(key, value, origin)?;
         }
         config.validate()?;
         Ok(config)
@@ -710,7 +717,10 @@ impl Config {
         check(
             !p.scoring.uses_typical() || p.typical_pods.learn || !p.typical_pods.pods.is_empty(),
             "policy.typicalPods",
-            "scoring fgd needs typical pods: list them under pods, or set learn: true".into(),
+            format!(
+                "scoring {} needs typical pods: list them under pods, or set learn: true",
+                p.scoring.as_str()
+            ),
         );
         for (i, pod) in p.typical_pods.pods.iter().enumerate() {
             let key = format!("policy.typicalPods.pods[{i}]");
@@ -946,13 +956,32 @@ pub fn parse_override(arg: &str) -> Result<(String, String), ConfigError> {
     }
 }
 
-/// Command-line flags for the configuration, for the binary to flatten into its parser. The
-/// common keys have their own flag; every key can be set with `--set key=value`.
+/// Command-line flags for the configuration that every command reading it takes (`serve`,
+/// `check-config`, `inspect`, `explain`): the file, the scoring policy, and `--set key=value`
+/// for any key. `serve` adds its own shortcuts, [`ServeFlags`].
 #[derive(Clone, Debug, Default, clap::Args)]
 pub struct ConfigFlags {
     /// YAML configuration file (see docs/configuration.md).
     #[arg(long = "config", env = "GPU_EXTENDER_CONFIG", value_name = "PATH")]
     pub config: Option<PathBuf>,
+    /// Node scoring policy (policy.scoring).
+    #[arg(long, value_name = "POLICY", value_parser = scoring_names())]
+    pub scoring: Option<String>,
+    /// Set any configuration key, e.g. --set policy.maxPodsPerSharedGpu=10 (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+}
+
+/// `--scoring`'s possible values, from the engine's list of policies (so help and errors list
+/// them all).
+fn scoring_names() -> clap::builder::PossibleValuesParser {
+    clap::builder::PossibleValuesParser::new(ScoringPolicy::ALL.map(ScoringPolicy::as_str))
+}
+
+/// `serve`'s shortcut flags for keys only the running service uses: its listeners and what it
+/// writes at bind time. Every one of them can also be set with `--set`.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct ServeFlags {
     /// Extender listen address (server.listen).
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
@@ -962,39 +991,68 @@ pub struct ConfigFlags {
     /// Path prefix of the extender verbs (server.urlPrefix).
     #[arg(long, value_name = "PATH")]
     pub url_prefix: Option<String>,
-    /// Node scoring policy: binpack, spread or fgd (policy.scoring).
-    #[arg(long, value_name = "POLICY")]
-    pub scoring: Option<String>,
     /// Write the gpushare device plugin's annotations: true or false (gpushare.enabled).
     #[arg(long, value_name = "BOOL")]
     pub gpushare: Option<String>,
-    /// Set any configuration key, e.g. --set policy.maxPodsPerSharedGpu=10 (repeatable).
-    #[arg(long = "set", value_name = "KEY=VALUE")]
-    pub set: Vec<String>,
+}
+
+/// The overrides of the shortcut flags given: `(key, value, origin)`, the origin naming the
+/// flag the user typed.
+fn shortcut_overrides(
+    shortcuts: &[(&str, &str, &Option<String>)],
+) -> Vec<(String, String, String)> {
+    shortcuts
+        .iter()
+        .filter_map(|(flag, key, value)| {
+            value
+                .as_ref()
+                .map(|v| ((*key).to_owned(), v.clone(), format!("flag --{flag}")))
+        })
+        .collect()
+}
+
+impl ServeFlags {
+    /// The flags as dotted-key overrides, in the form [`ConfigFlags::load_with`] takes.
+    pub fn overrides(&self) -> Vec<(String, String, String)> {
+        shortcut_overrides(&[
+            ("listen", "server.listen", &self.listen),
+            ("admin-listen", "server.adminListen", &self.admin_listen),
+            ("url-prefix", "server.urlPrefix", &self.url_prefix),
+            ("gpushare", "gpushare.enabled", &self.gpushare),
+        ])
+    }
 }
 
 impl ConfigFlags {
-    /// The flags as dotted-key overrides, `--set` last so it wins.
-    pub fn overrides(&self) -> Result<Vec<(String, String)>, ConfigError> {
-        let mut overrides: Vec<(String, String)> = [
-            ("server.listen", &self.listen),
-            ("server.adminListen", &self.admin_listen),
-            ("server.urlPrefix", &self.url_prefix),
-            ("policy.scoring", &self.scoring),
-            ("gpushare.enabled", &self.gpushare),
-        ]
-        .into_iter()
-        .filter_map(|(key, value)| value.as_ref().map(|v| (key.to_owned(), v.clone())))
-        .collect();
+    /// The flags as dotted-key overrides `(key, value, origin)`, after `earlier` (a command's
+    /// own shortcuts), `--set` last so it wins.
+    pub fn overrides(
+        &self,
+        earlier: Vec<(String, String, String)>,
+    ) -> Result<Vec<(String, String, String)>, ConfigError> {
+        let mut overrides = earlier;
+        overrides.extend(shortcut_overrides(&[(
+            "scoring",
+            "policy.scoring",
+            &self.scoring,
+        )]));
         for arg in &self.set {
-            overrides.push(parse_override(arg)?);
+            let (key, value) = parse_override(arg)?;
+            let origin = format!("flag --set {key}");
+            overrides.push((key, value, origin));
         }
         Ok(overrides)
     }
 
     /// Loads the configuration from the file, the environment and these flags.
     pub fn load(&self) -> Result<Config, ConfigError> {
-        Config::load(self.config.as_deref(), &self.overrides()?)
+        self.load_with(Vec::new())
+    }
+
+    /// [`ConfigFlags::load`] with a command's own shortcut overrides (`serve`'s
+    /// [`ServeFlags::overrides`]) applied before these flags.
+    pub fn load_with(&self, earlier: Vec<(String, String, String)>) -> Result<Config, ConfigError> {
+        Config::load(self.config.as_deref(), &self.overrides(earlier)?)
     }
 }
 
@@ -1074,6 +1132,14 @@ pub fn is_extended_resource_name(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--set` overrides, with the origin `ConfigFlags` gives them.
+    fn set(pairs: &[(&str, &str)]) -> Vec<(String, String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned(), format!("flag --set {k}")))
+            .collect()
+    }
 
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs
@@ -1261,7 +1327,7 @@ limits:
             ("GPU_EXTENDER_CONFIG", "/ignored/here.yaml"),
             ("HOME", "/root"),
         ]);
-        let flags = vec![("policy.maxPodsPerSharedGpu".to_owned(), "14".to_owned())];
+        let flags = set(&[("policy.maxPodsPerSharedGpu", "14")]);
         let cfg = Config::from_sources(Some(("f", yaml)), &vars, &flags).unwrap();
         assert_eq!(cfg.policy.scoring, ScoringPolicy::Spread);
         assert_eq!(cfg.policy.max_pods_per_shared_gpu, 14);
@@ -1286,15 +1352,15 @@ limits:
 
     #[test]
     fn overrides_take_yaml_values_and_plain_strings() {
-        let flags = vec![
+        let flags = set(&[
             (
-                "policy.typicalPods.pods".to_owned(),
-                "[{gpus: 1, gpuMilli: 250, weight: 1}]".to_owned(),
+                "policy.typicalPods.pods",
+                "[{gpus: 1, gpuMilli: 250, weight: 1}]",
             ),
-            ("policy.scoring".to_owned(), "fgd".to_owned()),
-            ("server.urlPrefix".to_owned(), "/123".to_owned()),
-            ("annotations.allocation".to_owned(), "a.b/true".to_owned()),
-        ];
+            ("policy.scoring", "fgd"),
+            ("server.urlPrefix", "/123"),
+            ("annotations.allocation", "a.b/true"),
+        ]);
         let cfg = Config::from_sources(None, &[], &flags).unwrap();
         assert_eq!(cfg.policy.typical_pods.pods[0].gpu_milli, 250);
         assert_eq!(cfg.annotations.allocation, "a.b/true");
@@ -1318,7 +1384,7 @@ limits:
             "{err}"
         );
         assert!(err.contains("unknown policy \"binpak\""), "{err}");
-        let flags = vec![("policy.nope".to_owned(), "1".to_owned())];
+        let flags = set(&[("policy.nope", "1")]);
         let err = Config::from_sources(None, &[], &flags)
             .unwrap_err()
             .to_string();
@@ -1326,12 +1392,12 @@ limits:
             err.contains("unknown configuration key \"policy.nope\""),
             "{err}"
         );
-        let flags = vec![("bind.reservationTtlSeconds".to_owned(), "soon".to_owned())];
+        let flags = set(&[("bind.reservationTtlSeconds", "soon")]);
         let err = Config::from_sources(None, &[], &flags)
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("bind.reservationTtlSeconds (from flag"),
+            err.contains("bind.reservationTtlSeconds (from flag --set bind.reservationTtlSeconds)"),
             "{err}"
         );
         assert!(parse_override("novalue").is_err());
@@ -1407,14 +1473,17 @@ limits:
     fn flags_become_overrides() {
         let flags = ConfigFlags {
             scoring: Some("spread".into()),
-            listen: Some("0.0.0.0:1".into()),
             set: vec![
                 "policy.scoring=fgd".into(),
                 "policy.typicalPods.learn=true".into(),
             ],
             ..ConfigFlags::default()
         };
-        let overrides = flags.overrides().unwrap();
+        let serve = ServeFlags {
+            listen: Some("0.0.0.0:1".into()),
+            ..ServeFlags::default()
+        };
+        let overrides = flags.overrides(serve.overrides()).unwrap();
         let cfg = Config::from_sources(None, &[], &overrides).unwrap();
         assert_eq!(
             cfg.policy.scoring,
@@ -1422,6 +1491,56 @@ limits:
             "--set comes last and wins"
         );
         assert_eq!(cfg.server.listen.port(), 1);
+    }
+
+    #[test]
+    fn errors_from_shortcut_flags_name_the_flag_typed() {
+        let serve = ServeFlags {
+            listen: Some("nowhere".into()),
+            ..ServeFlags::default()
+        };
+        let overrides = ConfigFlags::default().overrides(serve.overrides()).unwrap();
+        let err = Config::from_sources(None, &[], &overrides)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("server.listen (from flag --listen): "),
+            "{err}"
+        );
+        let serve = ServeFlags {
+            gpushare: Some("maybe".into()),
+            ..ServeFlags::default()
+        };
+        let overrides = ConfigFlags::default().overrides(serve.overrides()).unwrap();
+        let err = Config::from_sources(None, &[], &overrides)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("(from flag --gpushare)"), "{err}");
+        let flags = ConfigFlags {
+            set: vec!["server.listen=nowhere".into()],
+            ..ConfigFlags::default()
+        };
+        let err = Config::from_sources(None, &[], &flags.overrides(Vec::new()).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("(from flag --set server.listen)"), "{err}");
+    }
+
+    #[test]
+    fn a_policy_without_typical_pods_is_named_in_the_error() {
+        for policy in ScoringPolicy::ALL.into_iter().filter(|p| p.uses_typical()) {
+            let flags = ConfigFlags {
+                scoring: Some(policy.as_str().into()),
+                ..ConfigFlags::default()
+            };
+            let err = Config::from_sources(None, &[], &flags.overrides(Vec::new()).unwrap())
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(&format!("scoring {} needs typical pods", policy.as_str())),
+                "{err}"
+            );
+        }
     }
 
     #[test]

@@ -68,7 +68,12 @@ fn main() -> ExitCode {
         args.insert(1, "inspect".into());
     }
     let cli = Cli::parse_from(args);
-    tracing_setup::init(cli.log_format);
+    // The commands that print a report keep stderr to warnings unless asked for more.
+    let default_level = match cli.command {
+        Command::Inspect(_) | Command::Explain(_) | Command::CheckConfig(_) => "warn",
+        Command::Serve(_) | Command::Simulate(_) | Command::Replay(_) => "info",
+    };
+    tracing_setup::init(cli.log_format, default_level);
     match cli.command {
         Command::Serve(args) => {
             block_on(serve(args)).map_or(ExitCode::FAILURE, |()| ExitCode::SUCCESS)

@@ -12,7 +12,7 @@ use futures::future::BoxFuture;
 use tokio::net::TcpListener;
 use tracing::info;
 
-use crate::config::ConfigFlags;
+use crate::config::{ConfigFlags, ServeFlags};
 use crate::http::auth::{AdminAuth, KubeReview};
 use crate::http::server::{AppState, admin_router, guarded_admin_router, guarded_router};
 use crate::http::tls;
@@ -29,6 +29,8 @@ use crate::telemetry::Metrics;
 pub struct ServeArgs {
     #[command(flatten)]
     pub config: ConfigFlags,
+    #[command(flatten)]
+    pub shortcuts: ServeFlags,
     /// Kubeconfig to reach the API server; default: KUBECONFIG, ~/.kube/config, or in-cluster.
     #[arg(long, value_name = "PATH")]
     pub kubeconfig: Option<PathBuf>,
@@ -37,7 +39,7 @@ pub struct ServeArgs {
 /// Runs the extender until SIGTERM or Ctrl-C: watchers, binder, the extender listener and the
 /// admin listener. Returns after both listeners have drained.
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let config = Arc::new(args.config.load()?);
+    let config = Arc::new(args.config.load_with(args.shortcuts.overrides())?);
     // Read before anything starts, so that a missing or bad certificate stops the start-up with
     // a message naming the key.
     let tls = config

@@ -1,6 +1,8 @@
 //! End-to-end checks of the simulator: the built-in example under every policy, and a replay of
-//! the openb default trace (skipped with a message when the traces are not checked out beside
-//! the repository).
+//! the openb default trace. The trace tests are `#[ignore]`d (a plain `cargo test` counts them as
+//! ignored): they need the openb traces at `../shared/traces/openb`, and `make test` runs them
+//! with `--ignored` when they are there. Run without the traces, they fail and say where the
+//! traces come from.
 
 // Helpers shared by the tests unwrap too: a panic is a test failure with a clear location.
 #![allow(clippy::unwrap_used)]
@@ -8,7 +10,9 @@
 use std::path::{Path, PathBuf};
 
 use gpu_extender::engine::policy::reference::ReferencePolicy;
-use gpu_extender::sim::cli::{EXAMPLE_SCENARIO, StepRows, default_policies, run_matrix};
+use gpu_extender::sim::cli::{
+    EXAMPLE_SCENARIO, OPENB_NODES, OPENB_SOURCE, StepRows, default_policies, run_matrix,
+};
 use gpu_extender::sim::load::{load_cluster, load_workload, parse_scenario};
 use gpu_extender::sim::progress::Progress;
 use gpu_extender::sim::replay::{Prepared, SimPolicy, engine_policies, run};
@@ -69,23 +73,22 @@ fn a_seed_replays_identically() {
     }
 }
 
-/// The openb traces, beside the repository (`../shared/traces/openb`), if present.
-fn openb() -> Option<PathBuf> {
+/// The openb traces, beside the repository (`../shared/traces/openb`); a test that needs them and
+/// runs without them fails with where they come from.
+fn openb() -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces/openb");
-    if dir.join("openb_node_list_gpu_node.csv").is_file() {
-        Some(dir)
-    } else {
-        println!(
-            "skipped: no openb traces at {} (see docs/simulate.md)",
-            dir.display()
-        );
-        None
-    }
+    assert!(
+        dir.join(OPENB_NODES).is_file(),
+        "no openb traces at {}: {OPENB_SOURCE}",
+        dir.display()
+    );
+    dir
 }
 
 #[test]
+#[ignore = "needs the openb traces in ../shared/traces/openb; make test runs it when they are there"]
 fn the_default_trace_replays_like_the_paper_for_fgd() {
-    let Some(dir) = openb() else { return };
+    let dir = openb();
     let cluster = load_cluster(&dir.join("openb_node_list_gpu_node.csv")).unwrap();
     assert_eq!(cluster.nodes().len(), 1213);
     assert_eq!(cluster.gpu_count(), 6212);
@@ -118,8 +121,9 @@ fn the_default_trace_replays_like_the_paper_for_fgd() {
 }
 
 #[test]
+#[ignore = "needs the openb traces in ../shared/traces/openb; make test runs it when they are there"]
 fn fgd_plus_allocates_more_than_fgd_on_the_default_trace() {
-    let Some(dir) = openb() else { return };
+    let dir = openb();
     let cluster = load_cluster(&dir.join("openb_node_list_gpu_node.csv")).unwrap();
     let workload = load_workload(&dir.join("openb_pod_list_default.csv")).unwrap();
     let prepared = Prepared::new(&cluster, &workload);

@@ -174,22 +174,56 @@ fn api_error(error: kube::Error) -> ApiError {
     }
 }
 
-/// A client from an explicit kubeconfig, or kube's default discovery.
+/// A client from an explicit kubeconfig, or kube's default discovery (`KUBECONFIG`, else
+/// `~/.kube/config`, else the pod's service account). A kubeconfig that cannot be read is one
+/// line naming its path (kube's own message repeats the cause and quotes the path twice).
 pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
     let config = match kubeconfig {
         Some(path) => {
+            readable_kubeconfig(path, "--kubeconfig")?;
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+                .map_err(|error| anyhow::anyhow!("kubeconfig {}: {error}", path.display()))?;
             kube::Config::from_custom_kubeconfig(
                 kubeconfig,
                 &kube::config::KubeConfigOptions::default(),
             )
             .await
-            .with_context(|| format!("using kubeconfig {}", path.display()))?
+            .map_err(|error| anyhow::anyhow!("kubeconfig {}: {error}", path.display()))?
         }
-        None => kube::Config::infer()
-            .await
-            .context("finding a kubeconfig or in-cluster config")?,
+        None => {
+            match std::env::var_os("KUBECONFIG").filter(|paths| !paths.is_empty()) {
+                Some(paths) => {
+                    for path in std::env::split_paths(&paths) {
+                        readable_kubeconfig(&path, "KUBECONFIG")?;
+                    }
+                }
+                None => {
+                    let default = std::env::var_os("HOME")
+                        .map(|home| std::path::PathBuf::from(home).join(".kube/config"));
+                    let in_pod = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+                    if !in_pod && default.as_ref().is_none_or(|path| !path.exists()) {
+                        anyhow::bail!(
+                            "no kubeconfig: KUBECONFIG is unset, {} does not exist, and this is \
+                             not a pod; give --kubeconfig PATH or set KUBECONFIG",
+                            default.map_or("~/.kube/config".into(), |p| p.display().to_string())
+                        );
+                    }
+                }
+            }
+            kube::Config::infer()
+                .await
+                .map_err(|error| anyhow::anyhow!("finding a kubeconfig: {error}"))?
+        }
     };
     kube::Client::try_from(config).context("building the API client")
+}
+
+/// Fails with one line when the kubeconfig at `path` (named by `source`) cannot be read.
+fn readable_kubeconfig(path: &std::path::Path, source: &str) -> anyhow::Result<()> {
+    std::fs::File::open(path).map(drop).map_err(|error| {
+        anyhow::anyhow!(
+            "cannot read kubeconfig {} ({source}): {error}",
+            path.display()
+        )
+    })
 }

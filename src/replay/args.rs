@@ -25,7 +25,7 @@ pub struct ReplayArgs {
     pub seeds: String,
 
     /// Inflate (or shrink) the arrivals to this multiple of GPU capacity, as `simulate`.
-    #[arg(long, default_value_t = 1.3)]
+    #[arg(long, default_value_t = 1.3, allow_negative_numbers = true)]
     pub tune: f64,
 
     /// Where to write summary.md, runs.csv, discrete.csv, steps.csv, alloc-TRACE.svg (and with

@@ -82,16 +82,17 @@ pub async fn run_cli(args: ReplayArgs) -> Result<()> {
             }
         }
     }
-    write_outputs(&args.out, &real, args.tune)?;
+    let written = write_outputs(&args.out, &real, args.tune)?;
     print!("{}", crate::sim::report::summary_markdown(&real));
     if args.compare {
-        write_outputs(&args.out.join("simulate"), &simulated, args.tune)?;
+        let simulate = write_outputs(&args.out.join("simulate"), &simulated, args.tune)?;
         let path = args.out.join("compare.csv");
         std::fs::write(&path, compare_csv(&simulated, &real)?)
             .with_context(|| format!("writing {}", path.display()))?;
         print!("{}", compare_summary(&simulated, &real));
+        println!("{simulate}; compare.csv to {}", written.dir.display());
     }
-    println!("results in {}", args.out.display());
+    println!("{written}");
     Ok(())
 }
 

@@ -21,6 +21,14 @@ pub const EXAMPLE_SCENARIO: &str = include_str!("../../examples/sim-small.yaml")
 /// The openb node list's file name inside a trace folder.
 pub const OPENB_NODES: &str = "openb_node_list_gpu_node.csv";
 
+/// Where the openb traces come from and how to point the tool at them: for messages about a
+/// missing trace folder (here and in the tests that need it).
+pub const OPENB_SOURCE: &str = "the openb traces are Alibaba's public GPU cluster trace \
+    cluster-trace-gpu-v2023 (https://github.com/alibaba/clusterdata, folder \
+    cluster-trace-gpu-v2023: openb_node_list_gpu_node.csv and openb_pod_list_*.csv); download \
+    that folder and pass it as --trace-dir DIR (the trace tests read ../shared/traces/openb \
+    beside the clone; a symbolic link there works)";
+
 /// Where a cluster and its workloads come from: an openb folder, CSV or YAML files, a YAML
 /// scenario, or (none of these) the built-in example. `simulate` and `replay` read them alike.
 #[derive(Clone, Debug, Default, clap::Args)]
@@ -60,10 +68,11 @@ pub struct SimArgs {
 
     /// Inflate (or shrink) the arrivals to this multiple of GPU capacity; 0 replays the trace
     /// as it is.
-    #[arg(long, default_value_t = 1.3)]
+    #[arg(long, default_value_t = 1.3, allow_negative_numbers = true)]
     pub tune: f64,
 
-    /// Where to write summary.md, runs.csv, discrete.csv, steps.csv and alloc-TRACE.svg.
+    /// Where to write summary.md, runs.csv, discrete.csv, steps.csv and alloc-TRACE.svg
+    /// (created if absent; the default is relative to the current directory).
     #[arg(long, value_name = "DIR", default_value = "sim-out")]
     pub out: PathBuf,
 
@@ -183,6 +192,14 @@ impl TraceInputs {
             };
             return Ok((cluster, vec![workload]));
         }
+        if let Some(dir) = &args.trace_dir
+            && !dir.join(OPENB_NODES).is_file()
+        {
+            bail!(
+                "--trace-dir {}: no {OPENB_NODES} there; {OPENB_SOURCE}",
+                dir.display()
+            );
+        }
         let nodes = match (&args.nodes, &args.trace_dir) {
             (Some(path), _) => path.clone(),
             (None, Some(dir)) => dir.join(OPENB_NODES),
@@ -198,7 +215,16 @@ impl TraceInputs {
         for name in names {
             let path = match &args.trace_dir {
                 Some(dir) if !name.contains('/') && !name.contains('.') => {
-                    dir.join(format!("openb_pod_list_{name}.csv"))
+                    let path = dir.join(format!("openb_pod_list_{name}.csv"));
+                    if !path.is_file() {
+                        bail!(
+                            "--trace {name}: no {} in --trace-dir {}; {OPENB_SOURCE}",
+                            path.file_name()
+                                .map_or_else(String::new, |f| f.to_string_lossy().into_owned()),
+                            dir.display()
+                        );
+                    }
+                    path
                 }
                 _ => PathBuf::from(&name),
             };
@@ -320,23 +346,50 @@ pub fn run_cli(args: SimArgs) -> anyhow::Result<()> {
     );
     progress.finish();
     let elapsed = started.elapsed();
-    write_outputs(&args.out, &results, args.tune)?;
+    let written = write_outputs(&args.out, &results, args.tune)?;
     print!("{}", report::summary_markdown(&results));
     println!(
-        "{} runs in {:.1} s; results in {}",
+        "{} runs in {:.1} s; {written}",
         results.len(),
         elapsed.as_secs_f64(),
-        args.out.display()
     );
     Ok(())
 }
 
-/// Writes every output file into `out`.
-pub fn write_outputs(out: &Path, results: &[RunResult], tune: f64) -> anyhow::Result<()> {
+/// What [`write_outputs`] wrote, for the command to tell the user.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Written {
+    /// The output folder, absolute.
+    pub dir: PathBuf,
+    /// Whether the folder was created (it did not exist before).
+    pub created: bool,
+    /// The files written into it, in order.
+    pub files: Vec<String>,
+}
+
+impl std::fmt::Display for Written {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "wrote {} to {}{}",
+            self.files.join(", "),
+            self.dir.display(),
+            if self.created { " (created)" } else { "" }
+        )
+    }
+}
+
+/// Writes every output file into `out`, creating it if needed.
+pub fn write_outputs(out: &Path, results: &[RunResult], tune: f64) -> anyhow::Result<Written> {
+    let created = !out.exists();
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let dir = std::path::absolute(out).unwrap_or_else(|_| out.to_owned());
+    let files = std::cell::RefCell::new(Vec::new());
     let write = |name: &str, text: String| -> anyhow::Result<()> {
         let path = out.join(name);
-        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
+        files.borrow_mut().push(name.to_owned());
+        Ok(())
     };
     write("summary.md", report::summary_markdown(results))?;
     write("runs.csv", report::runs_csv(results)?)?;
@@ -351,7 +404,11 @@ pub fn write_outputs(out: &Path, results: &[RunResult], tune: f64) -> anyhow::Re
         let file = format!("alloc-{}.svg", file_safe(trace));
         write(&file, report::alloc_svg(trace, &of_trace)?)?;
     }
-    Ok(())
+    Ok(Written {
+        dir,
+        created,
+        files: files.into_inner(),
+    })
 }
 
 fn file_safe(name: &str) -> String {
@@ -388,6 +445,35 @@ mod tests {
         assert_eq!(picked.len(), 2);
         let err = parse_policies(&["nope".to_owned()]).unwrap_err();
         assert!(err.to_string().contains("known: random"), "{err}");
+    }
+
+    #[test]
+    fn a_trace_dir_without_the_traces_says_where_they_come_from() {
+        let empty =
+            std::env::temp_dir().join(format!("gpu-extender-no-traces-{}", std::process::id()));
+        std::fs::create_dir_all(&empty).unwrap();
+        let inputs = TraceInputs {
+            trace_dir: Some(empty.clone()),
+            ..TraceInputs::default()
+        };
+        let err = inputs.resolve().unwrap_err().to_string();
+        assert!(err.contains(OPENB_NODES), "{err}");
+        assert!(err.contains("cluster-trace-gpu-v2023"), "{err}");
+        assert!(err.contains("github.com/alibaba/clusterdata"), "{err}");
+        std::fs::write(
+            empty.join(OPENB_NODES),
+            "sn,cpu_milli,memory_mib,gpu,model\nn1,64000,262144,1,T4\n",
+        )
+        .unwrap();
+        let inputs = TraceInputs {
+            trace_dir: Some(empty.clone()),
+            traces: vec!["gpushare40".into()],
+            ..TraceInputs::default()
+        };
+        let err = inputs.resolve().unwrap_err().to_string();
+        assert!(err.contains("openb_pod_list_gpushare40.csv"), "{err}");
+        assert!(err.contains("cluster-trace-gpu-v2023"), "{err}");
+        let _ = std::fs::remove_dir_all(empty);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The trace-replay simulator: the FGD paper's reference experiment (specified in
-//! `../shared/docs/simulation.md`; usage in `docs/simulate.md`) run through the same engine the
+//! `../shared/docs/simulation.md`, the project's notes beside the clone; the protocol and usage
+//! are in `docs/simulate.md`, the openb traces' origin in [`cli::OPENB_SOURCE`]) run through the same engine the
 //! extender uses. Loading (`load`, `trace`), the seeded protocol
 //! (`protocol`, drawn from Go's `math/rand` in `go_rand`), one run (`replay`), measurements (`metrics`), and outputs (`report`, `cli`).
 //! Randomness lives here, never in the engine: draws are passed into engine functions.

@@ -85,6 +85,7 @@ fn pod(i: usize) -> PodSpec {
 }
 
 #[test]
+#[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
 fn a_burst_of_pods_onto_a_crowded_cluster_never_overcommits_a_gpu() {
     crate::harness::run("burst", async |c| {
         let nodes = cluster();

@@ -63,6 +63,7 @@ fn counter(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
 }
 
 #[test]
+#[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
 fn each_shipped_scheduler_config_schedules_a_gpu_pod_through_the_extender() {
     crate::harness::run("configs", async |c| {
         let configs = shipped_configs()?;

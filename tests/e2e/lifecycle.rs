@@ -19,6 +19,7 @@ use crate::{BIND, up};
 const PROMPT: Duration = Duration::from_secs(10);
 
 #[test]
+#[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
 fn a_pending_pod_is_bound_soon_after_a_fitting_node_is_added() {
     crate::harness::run("scale-up", async |c| {
         let mut nodes = vec![GpuNode::new("t4", Mode::Share, 2, "Tesla-T4", 16)];
@@ -58,6 +59,7 @@ fn a_pending_pod_is_bound_soon_after_a_fitting_node_is_added() {
 }
 
 #[test]
+#[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
 fn finished_or_deleted_pods_free_their_gpus_for_waiting_pods() {
     crate::harness::run("free-on-exit", async |c| {
         let nodes = vec![
@@ -105,6 +107,7 @@ fn finished_or_deleted_pods_free_their_gpus_for_waiting_pods() {
 /// the touch itself is checked in a last step with kube-scheduler stopped: the waiting pod then
 /// stays unschedulable, and the extender must annotate it once the share is freed.
 #[test]
+#[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
 fn finished_or_deleted_shares_free_their_gpu_for_waiting_pods() {
     crate::harness::run("free-shares-on-exit", async |c| {
         let nodes = vec![GpuNode::new("t4x2", Mode::Share, 2, "Tesla-T4", 16)];

@@ -34,6 +34,7 @@ fn affinity(operator: &str, models: &[&str]) -> serde_json::Value {
 }
 
 #[test]
+#[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
 fn model_include_and_exclude_by_annotation_and_affinity() {
     crate::harness::run("models", async |c| {
         let nodes = vec![

@@ -78,6 +78,7 @@ fn check_gpushare(pod: &Pod, gpu: u16, gib: u64, dev_gib: u64) -> Result<()> {
 }
 
 #[test]
+#[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
 fn every_mode_and_request_kind() {
     crate::harness::run("modes", async |c| {
         let nodes = cluster();

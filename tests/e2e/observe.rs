@@ -92,6 +92,7 @@ fn gauge_is(text: &str, name: &str, labels: &[(&str, &str)], want: f64) -> Resul
 }
 
 #[test]
+#[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
 fn metrics_events_inspect_and_explain_tell_the_story() {
     crate::harness::run("observe", async |c| {
         let nodes = vec![

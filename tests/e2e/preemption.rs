@@ -53,6 +53,7 @@ async fn preempt_calls(c: &crate::harness::Cluster) -> Result<f64> {
 }
 
 #[test]
+#[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
 fn preemption_evicts_only_victims_that_free_a_gpu() {
     crate::harness::run("preemption", async |c| {
         let nodes = vec![

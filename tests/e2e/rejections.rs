@@ -39,6 +39,7 @@ async fn rejected(c: &crate::harness::Cluster, spec: PodSpec, needle: &str) -> R
 }
 
 #[test]
+#[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
 fn a_pod_that_fits_nowhere_is_unschedulable_with_our_reason() {
     crate::harness::run("fits-nowhere", async |c| {
         let mut nodes = vec![
@@ -142,6 +143,7 @@ fn a_pod_that_fits_nowhere_is_unschedulable_with_our_reason() {
 }
 
 #[test]
+#[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
 fn malformed_requests_get_a_clear_event() {
     crate::harness::run("malformed", async |c| {
         let nodes = vec![

@@ -92,6 +92,7 @@ fn check_compare(out: &Path, policies: &[&str]) -> Result<()> {
 }
 
 #[test]
+#[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
 fn replay_the_real_loop_places_as_simulate_does() {
     harness::run_with_bins("replay_the_real_loop_places_as_simulate_does", |bins| {
         let out = tempfile_dir("replay-out")?;
@@ -134,6 +135,7 @@ fn replay_the_real_loop_places_as_simulate_does() {
 }
 
 #[test]
+#[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
 fn replay_the_throughput_mode_measures_both_setups() {
     harness::run_with_bins("replay_the_throughput_mode_measures_both_setups", |bins| {
         let out = tempfile_dir("throughput-out")?;
@@ -176,6 +178,7 @@ fn replay_the_throughput_mode_measures_both_setups() {
 }
 
 #[test]
+#[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
 fn replay_into_a_cluster_by_kubeconfig_and_leave_it_as_it_was() {
     harness::run(
         "replay_into_a_cluster_by_kubeconfig_and_leave_it_as_it_was",
@@ -215,6 +218,7 @@ fn replay_into_a_cluster_by_kubeconfig_and_leave_it_as_it_was() {
 }
 
 #[test]
+#[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
 fn replay_refuses_bad_input_clearly_and_leaves_nothing() {
     harness::run(
         "replay_refuses_bad_input_clearly_and_leaves_nothing",

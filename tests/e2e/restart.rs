@@ -26,6 +26,7 @@ fn pod(i: usize) -> PodSpec {
 }
 
 #[test]
+#[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
 fn extender_killed_mid_stream_loses_and_duplicates_nothing() {
     crate::harness::run("restart", async |c| {
         // 16 shared T4s (256 GiB) for 50 shares of ~3.2 GiB, 12 whole GPUs for 10 pods: room

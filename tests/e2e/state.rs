@@ -133,6 +133,7 @@ pub async fn bind_error(c: &Cluster, pod: &str, uid: &str, node: &str) -> Result
 }
 
 #[test]
+#[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
 fn the_table_follows_pods_bound_by_others_node_changes_and_failed_binds() {
     crate::harness::run("cluster-state", async |c| {
         let nodes = vec![
