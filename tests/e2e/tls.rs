@@ -138,6 +138,7 @@ async fn https(
 }
 
 #[test]
+#[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
 fn kube_scheduler_calls_the_extender_over_https_and_a_rotated_certificate_needs_no_restart() {
     crate::harness::run("tls", async |c| {
         let pki = c.dir.join("extender-pki");
