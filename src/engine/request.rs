@@ -283,7 +283,9 @@ pub enum TopologyPreference {
     /// No particular wish beyond the node's defaults.
     #[default]
     Any,
-    /// Prefer the best-connected group (scores only).
+    /// Prefer nodes that offer a group as well connected as their best: such a node outranks
+    /// every node that does not, whatever the scoring policy says; a worse group is still taken
+    /// when no node offers a best one (see `policy::topology::preferred_score`).
     Preferred,
     /// Reject nodes whose free GPUs hold no group connected as well as the node's best group.
     Required,
