@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::{Container, Node, Pod, ResourceRequirements};
+use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as WireQuantity;
 use serde::Deserialize;
 use thiserror::Error;
@@ -573,27 +573,10 @@ pub fn pod_host_request(pod: &Pod) -> Result<(CpuMilli, MemMiB), TranslateError>
         };
         Ok((cpu, mem))
     };
-    let add = |a: (u64, u64), b: (u64, u64)| (a.0.saturating_add(b.0), a.1.saturating_add(b.1));
-    let max = |a: (u64, u64), b: (u64, u64)| (a.0.max(b.0), a.1.max(b.1));
-
-    let mut apps = (0, 0);
-    for c in &spec.containers {
-        apps = add(apps, amount(c.resources.as_ref(), &c.name)?);
-    }
-    // Kubernetes' rule with sidecars: a sidecar keeps running, so it adds to every later init
-    // container and to the app containers.
-    let mut sidecars = (0, 0);
-    let mut init_peak = (0, 0);
-    for c in spec.init_containers.iter().flatten() {
-        let own = amount(c.resources.as_ref(), &c.name)?;
-        if is_sidecar(c) {
-            sidecars = add(sidecars, own);
-            init_peak = max(init_peak, sidecars);
-        } else {
-            init_peak = max(init_peak, add(sidecars, own));
-        }
-    }
-    let mut total = max(add(apps, sidecars), init_peak);
+    let [cpu, mem] = containers_request(spec, |c| {
+        amount(c.resources.as_ref(), &c.name).map(|(cpu, mem)| [cpu, mem])
+    })?;
+    let mut total = (cpu, mem);
     if let Some(pod_level) = spec.resources.as_ref() {
         let (cpu, mem) = amount(Some(pod_level), "(pod-level resources)")?;
         if resource(Some(pod_level), "cpu").is_some() {
@@ -616,6 +599,44 @@ pub fn pod_host_request(pod: &Pod) -> Result<(CpuMilli, MemMiB), TranslateError>
         }
     }
     Ok((CpuMilli(total.0), MemMiB(total.1)))
+}
+
+/// The effective request of the pod's containers for `N` resources, by Kubernetes' rule: the
+/// larger of the app containers plus sidecars and the init-container peak (a sidecar keeps
+/// running, so it adds to every later init container and to the app containers). `amount` is
+/// one container's request of each resource. Pod-level resources and overhead are not applied.
+fn containers_request<const N: usize>(
+    spec: &PodSpec,
+    amount: impl Fn(&Container) -> Result<[u64; N], TranslateError>,
+) -> Result<[u64; N], TranslateError> {
+    let add = |a: [u64; N], b: [u64; N]| std::array::from_fn(|i| a[i].saturating_add(b[i]));
+    let max = |a: [u64; N], b: [u64; N]| std::array::from_fn(|i| a[i].max(b[i]));
+    let mut apps = [0; N];
+    for c in &spec.containers {
+        apps = add(apps, amount(c)?);
+    }
+    let mut sidecars = [0; N];
+    let mut init_peak = [0; N];
+    for c in spec.init_containers.iter().flatten() {
+        let own = amount(c)?;
+        if is_sidecar(c) {
+            sidecars = add(sidecars, own);
+            init_peak = max(init_peak, sidecars);
+        } else {
+            init_peak = max(init_peak, add(sidecars, own));
+        }
+    }
+    Ok(max(add(apps, sidecars), init_peak))
+}
+
+/// The pod's effective request of an extended resource such as `nvidia.com/gpu` (a whole
+/// number), as kube-scheduler's NodeResourcesFit counts it: [`containers_request`]'s rule; 0
+/// when no container names it.
+pub fn pod_resource_request(pod: &Pod, name: &str) -> Result<u64, TranslateError> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Ok(0);
+    };
+    containers_request(spec, |c| gpu_amount(c, name).map(|n| [n])).map(|[n]| n)
 }
 
 fn is_sidecar(container: &Container) -> bool {
