@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::{
 
 use super::quantity::Quantity;
 use super::translate::{TranslateError, pod_resource_request};
-use crate::config::Config;
+use crate::config::{Config, Sharing};
 
 /// The kube-scheduler filter plugin that refuses a node, in the order kube-scheduler runs them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,10 +64,15 @@ impl NodeRefusal {
 /// The GPU resource names kube-scheduler's NodeResourcesFit checks against node allocatable:
 /// whole GPUs, topology GPUs and GPU memory, which the shipped scheduler configuration leaves to
 /// kube-scheduler (`ignoredByScheduler: false`). The compute percentage is `ignoredByScheduler:
-/// true` there and not checked.
-pub fn checked_resources(cfg: &Config) -> [&str; 3] {
+/// true` there and not checked; with `resources.sharing: hami` neither is GPU memory, which
+/// HAMi's device plugin does not advertise as a node resource.
+pub fn checked_resources(cfg: &Config) -> Vec<&str> {
     let r = &cfg.resources;
-    [&r.whole_gpu, &r.topology_gpu, &r.gpu_mem]
+    let mut names = vec![r.whole_gpu.as_str(), r.topology_gpu.as_str()];
+    if r.sharing == Sharing::Cgpu {
+        names.push(&r.gpu_mem);
+    }
+    names
 }
 
 /// What the pods bound to each node request of [`checked_resources`], by node name: what

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use super::quantity::{Quantity, QuantityError};
-use crate::config::Config;
+use crate::config::{Config, Sharing};
 use crate::engine::{
     ContainerRequest, CpuMilli, Gpu, GpuConstraints, GpuDemand, GpuIndex, GpuMode, GpuPlacement,
     Link, LinkMatrix, MemMiB, ModelPattern, NodeSpec, PodKey, PodRequest, RequestError,
@@ -37,12 +37,20 @@ pub enum TranslateError {
         problem: QuantityError,
     },
     #[error(
-        "container {container}: {resource} is counted in GiB; write a plain number such as 8, not {value:?}"
+        "container {container}: {resource} is counted in {unit}; write a plain number such as {example}, not {value:?}"
     )]
     GpuMemoryUnit {
         container: String,
         resource: String,
         value: String,
+        unit: &'static str,
+        example: u32,
+    },
+    #[error("container {container}: {resource} is not supported; {instead}")]
+    Unsupported {
+        container: String,
+        resource: String,
+        instead: String,
     },
     #[error("container {container}: {source}")]
     Request {
@@ -707,11 +715,17 @@ fn container_request(
         && let Some(q) = resource(container.resources.as_ref(), &r.gpu_mem)
         && Quantity::parse(&q.0).is_ok_and(|parsed| parsed.is_binary())
     {
+        let hami = r.sharing == Sharing::Hami;
         return Err(TranslateError::GpuMemoryUnit {
             container: container.name.clone(),
             resource: r.gpu_mem.clone(),
             value: q.0.clone(),
+            unit: if hami { "MiB" } else { "GiB" },
+            example: if hami { 3000 } else { 8 },
         });
+    }
+    if cfg.resources.sharing == Sharing::Hami {
+        return hami_request(container, whole, topology, mem_gib, core, cfg);
     }
     let kinds = [whole > 0, topology > 0, mem_gib > 0 || core > 0]
         .iter()
@@ -734,6 +748,53 @@ fn container_request(
         };
         let gpus = if mem_gib > 0 { gpu_count.clone()? } else { 1 };
         GpuDemand::share_under(mem_gib, gpus, core, r.share_rules())
+    }
+    .map_err(request_error)?;
+    Ok(ContainerRequest {
+        name: container.name.clone(),
+        gpu,
+    })
+}
+
+/// HAMi's resource names and the one it has that this engine cannot express.
+pub const HAMI_MEM_PERCENTAGE: &str = "nvidia.com/gpumem-percentage";
+
+/// One container's request under HAMi's semantics (`resources.sharing: hami`): `wholeGpu` is the
+/// number of GPUs (1 when only memory or compute is named), `gpuMem` MiB on each, `gpuCore` a
+/// percentage of each. Without memory HAMi gives the container all of each card's memory, so
+/// `wholeGpu` alone, or with `gpuCore` alone unless `gpuCoreWithoutMemory`, asks for whole GPUs.
+fn hami_request(
+    container: &Container,
+    whole: u64,
+    topology: u64,
+    mem_mib: u64,
+    core: u64,
+    cfg: &Config,
+) -> Result<ContainerRequest, TranslateError> {
+    let r = &cfg.resources;
+    let request_error = |source| TranslateError::Request {
+        container: container.name.clone(),
+        source,
+    };
+    if gpu_amount(container, HAMI_MEM_PERCENTAGE)? > 0 {
+        return Err(TranslateError::Unsupported {
+            container: container.name.clone(),
+            resource: HAMI_MEM_PERCENTAGE.to_owned(),
+            instead: format!("ask for {} in MiB per GPU", r.gpu_mem),
+        });
+    }
+    if topology > 0 && (whole > 0 || mem_mib > 0 || core > 0) {
+        return Err(request_error(RequestError::Conflicting(
+            "ask for either topology GPUs or HAMi GPUs (count, memory, cores)",
+        )));
+    }
+    let core = (core > 0).then(|| u32::try_from(core).unwrap_or(u32::MAX));
+    let gpu = if topology > 0 {
+        GpuDemand::topology(topology)
+    } else if mem_mib == 0 && (core.is_none() || !r.gpu_core_without_memory) {
+        GpuDemand::whole(whole)
+    } else {
+        GpuDemand::share_per_gpu(MemMiB(mem_mib), whole.max(1), core, r.share_rules())
     }
     .map_err(request_error)?;
     Ok(ContainerRequest {
