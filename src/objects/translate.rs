@@ -792,7 +792,8 @@ fn hami_request(
     let gpu = if topology > 0 {
         GpuDemand::topology(topology)
     } else if mem_mib == 0 && (core.is_none() || !r.gpu_core_without_memory) {
-        GpuDemand::whole(whole)
+        // A percentage alone still asks for a GPU: one, when no count is given.
+        GpuDemand::whole(if core.is_some() { whole.max(1) } else { whole })
     } else {
         GpuDemand::share_per_gpu(MemMiB(mem_mib), whole.max(1), core, r.share_rules())
     }

@@ -960,6 +960,24 @@ fn hami_shapes_and_refusals() {
         pod_request(&cores_only, &cfg).unwrap().unwrap().containers[0].gpu,
         GpuDemand::Whole { count: 1 }
     );
+    let alone = hami_pod("a", json!({"nvidia.com/gpucores": "50"}));
+    assert_eq!(
+        pod_request(&alone, &cfg).unwrap().unwrap().containers[0].gpu,
+        GpuDemand::Whole { count: 1 }
+    );
+    let memory_alone = hami_pod("m", json!({"nvidia.com/gpumem": "2000"}));
+    assert_eq!(
+        pod_request(&memory_alone, &cfg)
+            .unwrap()
+            .unwrap()
+            .containers[0]
+            .gpu,
+        GpuDemand::Share {
+            gpus: 1,
+            mem_per_gpu: crate::engine::MemMiB(2000),
+            compute_per_gpu: crate::engine::ComputeMilli(0),
+        }
+    );
     let percentage = hami_pod(
         "p",
         json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "50"}),
