@@ -36,7 +36,8 @@ pub struct NodeVerdict {
     pub node: String,
     pub fits: bool,
     /// Which check refuses the node, when it does not fit: a kube-scheduler filter plugin
-    /// (`TaintToleration`, `NodeAffinity`, `NodeResourcesFit`) or [`ENGINE_LAYER`].
+    /// (`NodeUnschedulable`, `TaintToleration`, `NodeAffinity`, `NodeResourcesFit`) or
+    /// [`ENGINE_LAYER`].
     pub layer: Option<String>,
     /// The engine's rejection code (`gpu_extender_rejections_total`'s `reason`), when the engine
     /// refuses the node.
@@ -348,7 +349,7 @@ pub fn to_text(pod: &str, request: &PodRequest, verdicts: &[NodeVerdict]) -> Str
     let fitting = verdicts.iter().filter(|v| v.fits).count();
     let _ = writeln!(
         out,
-        "Fits {fitting} of {} node(s) now (kube-scheduler's taint, node affinity and GPU \
+        "Fits {fitting} of {} node(s) now (kube-scheduler's cordon, taint, node affinity and GPU \
          resource-count filters, then the extender's GPU, CPU, memory and pod-count checks; \
          kube-scheduler's other filters, such as ports and volumes, are not evaluated).",
         verdicts.len()

@@ -1,7 +1,7 @@
 //! kube-scheduler's node-level checks that run before the extender is asked, as `explain` applies
-//! them: taints the pod does not tolerate, its node selector and required node affinity, and the
-//! node's allocatable count of the GPU resources kube-scheduler checks itself. Pure functions of
-//! the Node, the Pod, what the node's other pods request, and the [`Config`].
+//! them: a cordoned node, taints the pod does not tolerate, its node selector and required node
+//! affinity, and the node's allocatable count of the GPU resources kube-scheduler checks itself.
+//! Pure functions of the Node, the Pod, what the node's other pods request, and the [`Config`].
 //!
 //! The extender only ever sees the nodes that passed these filters, so a verdict of the GPU
 //! engine on a node that fails one of them would contradict kube-scheduler's own event.
@@ -20,6 +20,8 @@ use crate::config::{Config, Sharing};
 /// The kube-scheduler filter plugin that refuses a node, in the order kube-scheduler runs them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Layer {
+    /// The node is cordoned (`spec.unschedulable`) and the pod does not tolerate that.
+    NodeUnschedulable,
     /// A `NoSchedule` or `NoExecute` taint the pod does not tolerate.
     TaintToleration,
     /// The pod's `nodeSelector` or required node affinity does not match the node.
@@ -32,6 +34,7 @@ impl Layer {
     /// The plugin's name, as kube-scheduler's configuration and logs spell it.
     pub fn as_str(self) -> &'static str {
         match self {
+            Self::NodeUnschedulable => "NodeUnschedulable",
             Self::TaintToleration => "TaintToleration",
             Self::NodeAffinity => "NodeAffinity",
             Self::NodeResourcesFit => "NodeResourcesFit",
@@ -102,7 +105,7 @@ pub fn requested_by_node<'a>(
 }
 
 /// The first of kube-scheduler's node-level filters that refuses `pod` on `node`, in its order
-/// (TaintToleration, NodeAffinity, NodeResourcesFit); `None` when all pass. `used` is what the
+/// (NodeUnschedulable, TaintToleration, NodeAffinity, NodeResourcesFit); `None` when all pass. `used` is what the
 /// node's pods already request (from [`requested_by_node`]). A GPU request that cannot be read is
 /// an error: the pod's translation reports it the same way.
 pub fn node_refusal(
@@ -111,6 +114,22 @@ pub fn node_refusal(
     used: Option<&BTreeMap<String, u64>>,
     cfg: &Config,
 ) -> Result<Option<NodeRefusal>, TranslateError> {
+    let cordoned = node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+    let unschedulable = Taint {
+        key: "node.kubernetes.io/unschedulable".to_owned(),
+        effect: "NoSchedule".to_owned(),
+        ..Taint::default()
+    };
+    if cordoned
+        && !tolerations(pod)
+            .iter()
+            .any(|t| tolerates(t, &unschedulable))
+    {
+        return Ok(Some(NodeRefusal {
+            layer: Layer::NodeUnschedulable,
+            detail: "node(s) were unschedulable (cordoned)".to_owned(),
+        }));
+    }
     if let Some(taint) = untolerated_taint(node, pod) {
         return Ok(Some(NodeRefusal {
             layer: Layer::TaintToleration,
@@ -163,11 +182,7 @@ fn allocatable(node: &Node, name: &str) -> u64 {
 /// The first `NoSchedule` or `NoExecute` taint of the node that no toleration of the pod
 /// tolerates (`PreferNoSchedule` only scores).
 fn untolerated_taint<'a>(node: &'a Node, pod: &Pod) -> Option<&'a Taint> {
-    let tolerations: &[Toleration] = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.tolerations.as_deref())
-        .unwrap_or(&[]);
+    let tolerations = tolerations(pod);
     node.spec
         .as_ref()
         .and_then(|s| s.taints.as_deref())
@@ -175,6 +190,13 @@ fn untolerated_taint<'a>(node: &'a Node, pod: &Pod) -> Option<&'a Taint> {
         .iter()
         .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
         .find(|taint| !tolerations.iter().any(|t| tolerates(t, taint)))
+}
+
+fn tolerations(pod: &Pod) -> &[Toleration] {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.tolerations.as_deref())
+        .unwrap_or(&[])
 }
 
 /// Kubernetes' `Toleration.ToleratesTaint`: the effect matches (or the toleration names none),
@@ -350,6 +372,21 @@ mod tests {
             json!([{"key": "k", "effect": "PreferNoSchedule"}]),
         );
         assert_eq!(refusal(&soft, &gpu_pod(json!({}))), None);
+    }
+
+    #[test]
+    fn a_cordoned_node_refuses_unless_the_pod_tolerates_it() {
+        let cordoned = node(json!({
+            "metadata": {"name": "n"},
+            "spec": {"unschedulable": true},
+            "status": {"allocatable": {"nvidia.com/gpu": "2"}}
+        }));
+        let refused = refusal(&cordoned, &gpu_pod(json!({}))).unwrap();
+        assert_eq!(refused.layer, Layer::NodeUnschedulable);
+        let tolerant = gpu_pod(json!({"tolerations": [
+            {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}
+        ]}));
+        assert_eq!(refusal(&cordoned, &tolerant), None);
     }
 
     #[test]
