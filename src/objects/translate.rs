@@ -638,7 +638,7 @@ fn containers_request<const N: usize>(
 }
 
 /// The pod's effective request of an extended resource such as `nvidia.com/gpu` (a whole
-/// number), as kube-scheduler's NodeResourcesFit counts it: [`containers_request`]'s rule; 0
+/// number), as kube-scheduler's NodeResourcesFit counts it (the rule of `containers_request`); 0
 /// when no container names it.
 pub fn pod_resource_request(pod: &Pod, name: &str) -> Result<u64, TranslateError> {
     let Some(spec) = pod.spec.as_ref() else {
