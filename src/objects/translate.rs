@@ -756,7 +756,8 @@ fn container_request(
     })
 }
 
-/// HAMi's resource names and the one it has that this engine cannot express.
+/// HAMi's memory share in percent of each card, which the engine cannot express: refused in
+/// words under `resources.sharing: hami`.
 pub const HAMI_MEM_PERCENTAGE: &str = "nvidia.com/gpumem-percentage";
 
 /// One container's request under HAMi's semantics (`resources.sharing: hami`): `wholeGpu` is the
