@@ -3,6 +3,7 @@
 //! same translation and allocation-record code builds the table) and print what the report and
 //! explanation modules make of it. `inspect` can instead read a running extender's `/inspect`.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -13,13 +14,12 @@ use kube::api::ListParams;
 use kube::runtime::watcher::Event;
 
 use crate::config::{Config, ConfigFlags};
-use crate::engine::PodKey;
 use crate::explain;
 use crate::http::client::fetch_report_as;
 use crate::inspect::{self, Filter};
 use crate::k8s::api::kube_client;
 use crate::k8s::watch::Feed;
-use crate::objects::translate;
+use crate::objects::{admission, translate};
 use crate::state::ClusterState;
 
 /// Output format.
@@ -120,24 +120,65 @@ pub async fn explain(args: ExplainArgs) -> anyhow::Result<String> {
         Some(_) => bail!("{}: expected NAMESPACE/NAME", args.pod),
         None => ("default", args.pod.as_str()),
     };
-    let (config, state, client) = load(&args.cluster).await?;
+    let config = Arc::new(args.cluster.config.load()?);
+    let (nodes, pods, client) = list(&args.cluster).await?;
     let pod = Api::<Pod>::namespaced(client, namespace)
         .get_opt(name)
         .await
         .with_context(|| format!("reading pod {namespace}/{name}"))?
         .ok_or_else(|| anyhow!("pod {namespace}/{name} not found"))?;
-    let key = format!("{namespace}/{name}");
-    let request = translate::pod_request(&pod, &config)
+    explain_objects(&config, nodes, pods, &pod, args.output)
+}
+
+/// `explain` on listed objects: builds the table from `nodes` and `pods` as the extender does,
+/// applies kube-scheduler's node-level filters to `pod` on each node, then the engine, and
+/// renders the verdicts in `output`. No I/O.
+fn explain_objects(
+    config: &Arc<Config>,
+    nodes: Vec<Node>,
+    pods: Vec<Pod>,
+    pod: &Pod,
+    output: Output,
+) -> anyhow::Result<String> {
+    let key = format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or("default"),
+        pod.metadata.name.as_deref().unwrap_or("")
+    );
+    let request = translate::pod_request(pod, config)
         .map_err(|error| anyhow!("pod {key}: its GPU request cannot be read: {error}"))?
         .ok_or_else(|| anyhow!("pod {key} requests no GPU: the GPU extender does not judge it"))?;
+    let pod_key = translate::pod_key(pod);
+    let used = admission::requested_by_node(
+        pods.iter()
+            .filter(|other| translate::pod_key(other) != pod_key),
+        config,
+    );
+    let mut refused = BTreeMap::new();
+    for node in &nodes {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let refusal = admission::node_refusal(node, pod, used.get(&name), config)
+            .map_err(|error| anyhow!("pod {key}: its GPU request cannot be read: {error}"))?;
+        if let Some(refusal) = refusal {
+            refused.insert(
+                name,
+                explain::SchedulerRefusal {
+                    layer: refusal.layer.as_str(),
+                    resolvable: refusal.is_resolvable(),
+                    detail: refusal.detail,
+                },
+            );
+        }
+    }
+    let state = build_state(config, nodes, pods);
     let table = state.read();
-    if let Some(entry) = table.pod(&PodKey::new(namespace, name)) {
+    if let Some(entry) = table.pod(&pod_key) {
         let text = format!(
             "Pod {key} is bound to node {} with {}.\n",
             entry.allocation.node,
             explain::describe_allocation(&entry.allocation)
         );
-        return match args.output {
+        return match output {
             Output::Text => Ok(text),
             Output::Json => serde_json::to_string_pretty(&serde_json::json!({
                 "pod": key,
@@ -148,9 +189,9 @@ pub async fn explain(args: ExplainArgs) -> anyhow::Result<String> {
         };
     }
     let policy = config.engine_policy();
-    let verdicts = explain::explain(&table, &request, &policy);
+    let verdicts = explain::explain(&table, &request, &policy, &refused);
     drop(table);
-    match args.output {
+    match output {
         Output::Text => Ok(explain::to_text(&key, &request, &verdicts)),
         Output::Json => serde_json::to_string_pretty(&serde_json::json!({
             "pod": key,
@@ -166,6 +207,13 @@ async fn load(
     args: &ClusterArgs,
 ) -> anyhow::Result<(Arc<Config>, Arc<ClusterState>, kube::Client)> {
     let config = Arc::new(args.config.load()?);
+    let (nodes, pods, client) = list(args).await?;
+    let state = build_state(&config, nodes, pods);
+    Ok((config, state, client))
+}
+
+/// Lists the Nodes and the Pods that hold anything (not finished), with the user's kubeconfig.
+async fn list(args: &ClusterArgs) -> anyhow::Result<(Vec<Node>, Vec<Pod>, kube::Client)> {
     let client = kube_client(args.kubeconfig.as_deref()).await?;
     let nodes = Api::<Node>::all(client.clone())
         .list(&ListParams::default())
@@ -176,21 +224,226 @@ async fn load(
         .list(&ListParams::default().fields("status.phase!=Succeeded,status.phase!=Failed"))
         .await
         .context("listing pods")?;
-    let state = Arc::new(ClusterState::for_config(&config));
+    Ok((nodes.items, pods.items, client))
+}
+
+/// The table built from listed Nodes and Pods through the extender's own watch feed.
+fn build_state(config: &Arc<Config>, nodes: Vec<Node>, pods: Vec<Pod>) -> Arc<ClusterState> {
+    let state = Arc::new(ClusterState::for_config(config));
     let mut feed = Feed::new(
         state.clone(),
         config.clone(),
         Arc::new(config.engine_policy()),
     );
     feed.apply_node_event(&Event::Init);
-    for node in nodes.items {
+    for node in nodes {
         feed.apply_node_event(&Event::InitApply(node));
     }
     feed.apply_node_event(&Event::InitDone);
     feed.apply_pod_event(&Event::Init);
-    for pod in pods.items {
+    for pod in pods {
         feed.apply_pod_event(&Event::InitApply(pod));
     }
     feed.apply_pod_event(&Event::InitDone);
-    Ok((config, state, client))
+    state
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests fail loudly on a broken fixture")]
+
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    /// A fake GPU node as `scripts/demo.sh` makes them: labels for the mode and the cards, and
+    /// the allocatable a device plugin would advertise for the mode.
+    fn node(name: &str, mode: &str, count: u32, mem_gib: u32, extra: Value) -> Node {
+        let mut labels = json!({
+            "aliyun.accelerator/nvidia_name": "GPU",
+            "aliyun.accelerator/nvidia_mem": format!("{}MiB", mem_gib * 1024),
+            "aliyun.accelerator/nvidia_count": count.to_string(),
+        });
+        let mut allocatable = json!({"cpu": "64", "memory": "256Gi", "pods": "110"});
+        match mode {
+            "default" => allocatable["nvidia.com/gpu"] = json!(count.to_string()),
+            "topology" => allocatable["aliyun.com/gpu"] = json!(count.to_string()),
+            _ => {
+                allocatable["aliyun.com/gpu-mem"] = json!((count * mem_gib).to_string());
+                allocatable["aliyun.com/gpu-count"] = json!(count.to_string());
+            }
+        }
+        if mode != "default" {
+            labels["ack.node.gpu.schedule"] = json!(mode);
+        }
+        let mut node = json!({
+            "metadata": {"name": name, "labels": labels},
+            "spec": {},
+            "status": {"allocatable": allocatable, "capacity": allocatable},
+        });
+        if let Some(extra) = extra.as_object() {
+            for (path, value) in extra {
+                match path.as_str() {
+                    "labels" => {
+                        for (k, v) in value.as_object().unwrap() {
+                            node["metadata"]["labels"][k] = v.clone();
+                        }
+                    }
+                    "annotations" => node["metadata"]["annotations"] = value.clone(),
+                    "taints" => node["spec"]["taints"] = value.clone(),
+                    _ => panic!("unknown extra {path}"),
+                }
+            }
+        }
+        serde_json::from_value(node).unwrap()
+    }
+
+    fn pod(name: &str, limits: Value, spec: Value) -> Pod {
+        let mut pod = json!({
+            "metadata": {"name": name, "namespace": "default", "uid": name},
+            "spec": {"schedulerName": "gpu-scheduler", "containers": [
+                {"name": "main", "resources": {"limits": limits}}
+            ]},
+            "status": {"phase": "Pending"},
+        });
+        for (k, v) in spec.as_object().unwrap() {
+            pod["spec"][k] = v.clone();
+        }
+        serde_json::from_value(pod).unwrap()
+    }
+
+    /// Per node, its verdict from `explain -o json`.
+    fn verdicts(nodes: Vec<Node>, pods: Vec<Pod>, pod: &Pod) -> BTreeMap<String, Value> {
+        let config = Arc::new(Config::default());
+        let out = explain_objects(&config, nodes, pods, pod, Output::Json).unwrap();
+        let json: Value = serde_json::from_str(&out).unwrap();
+        json["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| (v["node"].as_str().unwrap().to_owned(), v.clone()))
+            .collect()
+    }
+
+    /// Issue 15: in the demo, kube-scheduler said "5 Insufficient nvidia.com/gpu" for `batch-2`
+    /// while `explain` said it fit 3 of 5 nodes ("a100-nvlink yes fits: would get GPU6"). Only
+    /// `a100-whole` advertises `nvidia.com/gpu`, and `batch-1` holds its one GPU.
+    #[test]
+    fn batch_2_fits_no_node_of_the_demo_as_kube_scheduler_says() {
+        let nodes = vec![
+            node("a100-nvlink", "topology", 8, 80, json!({})),
+            node("t4-binpack", "cgpu", 4, 16, json!({})),
+            node("a10-spread", "cgpu", 4, 24, json!({})),
+            node("v100-coremem", "core_mem", 2, 32, json!({})),
+            node("a100-whole", "default", 1, 40, json!({})),
+        ];
+        let whole = json!({"cpu": "100m", "memory": "64Mi", "nvidia.com/gpu": "1"});
+        let batch_1 = pod("batch-1", whole.clone(), json!({"nodeName": "a100-whole"}));
+        let batch_2 = pod("batch-2", whole, json!({}));
+        let verdicts = verdicts(nodes, vec![batch_1, batch_2.clone()], &batch_2);
+        assert_eq!(verdicts.len(), 5);
+        for (name, verdict) in &verdicts {
+            assert_eq!(verdict["fits"], json!(false), "{name}: {verdict}");
+            assert_eq!(
+                verdict["layer"],
+                json!("NodeResourcesFit"),
+                "{name}: {verdict}"
+            );
+            let detail = verdict["detail"].as_str().unwrap();
+            assert!(
+                detail.starts_with("kube-scheduler NodeResourcesFit: Insufficient nvidia.com/gpu"),
+                "{name}: {detail}"
+            );
+        }
+        assert!(
+            verdicts["a100-whole"]["detail"]
+                .as_str()
+                .unwrap()
+                .contains("the node has 1 allocatable, its pods request 1, the pod asks 1"),
+            "{}",
+            verdicts["a100-whole"]
+        );
+        assert!(
+            verdicts["a100-nvlink"]["detail"]
+                .as_str()
+                .unwrap()
+                .contains("the node has 0 allocatable"),
+            "{}",
+            verdicts["a100-nvlink"]
+        );
+    }
+
+    /// Each layer names itself: a taint, required node affinity, the allocatable count, the
+    /// resource name, the extender's own GPU check, and a node that passes them all.
+    #[test]
+    fn each_refusing_layer_is_named_before_the_engine_is_asked() {
+        let nodes = vec![
+            node(
+                "tainted",
+                "default",
+                1,
+                40,
+                json!({"taints": [{"key": "dedicated", "value": "infer", "effect": "NoSchedule"}]}),
+            ),
+            node("pool-b", "default", 1, 40, json!({"labels": {"pool": "b"}})),
+            node("full", "default", 1, 40, json!({})),
+            node("sharing", "cgpu", 2, 16, json!({})),
+            node(
+                "unhealthy",
+                "default",
+                1,
+                40,
+                json!({"annotations": {"gpu-extender.io/gpus":
+                    r#"{"version": 1, "gpus": [{"index": 0, "healthy": false}]}"#}}),
+            ),
+            node("free", "default", 1, 40, json!({})),
+        ];
+        let limits = json!({"nvidia.com/gpu": "1"});
+        let holder = pod("holder", limits.clone(), json!({"nodeName": "full"}));
+        let wanted = pod(
+            "wanted",
+            limits,
+            json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                {"nodeSelectorTerms": [{"matchExpressions":
+                    [{"key": "pool", "operator": "NotIn", "values": ["b"]}]}]}}}}),
+        );
+        let verdicts = verdicts(nodes, vec![holder, wanted.clone()], &wanted);
+        let layer = |name: &str| verdicts[name]["layer"].as_str().map(str::to_owned);
+        assert_eq!(layer("tainted").as_deref(), Some("TaintToleration"));
+        assert_eq!(verdicts["tainted"]["resolvable"], json!(false));
+        assert_eq!(layer("pool-b").as_deref(), Some("NodeAffinity"));
+        assert_eq!(layer("full").as_deref(), Some("NodeResourcesFit"));
+        assert_eq!(verdicts["full"]["resolvable"], json!(true));
+        assert_eq!(layer("sharing").as_deref(), Some("NodeResourcesFit"));
+        assert_eq!(layer("unhealthy").as_deref(), Some("gpu-extender"));
+        assert_eq!(verdicts["unhealthy"]["reason"], json!("unhealthy_gpus"));
+        assert_eq!(
+            verdicts["free"]["fits"],
+            json!(true),
+            "{}",
+            verdicts["free"]
+        );
+        assert_eq!(verdicts["free"]["layer"], Value::Null);
+
+        // The text names the layer on every line.
+        let config = Arc::new(Config::default());
+        let text = explain_objects(
+            &config,
+            vec![node(
+                "pool-b",
+                "default",
+                1,
+                40,
+                json!({"labels": {"pool": "b"}}),
+            )],
+            Vec::new(),
+            &wanted,
+            Output::Text,
+        )
+        .unwrap();
+        assert!(
+            text.contains("pool-b  no    kube-scheduler NodeAffinity: node(s) didn't match"),
+            "{text}"
+        );
+    }
 }

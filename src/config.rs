@@ -63,6 +63,7 @@ pub const KEYS: &[&str] = &[
     "resources.gpuCount",
     "resources.gpuCorePercentStep",
     "resources.gpuCoreWithoutMemory",
+    "resources.sharing",
     "nodeLabels.mode",
     "nodeLabels.placement",
     "nodeLabels.model",
@@ -160,7 +161,7 @@ pub struct Config {
 pub struct Resources {
     /// Whole GPUs on exclusive nodes.
     pub whole_gpu: String,
-    /// GPU memory in GiB on sharing nodes.
+    /// GPU memory in GiB on sharing nodes (MiB per GPU with [`Sharing::Hami`]).
     pub gpu_mem: String,
     /// GPU compute percentage (5..100) on `core_mem` nodes.
     pub gpu_core: String,
@@ -174,6 +175,22 @@ pub struct Resources {
     /// A compute percentage without GPU memory asks for compute alone on one GPU (HAMi's
     /// `gpucores` without `gpumem`, and the trace replay's milli-GPU shares); cGPU refuses it.
     pub gpu_core_without_memory: bool,
+    /// How a container's GPU resources combine into a share: cGPU's or HAMi's.
+    pub sharing: Sharing,
+}
+
+/// Whose resource semantics a container's GPU request follows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Sharing {
+    /// Alibaba cGPU / gpushare: `gpuMem` is GiB in total, split evenly over the pod label
+    /// `gpuCount` GPUs; `wholeGpu` with `gpuMem` or `gpuCore` in one container is a conflict.
+    #[default]
+    Cgpu,
+    /// HAMi: `wholeGpu` is the number of GPUs, `gpuMem` MiB on each of them, `gpuCore` a
+    /// percentage of each; `wholeGpu` alone (or with `gpuCore` alone, unless
+    /// `gpuCoreWithoutMemory`) takes whole GPUs, as HAMi then gives the pod all the card's memory.
+    Hami,
 }
 
 impl Resources {
@@ -196,6 +213,7 @@ impl Default for Resources {
             gpu_count: "aliyun.com/gpu-count".into(),
             gpu_core_percent_step: 5,
             gpu_core_without_memory: false,
+            sharing: Sharing::Cgpu,
         }
     }
 }

@@ -1,7 +1,10 @@
-//! Why a pod does or does not fit each node right now: the engine's own fit on a table snapshot,
-//! and for a rejection the numbers behind it (which GPU comes closest and by how much). Pure: the
-//! `explain` command loads the table and the pod and prints what this returns.
+//! Why a pod does or does not fit each node right now: first the refusals of kube-scheduler's own
+//! node-level filters, which the caller works out from the Node and Pod objects (the extender
+//! never sees a node they refuse), then the engine's own fit on a table snapshot, and for a
+//! rejection the numbers behind it (which GPU comes closest and by how much). Pure: the
+//! `explain` command loads the table, the refusals and the pod and prints what this returns.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use serde::Serialize;
@@ -12,13 +15,32 @@ use crate::engine::{
     GpuDemand, NodeState, PodAllocation, PodRequest, Policy, RejectReason, Table, fit,
 };
 
+/// Who refuses a node that the GPU engine itself refuses.
+pub const ENGINE_LAYER: &str = "gpu-extender";
+
+/// A refusal by one of kube-scheduler's node-level filters, which run before the extender.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SchedulerRefusal {
+    /// The filter plugin, as kube-scheduler names it (`NodeResourcesFit`, `TaintToleration`, ...).
+    pub layer: &'static str,
+    /// kube-scheduler's reason and the numbers behind it.
+    pub detail: String,
+    /// Whether waiting (or preemption) could lift it.
+    pub resolvable: bool,
+}
+
 /// The verdict for one node.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeVerdict {
     pub node: String,
     pub fits: bool,
-    /// The rejection's code (`gpu_extender_rejections_total`'s `reason`), when it does not fit.
+    /// Which check refuses the node, when it does not fit: a kube-scheduler filter plugin
+    /// (`NodeUnschedulable`, `TaintToleration`, `NodeAffinity`, `NodeResourcesFit`) or
+    /// [`ENGINE_LAYER`].
+    pub layer: Option<String>,
+    /// The engine's rejection code (`gpu_extender_rejections_total`'s `reason`), when the engine
+    /// refuses the node.
     pub reason: Option<String>,
     /// What fits, or the numbers behind the rejection, in words.
     pub detail: String,
@@ -26,25 +48,50 @@ pub struct NodeVerdict {
     pub resolvable: Option<bool>,
 }
 
-/// For every node of `table` (sorted by name), whether `request` fits now and why not.
-pub fn explain(table: &Table, request: &PodRequest, policy: &Policy) -> Vec<NodeVerdict> {
+/// For every node of `table` (sorted by name), whether `request` fits now and why not: a node in
+/// `refused` (by name) is refused by that kube-scheduler filter before the engine is asked.
+pub fn explain(
+    table: &Table,
+    request: &PodRequest,
+    policy: &Policy,
+    refused: &BTreeMap<String, SchedulerRefusal>,
+) -> Vec<NodeVerdict> {
     let mut verdicts: Vec<NodeVerdict> = table
         .nodes()
-        .map(|node| match fit(node, request, policy) {
-            Ok(allocation) => NodeVerdict {
-                node: node.spec.name.to_string(),
-                fits: true,
-                reason: None,
-                detail: format!("fits: would get {}", describe_allocation(&allocation)),
-                resolvable: None,
-            },
-            Err(reason) => NodeVerdict {
-                node: node.spec.name.to_string(),
-                fits: false,
-                reason: Some(reason.code().to_owned()),
-                detail: format!("{}: {}", reason.message(), closest(node, request, reason)),
-                resolvable: Some(reason.is_resolvable()),
-            },
+        .map(|node| {
+            let name = node.spec.name.to_string();
+            if let Some(refusal) = refused.get(&name) {
+                return NodeVerdict {
+                    node: name,
+                    fits: false,
+                    layer: Some(refusal.layer.to_owned()),
+                    reason: None,
+                    detail: format!("kube-scheduler {}: {}", refusal.layer, refusal.detail),
+                    resolvable: Some(refusal.resolvable),
+                };
+            }
+            match fit(node, request, policy) {
+                Ok(allocation) => NodeVerdict {
+                    node: name,
+                    fits: true,
+                    layer: None,
+                    reason: None,
+                    detail: format!("fits: would get {}", describe_allocation(&allocation)),
+                    resolvable: None,
+                },
+                Err(reason) => NodeVerdict {
+                    node: name,
+                    fits: false,
+                    layer: Some(ENGINE_LAYER.to_owned()),
+                    reason: Some(reason.code().to_owned()),
+                    detail: format!(
+                        "{ENGINE_LAYER}: {}: {}",
+                        reason.message(),
+                        closest(node, request, reason)
+                    ),
+                    resolvable: Some(reason.is_resolvable()),
+                },
+            }
         })
         .collect();
     verdicts.sort_by(|a, b| a.node.cmp(&b.node));
@@ -302,8 +349,9 @@ pub fn to_text(pod: &str, request: &PodRequest, verdicts: &[NodeVerdict]) -> Str
     let fitting = verdicts.iter().filter(|v| v.fits).count();
     let _ = writeln!(
         out,
-        "Fits {fitting} of {} node(s) now (GPU, CPU, memory and pod count only; taints, \
-         affinity and other kube-scheduler checks are not evaluated).",
+        "Fits {fitting} of {} node(s) now (kube-scheduler's cordon, taint, node affinity and GPU \
+         resource-count filters, then the extender's GPU, CPU, memory and pod-count checks; \
+         kube-scheduler's other filters, such as ports and volumes, are not evaluated).",
         verdicts.len()
     );
     let width = verdicts
@@ -366,7 +414,7 @@ mod tests {
             MemMiB(0),
             GpuDemand::share(8, 1, None).unwrap(),
         );
-        let verdicts = explain(&table(), &request, &Policy::default());
+        let verdicts = explain(&table(), &request, &Policy::default(), &BTreeMap::new());
         assert_eq!(verdicts.len(), 2);
         let t4 = &verdicts[0];
         assert!(!t4.fits);
@@ -387,7 +435,7 @@ mod tests {
             MemMiB(0),
             GpuDemand::share(4, 1, None).unwrap(),
         );
-        let verdicts = explain(&table(), &request, &Policy::default());
+        let verdicts = explain(&table(), &request, &Policy::default(), &BTreeMap::new());
         assert!(verdicts[0].fits);
         assert!(
             verdicts[0].detail.starts_with("fits: would get GPU"),
@@ -404,7 +452,7 @@ mod tests {
         let mut table = table();
         bind(&mut table, "whole", "w", GpuDemand::whole(1).unwrap());
         let request = PodRequest::single(CpuMilli(0), MemMiB(0), GpuDemand::whole(1).unwrap());
-        let verdicts = explain(&table, &request, &Policy::default());
+        let verdicts = explain(&table, &request, &Policy::default(), &BTreeMap::new());
         let whole = &verdicts[1];
         assert_eq!(whole.reason.as_deref(), Some("no_free_whole_gpus"));
         assert!(

@@ -625,7 +625,7 @@ fn evaluate_all(
                     evaluation.score
                 );
                 check_placement(&node, request, &evaluation.allocation)?;
-                let expected = reference_score(policy, &node, &evaluation.allocation);
+                let expected = reference_score(policy, &node, request, &evaluation.allocation);
                 prop_assert!(
                     evaluation.score.to_bits() == expected.to_bits(),
                     "{:?} score {} differs from the reference {}",
@@ -684,7 +684,12 @@ fn check_fast_path(
 
 /// The score as its definition reads, from the public building blocks and full recomputation:
 /// the engine's fast path must agree bit for bit.
-fn reference_score(policy: &Policy, node: &NodeState, allocation: &PodAllocation) -> f64 {
+fn reference_score(
+    policy: &Policy,
+    node: &NodeState,
+    request: &PodRequest,
+    allocation: &PodAllocation,
+) -> f64 {
     use gpu_extender::engine::policy::{binpack, fgd, free_milli, spread, topology, usage_after};
     let after = free_milli(node, &usage_after(node, allocation));
     let base = match policy.scoring {
@@ -716,7 +721,14 @@ fn reference_score(policy: &Policy, node: &NodeState, allocation: &PodAllocation
             )
         }
     };
-    (base * topology::quality(node, allocation)).clamp(0.0, 100.0)
+    let quality = topology::quality(node, allocation);
+    let score = (base * quality).clamp(0.0, 100.0);
+    // `topology: preferred` ranks best-connected placements above all others.
+    if request.constraints.topology == TopologyPreference::Preferred {
+        topology::preferred_score(score, quality)
+    } else {
+        score
+    }
 }
 
 /// A reason that says "never" must hold on the same node with nothing on it; a reason that says

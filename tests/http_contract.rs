@@ -621,3 +621,54 @@ async fn over_the_concurrency_limit_a_request_is_shed_with_503_not_queued_foreve
     let served = extender.oneshot(call("filter", filter)).await.unwrap();
     assert_eq!(served.status(), StatusCode::OK);
 }
+
+/// Issue 15: a pod as HAMi's users write it (`nvidia.com/gpu` with `nvidia.com/gpumem` in MiB
+/// and `nvidia.com/gpucores` in one container), under the HAMi configuration of
+/// docs/configuration.md, passes filter on a node with two 15 GiB cards and is refused, with the
+/// per-GPU memory reason, on a node whose cards are too small for 3000 MiB twice over.
+#[tokio::test]
+async fn filter_takes_a_hami_pod_under_the_documented_hami_configuration() {
+    let mut config = Config::default();
+    config.resources.gpu_mem = "nvidia.com/gpumem".into();
+    config.resources.gpu_core = "nvidia.com/gpucores".into();
+    config.resources.gpu_core_percent_step = 1;
+    config.resources.sharing = gpu_extender::config::Sharing::Hami;
+    config.validate().unwrap();
+    let node = |name: &str, mib: u32| {
+        let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {
+                "ack.node.gpu.schedule": "core_mem", "nvidia.com/gpu.product": "Tesla-T4",
+                "nvidia.com/gpu.memory": mib.to_string(), "nvidia.com/gpu.count": "2"}},
+            "status": {"allocatable": {"nvidia.com/gpu": "20"}}
+        }))
+        .unwrap();
+        translate::node_spec(&node, &config).unwrap()
+    };
+    let table = Table::rebuild(20, [node("t4", 15360), node("tiny", 2048)], []);
+    let harness = Harness::with_cluster(Arc::new(config), ClusterState::with_table(table));
+    let pod = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "gpu-pod", "namespace": "default", "uid": "u-1"},
+        "spec": {"containers": [{
+            "name": "ubuntu-container",
+            "image": "ubuntu:18.04",
+            "command": ["bash", "-c", "sleep 86400"],
+            "resources": {"limits": {
+                "nvidia.com/gpu": 2,
+                "nvidia.com/gpumem": 3000,
+                "nvidia.com/gpucores": 33
+            }}
+        }]}
+    });
+    let answer = harness
+        .post_json("filter", &json!({"Pod": pod, "NodeNames": ["t4", "tiny"]}))
+        .await;
+    assert_eq!(answer["NodeNames"], json!(["t4"]), "{answer}");
+    assert_eq!(
+        answer["FailedAndUnresolvableNodes"]["tiny"],
+        "node GPUs have too little memory for the request",
+        "{answer}"
+    );
+    assert_eq!(answer["Error"], json!(""), "{answer}");
+}

@@ -6,8 +6,9 @@
 use super::fit::{RejectReason, fit_with, footprint_with};
 use super::policy::fgd::FgdCache;
 use super::policy::fgd_plus::Taking;
+use super::policy::topology::{preferred_score, quality};
 use super::policy::{Evaluation, Policy};
-use super::request::PodRequest;
+use super::request::{PodRequest, TopologyPreference};
 use super::state::{NodeState, PerGpu};
 
 impl Policy {
@@ -20,7 +21,10 @@ impl Policy {
         let mut cache = FgdCache::default();
         let choice = self.share_choice(node, request);
         let allocation = fit_with(node, request, self, choice, &mut cache)?;
-        let score = self.score_with(node, &allocation, &mut cache);
+        let mut score = self.score_with(node, &allocation, &mut cache);
+        if request.constraints.topology == TopologyPreference::Preferred {
+            score = preferred_score(score, quality(node, &allocation));
+        }
         Ok(Evaluation { allocation, score })
     }
 
@@ -46,13 +50,160 @@ impl Policy {
         // here and written in place (moving it out of the placement was a `memcpy` call, 10% of
         // filtering a share pod).
         let mut after = PerGpu::copy_of(&node.gpus);
-        let quality = footprint_with(node, request, self, &mut cache, &mut after)?;
+        let group_quality = footprint_with(node, request, self, &mut cache, &mut after)?;
         let taking = Taking {
             cpu: request.cpu,
             memory: request.memory,
             // The placement succeeded, so the pod holds GPUs exactly when it asks for any.
             gpus: request.wants_gpu(),
         };
-        Ok(self.score_after(node, &after, taking, quality, &mut cache))
+        let score = self.score_after(node, &after, taking, group_quality, &mut cache);
+        if request.constraints.topology == TopologyPreference::Preferred {
+            return Ok(preferred_score(score, group_quality));
+        }
+        Ok(score)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests fail loudly on a broken fixture")]
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::engine::allocation::{ContainerAllocation, GpuGrant, Grant, PodAllocation};
+    use crate::engine::fit::{RejectReason, fit};
+    use crate::engine::model::{CpuMilli, GpuIndex, GpuMode, Link, LinkMatrix, MemMiB, NodeSpec};
+    use crate::engine::request::{GpuConstraints, GpuDemand};
+
+    /// Eight GPUs in two islands of four: NV12 inside an island, NV4 across.
+    fn islands(name: &str) -> NodeState {
+        let links = LinkMatrix::from_fn(8, |a, b| {
+            if a / 4 == b / 4 {
+                Link::NvLink(12)
+            } else {
+                Link::NvLink(4)
+            }
+        });
+        NodeState::new(
+            NodeSpec::uniform(name, GpuMode::Topology, 8, "A100", MemMiB(80 * 1024))
+                .with_links(links),
+        )
+    }
+
+    /// `islands` with whole GPUs 0, 1, 2, 4, 5 and 6 taken: the free pair 3 + 7 spans both.
+    fn split_free_pair() -> NodeState {
+        let mut node = islands("busy");
+        node.add(&PodAllocation {
+            node: node.spec.name.clone(),
+            cpu: CpuMilli(0),
+            memory: MemMiB(0),
+            containers: vec![ContainerAllocation {
+                name: "other".into(),
+                gpus: [0, 1, 2, 4, 5, 6]
+                    .into_iter()
+                    .map(|gpu| GpuGrant {
+                        gpu: GpuIndex(gpu),
+                        grant: Grant::Whole,
+                    })
+                    .collect(),
+            }],
+            init_containers: Vec::new(),
+        });
+        node
+    }
+
+    fn pair(topology: TopologyPreference) -> PodRequest {
+        PodRequest::single(CpuMilli(0), MemMiB(0), GpuDemand::topology(2).unwrap())
+            .with_constraints(GpuConstraints {
+                topology,
+                ..GpuConstraints::default()
+            })
+    }
+
+    fn score(node: &NodeState, request: &PodRequest) -> f64 {
+        let policy = Policy::default();
+        let full = policy.evaluate(node, request).unwrap().score;
+        let fast = policy.evaluate_score(node, request).unwrap();
+        assert_eq!(full.to_bits(), fast.to_bits(), "both paths score alike");
+        full
+    }
+
+    #[test]
+    fn preferred_topology_ranks_a_best_connected_group_above_a_fuller_node() {
+        let busy = split_free_pair();
+        let empty = islands("empty");
+        // Without the wish, binpack's preference for the fuller node outweighs the weaker link.
+        let any = pair(TopologyPreference::Any);
+        assert!(score(&busy, &any) > score(&empty, &any));
+        // With it, the node that offers a pair inside one island wins.
+        let preferred = pair(TopologyPreference::Preferred);
+        assert!(score(&empty, &preferred) > score(&busy, &preferred));
+        assert!(score(&empty, &preferred) >= 50.0);
+        assert!(score(&busy, &preferred) < 50.0);
+    }
+
+    #[test]
+    fn preferred_topology_accepts_a_worse_group_and_required_refuses_it() {
+        let busy = split_free_pair();
+        let policy = Policy::default();
+        let placed = fit(&busy, &pair(TopologyPreference::Preferred), &policy).unwrap();
+        let gpus: Vec<u16> = placed.containers[0].gpus.iter().map(|g| g.gpu.0).collect();
+        assert_eq!(gpus, vec![3, 7]);
+        assert_eq!(
+            fit(&busy, &pair(TopologyPreference::Required), &policy),
+            Err(RejectReason::NoConnectedGroup)
+        );
+    }
+
+    #[test]
+    fn preferred_topology_takes_the_best_group_the_node_has() {
+        let mut node = islands("n");
+        // GPU 0 taken: the pair still fits inside the first island.
+        node.add(&PodAllocation {
+            node: node.spec.name.clone(),
+            cpu: CpuMilli(0),
+            memory: MemMiB(0),
+            containers: vec![ContainerAllocation {
+                name: "other".into(),
+                gpus: vec![GpuGrant {
+                    gpu: GpuIndex(0),
+                    grant: Grant::Whole,
+                }],
+            }],
+            init_containers: Vec::new(),
+        });
+        let placed = fit(
+            &node,
+            &pair(TopologyPreference::Preferred),
+            &Policy::default(),
+        )
+        .unwrap();
+        let gpus: Vec<u16> = placed.containers[0].gpus.iter().map(|g| g.gpu.0).collect();
+        assert!(
+            gpus.len() == 2 && gpus.iter().all(|&g| g / 4 == gpus[0] / 4),
+            "one island, got {gpus:?}"
+        );
+        assert!(score(&node, &pair(TopologyPreference::Preferred)) >= 50.0);
+    }
+
+    proptest! {
+        /// Whatever the policy scores, a best-connected placement outranks every other one, and
+        /// among placements of one kind the policy's order is kept.
+        #[test]
+        fn preferred_scores_put_best_connected_placements_first(
+            a in 0.0f64..=100.0,
+            b in 0.0f64..=100.0,
+            worse in 0.0f64..1.0,
+        ) {
+            prop_assert!(preferred_score(a, 1.0) > preferred_score(b, worse));
+            prop_assert!((0.0..=100.0).contains(&preferred_score(a, 1.0)));
+            prop_assert!((0.0..50.0).contains(&preferred_score(b, worse)));
+            if a > b {
+                prop_assert!(preferred_score(a, 1.0) > preferred_score(b, 1.0));
+                prop_assert!(preferred_score(a, worse) >= preferred_score(b, worse));
+            }
+        }
     }
 }

@@ -130,17 +130,45 @@ impl GpuDemand {
         if gpus == 0 {
             return Err(RequestError::ZeroGpuCount);
         }
-        let gpus = gpu_count(gpus)?;
-        if !total_gib.is_multiple_of(u64::from(gpus)) {
-            return Err(RequestError::UnevenSplit { total_gib, gpus });
+        let count = gpu_count(gpus)?;
+        if !total_gib.is_multiple_of(u64::from(count)) {
+            return Err(RequestError::UnevenSplit {
+                total_gib,
+                gpus: count,
+            });
         }
+        // Saturating: an absurd quantity must not wrap into a small one (or panic); it becomes a
+        // demand no GPU has room for, which `fit` rejects as too large for the node.
+        let mem_per_gpu = MemMiB((total_gib / u64::from(count)).saturating_mul(1024));
+        Self::share_per_gpu(mem_per_gpu, gpus, core_percent, rules)
+    }
+
+    /// A share of `gpus` GPUs with `mem_per_gpu` memory on each (HAMi's `gpumem`, MiB per GPU)
+    /// and an optional compute percentage per GPU under `rules`. No memory and no percentage is
+    /// no GPU; a percentage alone follows [`ShareRules::core_without_memory`] on `gpus` GPUs.
+    pub fn share_per_gpu(
+        mem_per_gpu: MemMiB,
+        gpus: u64,
+        core_percent: Option<u32>,
+        rules: ShareRules,
+    ) -> Result<Self, RequestError> {
+        if mem_per_gpu.0 == 0 {
+            match core_percent {
+                None => return Ok(Self::None),
+                Some(_) if !rules.core_without_memory => {
+                    return Err(RequestError::CoreWithoutMemory);
+                }
+                Some(_) => {}
+            }
+        }
+        if gpus == 0 {
+            return Err(RequestError::ZeroGpuCount);
+        }
+        let gpus = gpu_count(gpus)?;
         let compute_per_gpu = match core_percent {
             None => ComputeMilli(0),
             Some(percent) => rules.compute(percent)?,
         };
-        // Saturating: an absurd quantity must not wrap into a small one (or panic); it becomes a
-        // demand no GPU has room for, which `fit` rejects as too large for the node.
-        let mem_per_gpu = MemMiB((total_gib / u64::from(gpus)).saturating_mul(1024));
         Ok(Self::Share {
             gpus,
             mem_per_gpu,
@@ -283,7 +311,9 @@ pub enum TopologyPreference {
     /// No particular wish beyond the node's defaults.
     #[default]
     Any,
-    /// Prefer the best-connected group (scores only).
+    /// Prefer nodes that offer a group as well connected as their best: such a node outranks
+    /// every node that does not, whatever the scoring policy says; a worse group is still taken
+    /// when no node offers a best one (see `policy::topology::preferred_score`).
     Preferred,
     /// Reject nodes whose free GPUs hold no group connected as well as the node's best group.
     Required,

@@ -4,6 +4,7 @@
 //! and the configuration: the watchers, the HTTP layer (non-cache mode and the pod in every
 //! request) and the binder all read objects through here, so none of them imports another.
 
+pub mod admission;
 mod quantity;
 pub mod record;
 pub mod translate;

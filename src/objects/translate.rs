@@ -7,13 +7,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::{Container, Node, Pod, ResourceRequirements};
+use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as WireQuantity;
 use serde::Deserialize;
 use thiserror::Error;
 
 use super::quantity::{Quantity, QuantityError};
-use crate::config::Config;
+use crate::config::{Config, Sharing};
 use crate::engine::{
     ContainerRequest, CpuMilli, Gpu, GpuConstraints, GpuDemand, GpuIndex, GpuMode, GpuPlacement,
     Link, LinkMatrix, MemMiB, ModelPattern, NodeSpec, PodKey, PodRequest, RequestError,
@@ -37,12 +37,20 @@ pub enum TranslateError {
         problem: QuantityError,
     },
     #[error(
-        "container {container}: {resource} is counted in GiB; write a plain number such as 8, not {value:?}"
+        "container {container}: {resource} is counted in {unit}; write a plain number such as {example}, not {value:?}"
     )]
     GpuMemoryUnit {
         container: String,
         resource: String,
         value: String,
+        unit: &'static str,
+        example: u32,
+    },
+    #[error("container {container}: {resource} is not supported; {instead}")]
+    Unsupported {
+        container: String,
+        resource: String,
+        instead: String,
     },
     #[error("container {container}: {source}")]
     Request {
@@ -573,27 +581,10 @@ pub fn pod_host_request(pod: &Pod) -> Result<(CpuMilli, MemMiB), TranslateError>
         };
         Ok((cpu, mem))
     };
-    let add = |a: (u64, u64), b: (u64, u64)| (a.0.saturating_add(b.0), a.1.saturating_add(b.1));
-    let max = |a: (u64, u64), b: (u64, u64)| (a.0.max(b.0), a.1.max(b.1));
-
-    let mut apps = (0, 0);
-    for c in &spec.containers {
-        apps = add(apps, amount(c.resources.as_ref(), &c.name)?);
-    }
-    // Kubernetes' rule with sidecars: a sidecar keeps running, so it adds to every later init
-    // container and to the app containers.
-    let mut sidecars = (0, 0);
-    let mut init_peak = (0, 0);
-    for c in spec.init_containers.iter().flatten() {
-        let own = amount(c.resources.as_ref(), &c.name)?;
-        if is_sidecar(c) {
-            sidecars = add(sidecars, own);
-            init_peak = max(init_peak, sidecars);
-        } else {
-            init_peak = max(init_peak, add(sidecars, own));
-        }
-    }
-    let mut total = max(add(apps, sidecars), init_peak);
+    let [cpu, mem] = containers_request(spec, |c| {
+        amount(c.resources.as_ref(), &c.name).map(|(cpu, mem)| [cpu, mem])
+    })?;
+    let mut total = (cpu, mem);
     if let Some(pod_level) = spec.resources.as_ref() {
         let (cpu, mem) = amount(Some(pod_level), "(pod-level resources)")?;
         if resource(Some(pod_level), "cpu").is_some() {
@@ -616,6 +607,44 @@ pub fn pod_host_request(pod: &Pod) -> Result<(CpuMilli, MemMiB), TranslateError>
         }
     }
     Ok((CpuMilli(total.0), MemMiB(total.1)))
+}
+
+/// The effective request of the pod's containers for `N` resources, by Kubernetes' rule: the
+/// larger of the app containers plus sidecars and the init-container peak (a sidecar keeps
+/// running, so it adds to every later init container and to the app containers). `amount` is
+/// one container's request of each resource. Pod-level resources and overhead are not applied.
+fn containers_request<const N: usize>(
+    spec: &PodSpec,
+    amount: impl Fn(&Container) -> Result<[u64; N], TranslateError>,
+) -> Result<[u64; N], TranslateError> {
+    let add = |a: [u64; N], b: [u64; N]| std::array::from_fn(|i| a[i].saturating_add(b[i]));
+    let max = |a: [u64; N], b: [u64; N]| std::array::from_fn(|i| a[i].max(b[i]));
+    let mut apps = [0; N];
+    for c in &spec.containers {
+        apps = add(apps, amount(c)?);
+    }
+    let mut sidecars = [0; N];
+    let mut init_peak = [0; N];
+    for c in spec.init_containers.iter().flatten() {
+        let own = amount(c)?;
+        if is_sidecar(c) {
+            sidecars = add(sidecars, own);
+            init_peak = max(init_peak, sidecars);
+        } else {
+            init_peak = max(init_peak, add(sidecars, own));
+        }
+    }
+    Ok(max(add(apps, sidecars), init_peak))
+}
+
+/// The pod's effective request of an extended resource such as `nvidia.com/gpu` (a whole
+/// number), as kube-scheduler's NodeResourcesFit counts it (the rule of `containers_request`); 0
+/// when no container names it.
+pub fn pod_resource_request(pod: &Pod, name: &str) -> Result<u64, TranslateError> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Ok(0);
+    };
+    containers_request(spec, |c| gpu_amount(c, name).map(|n| [n])).map(|[n]| n)
 }
 
 fn is_sidecar(container: &Container) -> bool {
@@ -686,11 +715,17 @@ fn container_request(
         && let Some(q) = resource(container.resources.as_ref(), &r.gpu_mem)
         && Quantity::parse(&q.0).is_ok_and(|parsed| parsed.is_binary())
     {
+        let hami = r.sharing == Sharing::Hami;
         return Err(TranslateError::GpuMemoryUnit {
             container: container.name.clone(),
             resource: r.gpu_mem.clone(),
             value: q.0.clone(),
+            unit: if hami { "MiB" } else { "GiB" },
+            example: if hami { 3000 } else { 8 },
         });
+    }
+    if cfg.resources.sharing == Sharing::Hami {
+        return hami_request(container, whole, topology, mem_gib, core, cfg);
     }
     let kinds = [whole > 0, topology > 0, mem_gib > 0 || core > 0]
         .iter()
@@ -713,6 +748,55 @@ fn container_request(
         };
         let gpus = if mem_gib > 0 { gpu_count.clone()? } else { 1 };
         GpuDemand::share_under(mem_gib, gpus, core, r.share_rules())
+    }
+    .map_err(request_error)?;
+    Ok(ContainerRequest {
+        name: container.name.clone(),
+        gpu,
+    })
+}
+
+/// HAMi's memory share in percent of each card, which the engine cannot express: refused in
+/// words under `resources.sharing: hami`.
+pub const HAMI_MEM_PERCENTAGE: &str = "nvidia.com/gpumem-percentage";
+
+/// One container's request under HAMi's semantics (`resources.sharing: hami`): `wholeGpu` is the
+/// number of GPUs (1 when only memory or compute is named), `gpuMem` MiB on each, `gpuCore` a
+/// percentage of each. Without memory HAMi gives the container all of each card's memory, so
+/// `wholeGpu` alone, or with `gpuCore` alone unless `gpuCoreWithoutMemory`, asks for whole GPUs.
+fn hami_request(
+    container: &Container,
+    whole: u64,
+    topology: u64,
+    mem_mib: u64,
+    core: u64,
+    cfg: &Config,
+) -> Result<ContainerRequest, TranslateError> {
+    let r = &cfg.resources;
+    let request_error = |source| TranslateError::Request {
+        container: container.name.clone(),
+        source,
+    };
+    if gpu_amount(container, HAMI_MEM_PERCENTAGE)? > 0 {
+        return Err(TranslateError::Unsupported {
+            container: container.name.clone(),
+            resource: HAMI_MEM_PERCENTAGE.to_owned(),
+            instead: format!("ask for {} in MiB per GPU", r.gpu_mem),
+        });
+    }
+    if topology > 0 && (whole > 0 || mem_mib > 0 || core > 0) {
+        return Err(request_error(RequestError::Conflicting(
+            "ask for either topology GPUs or HAMi GPUs (count, memory, cores)",
+        )));
+    }
+    let core = (core > 0).then(|| u32::try_from(core).unwrap_or(u32::MAX));
+    let gpu = if topology > 0 {
+        GpuDemand::topology(topology)
+    } else if mem_mib == 0 && (core.is_none() || !r.gpu_core_without_memory) {
+        // A percentage alone still asks for a GPU: one, when no count is given.
+        GpuDemand::whole(if core.is_some() { whole.max(1) } else { whole })
+    } else {
+        GpuDemand::share_per_gpu(MemMiB(mem_mib), whole.max(1), core, r.share_rules())
     }
     .map_err(request_error)?;
     Ok(ContainerRequest {

@@ -240,7 +240,12 @@ fn metrics_events_inspect_and_explain_tell_the_story() {
             "{t4}"
         );
         let a100 = line("a100")?;
-        ensure!(a100.contains("sharing mode does not serve"), "{a100}");
+        // The exclusive node advertises no GPU memory: kube-scheduler refuses it before the
+        // extender is asked, and explain says so (issue 15).
+        ensure!(
+            a100.contains("kube-scheduler NodeResourcesFit: Insufficient aliyun.com/gpu-mem"),
+            "{a100}"
+        );
         ensure!(explained.contains("Fits 0 of 2 node(s)"), "{explained}");
         ensure!(
             t4.contains("closest is GPU0"),

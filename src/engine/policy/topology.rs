@@ -38,6 +38,22 @@ pub fn quality(node: &NodeState, allocation: &PodAllocation) -> f64 {
         })
 }
 
+/// The score of a placement for a pod whose topology wish is `preferred`, from the policy's
+/// `score` (0..=100, already scaled by `quality`): a placement whose groups are as well connected
+/// as the node's best groups of their sizes (`quality` 1.0) lands in 50..=100, any other in
+/// 0..50. So a node that offers the pod a best-connected group ranks above every node that does
+/// not, whatever the scoring policy says; among either kind the policy's order is kept. A
+/// worse-connected node still fits: the wish only ranks.
+pub fn preferred_score(score: f64, quality: f64) -> f64 {
+    let half = score.clamp(0.0, 100.0) / 2.0;
+    if quality >= 1.0 {
+        50.0 + half
+    } else {
+        // Strictly below 50 even for a policy score of 100.
+        half.min(49.999)
+    }
+}
+
 /// The quality of one container's group of whole GPUs (a position mask): 1.0 when it is as well
 /// connected as the best group of its size on the node, or has fewer than two GPUs, or the node
 /// connects every pair alike; the ratio of its weakest link to the best group's otherwise.

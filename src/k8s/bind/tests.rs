@@ -816,3 +816,182 @@ async fn a_bind_that_commits_after_its_budget_is_a_late_success_not_a_failure() 
     );
     assert_eq!(count("timeout"), 1);
 }
+
+/// The configuration docs/configuration.md gives for clusters running HAMi.
+fn hami_config() -> Config {
+    let mut cfg = Config::default();
+    cfg.resources.gpu_mem = "nvidia.com/gpumem".into();
+    cfg.resources.gpu_core = "nvidia.com/gpucores".into();
+    cfg.resources.gpu_core_percent_step = 1;
+    cfg.resources.sharing = crate::config::Sharing::Hami;
+    cfg
+}
+
+/// A pod as HAMi's users write it (HAMi's own example): 2 GPUs, 3000 MiB and 30 % of each.
+fn hami_pod(name: &str, limits: serde_json::Value) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}")},
+        "spec": {
+            "containers": [{
+                "name": "ubuntu-container",
+                "image": "ubuntu:18.04",
+                "command": ["bash", "-c", "sleep 86400"],
+                "resources": {"limits": limits}
+            }]
+        },
+        "status": {"phase": "Pending"}
+    }))
+    .unwrap()
+}
+
+/// Issue 15: HAMi's request (`nvidia.com/gpu` with `nvidia.com/gpumem` in MiB and
+/// `nvidia.com/gpucores` not a multiple of 5, in one container) binds to distinct GPUs with that
+/// much memory and compute on each, and the record reads back as the same request; the node's
+/// remaining room follows HAMi's units.
+#[tokio::test]
+async fn a_hami_pod_binds_with_mib_per_gpu_and_any_core_percent() {
+    let cfg = Arc::new(hami_config());
+    let policy = Arc::new(cfg.engine_policy());
+    let state = Arc::new(ClusterState::for_config(&cfg));
+    let mut feed = Feed::new(Arc::clone(&state), Arc::clone(&cfg), Arc::clone(&policy));
+    let node: Node = serde_json::from_value(json!({"metadata": {"name": "hami-1", "labels": {
+        "ack.node.gpu.schedule": "core_mem", "nvidia.com/gpu.product": "Tesla-T4",
+        "nvidia.com/gpu.memory": "15360", "nvidia.com/gpu.count": "2"}},
+        "status": {"allocatable": {"nvidia.com/gpu": "20", "cpu": "8", "memory": "32Gi"}}}))
+    .unwrap();
+    for event in [Event::Init, Event::InitApply(node), Event::InitDone] {
+        feed.apply_node_event(&event);
+    }
+    let pod = hami_pod(
+        "gpu-pod",
+        json!({"nvidia.com/gpu": 2, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 33}),
+    );
+    for event in [Event::Init, Event::InitApply(pod.clone()), Event::InitDone] {
+        feed.apply_pod_event(&event);
+    }
+    let request = pod_request(&pod, &cfg).unwrap().unwrap();
+    assert_eq!(
+        request.containers[0].gpu,
+        GpuDemand::Share {
+            gpus: 2,
+            mem_per_gpu: crate::engine::MemMiB(3000),
+            compute_per_gpu: crate::engine::ComputeMilli(330),
+        }
+    );
+    let api = Arc::new(ScriptedApi::default());
+    api.put(&pod);
+    let binder = Binder::new(
+        Arc::clone(&state),
+        Arc::clone(&cfg),
+        policy,
+        Arc::clone(&api),
+    );
+    let outcome = binder
+        .bind(&ask("gpu-pod", "hami-1"), at(10))
+        .await
+        .unwrap();
+    let BindOutcome::Bound(allocation) = outcome else {
+        panic!("expected a new binding, got {outcome:?}");
+    };
+    let gpus: Vec<u16> = allocation.containers[0]
+        .gpus
+        .iter()
+        .map(|g| g.gpu.0)
+        .collect();
+    assert_eq!(gpus, vec![0, 1], "two distinct GPUs");
+    for grant in &allocation.containers[0].gpus {
+        assert_eq!(
+            grant.grant,
+            crate::engine::Grant::Share {
+                mem: crate::engine::MemMiB(3000),
+                compute: crate::engine::ComputeMilli(330),
+            }
+        );
+    }
+    // The watch reads the bound pod's record back with the same configuration.
+    let bound = api.stored("ns/gpu-pod").unwrap();
+    assert_eq!(
+        crate::objects::record::decode(&bound, &cfg).unwrap(),
+        Some(allocation)
+    );
+    feed.apply_pod_event(&Event::Apply(bound));
+    assert_eq!(
+        state
+            .read()
+            .pod(&PodKey::new("ns", "gpu-pod"))
+            .map(|e| e.hold),
+        Some(Hold::Bound)
+    );
+
+    // 15360 - 3000 = 12360 MiB left on each card: a second pod asking 12360 MiB on both fits,
+    // one asking 12361 does not.
+    let policy = cfg.engine_policy();
+    let table = state.read();
+    let node = table.node(&NodeName::new("hami-1")).unwrap();
+    let fits = |mib: u64| {
+        let pod = hami_pod(
+            "next",
+            json!({"nvidia.com/gpu": "2", "nvidia.com/gpumem": mib.to_string()}),
+        );
+        crate::engine::fit(node, &pod_request(&pod, &cfg).unwrap().unwrap(), &policy)
+    };
+    assert!(fits(12360).is_ok());
+    assert_eq!(fits(12361), Err(RejectReason::InsufficientGpuMemory));
+}
+
+/// HAMi's other request shapes: `nvidia.com/gpu` alone takes whole GPUs (HAMi gives the pod all
+/// of each card's memory); `nvidia.com/gpumem-percentage` is refused in words; a `Gi` suffix on
+/// `nvidia.com/gpumem` names the unit HAMi counts in.
+#[test]
+fn hami_shapes_and_refusals() {
+    let cfg = hami_config();
+    let whole = hami_pod("w", json!({"nvidia.com/gpu": "2"}));
+    assert_eq!(
+        pod_request(&whole, &cfg).unwrap().unwrap().containers[0].gpu,
+        GpuDemand::Whole { count: 2 }
+    );
+    let cores_only = hami_pod(
+        "c",
+        json!({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "50"}),
+    );
+    assert_eq!(
+        pod_request(&cores_only, &cfg).unwrap().unwrap().containers[0].gpu,
+        GpuDemand::Whole { count: 1 }
+    );
+    let alone = hami_pod("a", json!({"nvidia.com/gpucores": "50"}));
+    assert_eq!(
+        pod_request(&alone, &cfg).unwrap().unwrap().containers[0].gpu,
+        GpuDemand::Whole { count: 1 }
+    );
+    let memory_alone = hami_pod("m", json!({"nvidia.com/gpumem": "2000"}));
+    assert_eq!(
+        pod_request(&memory_alone, &cfg)
+            .unwrap()
+            .unwrap()
+            .containers[0]
+            .gpu,
+        GpuDemand::Share {
+            gpus: 1,
+            mem_per_gpu: crate::engine::MemMiB(2000),
+            compute_per_gpu: crate::engine::ComputeMilli(0),
+        }
+    );
+    let percentage = hami_pod(
+        "p",
+        json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "50"}),
+    );
+    let error = pod_request(&percentage, &cfg).unwrap_err().to_string();
+    assert!(
+        error.contains("nvidia.com/gpumem-percentage is not supported")
+            && error.contains("nvidia.com/gpumem in MiB"),
+        "{error}"
+    );
+    let binary = hami_pod(
+        "b",
+        json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3Gi"}),
+    );
+    let error = pod_request(&binary, &cfg).unwrap_err().to_string();
+    assert!(error.contains("counted in MiB"), "{error}");
+}
