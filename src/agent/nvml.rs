@@ -1,0 +1,185 @@
+//! The [`GpuSource`] over the NVIDIA driver: NVML through `nvml-wrapper`, which loads
+//! `libnvidia-ml.so.1` at run time, so the binary starts without a driver and reports its absence
+//! as an error. Pairwise links are what `nvidia-smi topo -m` shows: the NVLink count between two
+//! GPUs (through NVSwitches: the links each GPU has to the switches), else their closest common
+//! PCIe ancestor.
+
+use std::collections::BTreeMap;
+
+use nvml_wrapper::bitmasks::event::EventTypes;
+use nvml_wrapper::enum_wrappers::device::TopologyLevel;
+use nvml_wrapper::enums::event::XidError;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::event::EventSet;
+use nvml_wrapper::{Device, Nvml};
+
+use super::source::{DeviceReading, GpuSource, SourceError};
+use crate::engine::Link;
+
+/// NVLink ports per GPU that NVML may number (NVML_NVLINK_MAX_LINKS).
+const MAX_NVLINKS: u32 = 18;
+
+/// The NVML-backed source.
+pub struct NvmlSource {
+    nvml: &'static Nvml,
+    events: Option<EventSet<'static>>,
+    /// The PCI bus ID of every GPU, by index, read at each `device_count`.
+    bus_ids: Vec<Option<String>>,
+}
+
+impl std::fmt::Debug for NvmlSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NvmlSource")
+            .field("gpus", &self.bus_ids.len())
+            .field("xid_events", &self.events.is_some())
+            .finish()
+    }
+}
+
+fn error(error: NvmlError) -> SourceError {
+    match error {
+        NvmlError::GpuLost => SourceError::Lost,
+        NvmlError::LibloadingError(_)
+        | NvmlError::FailedToLoadSymbol(_)
+        | NvmlError::DriverNotLoaded
+        | NvmlError::LibraryNotFound
+        | NvmlError::Uninitialized
+        | NvmlError::FunctionNotFound => SourceError::Driver(error.to_string()),
+        other => SourceError::Other(other.to_string()),
+    }
+}
+
+impl NvmlSource {
+    /// Loads the driver library and initializes NVML; an error says what is missing. Each
+    /// success keeps its library loaded for the life of the process (the agent opens it once).
+    pub fn open() -> Result<Self, SourceError> {
+        let nvml: &'static Nvml = Box::leak(Box::new(Nvml::init().map_err(error)?));
+        let events = Self::register_xid_events(nvml);
+        Ok(Self {
+            nvml,
+            events,
+            bus_ids: Vec::new(),
+        })
+    }
+
+    /// Critical XID events of every GPU that supports them, in one set; `None` where the driver
+    /// offers none (the agent then sees lost GPUs only).
+    fn register_xid_events(nvml: &'static Nvml) -> Option<EventSet<'static>> {
+        let count = nvml.device_count().ok()?;
+        let mut set = nvml.create_event_set().ok()?;
+        for index in 0..count {
+            let Ok(device) = nvml.device_by_index(index) else {
+                continue;
+            };
+            set = match device.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
+                Ok(set) => set,
+                // The set is gone with the failed call: start another for the remaining GPUs.
+                Err(_) => nvml.create_event_set().ok()?,
+            };
+        }
+        Some(set)
+    }
+
+    fn device_handle(&self, index: u32) -> Result<Device<'static>, SourceError> {
+        self.nvml.device_by_index(index).map_err(error)
+    }
+
+    /// Active NVLinks of one GPU, counted by the PCI bus ID at their far end.
+    fn nvlinks(&self, device: &Device<'static>) -> BTreeMap<String, u32> {
+        let mut remote = BTreeMap::new();
+        for port in 0..MAX_NVLINKS {
+            let link = device.link_wrapper_for(port);
+            if !link.is_active().unwrap_or(false) {
+                continue;
+            }
+            if let Ok(pci) = link.remote_pci_info() {
+                *remote.entry(pci.bus_id.to_ascii_lowercase()).or_insert(0) += 1;
+            }
+        }
+        remote
+    }
+}
+
+impl GpuSource for NvmlSource {
+    fn device_count(&mut self) -> Result<u32, SourceError> {
+        let count = self.nvml.device_count().map_err(error)?;
+        self.bus_ids = (0..count)
+            .map(|index| {
+                self.nvml
+                    .device_by_index(index)
+                    .and_then(|d| d.pci_info())
+                    .ok()
+                    .map(|pci| pci.bus_id.to_ascii_lowercase())
+            })
+            .collect();
+        Ok(count)
+    }
+
+    fn device(&mut self, index: u32) -> Result<DeviceReading, SourceError> {
+        let device = self.device_handle(index)?;
+        let uuid = device.uuid().map_err(error)?;
+        let name = device.name().map_err(error)?;
+        let memory = device.memory_info().map_err(error)?;
+        // Optional facts: a driver or GPU that does not say leaves them out.
+        let numa = device
+            .numa_node_id()
+            .ok()
+            .and_then(|id| u16::try_from(id).ok());
+        let mig_enabled = device.mig_mode().is_ok_and(|mode| mode.current == 1);
+        Ok(DeviceReading {
+            uuid,
+            name,
+            memory_mib: memory.total / (1024 * 1024),
+            numa,
+            mig_enabled,
+        })
+    }
+
+    fn link(&mut self, a: u32, b: u32) -> Result<Link, SourceError> {
+        let (first, second) = (self.device_handle(a)?, self.device_handle(b)?);
+        let (links_a, links_b) = (self.nvlinks(&first), self.nvlinks(&second));
+        let bus = |index: u32| self.bus_ids.get(index as usize).cloned().flatten();
+        let direct = bus(b).and_then(|id| links_a.get(&id).copied()).unwrap_or(0);
+        // Links to something that is not one of this node's GPUs go to NVSwitches; two GPUs on
+        // the same switches talk over the fewer of their switch links.
+        let is_gpu = |id: &String| self.bus_ids.iter().flatten().any(|gpu| gpu == id);
+        let to_switches = |links: &BTreeMap<String, u32>| -> u32 {
+            links
+                .iter()
+                .filter(|(id, _)| !is_gpu(id))
+                .map(|(_, n)| n)
+                .sum()
+        };
+        let nvlinks = direct + to_switches(&links_a).min(to_switches(&links_b));
+        if nvlinks > 0 {
+            return Ok(Link::NvLink(u8::try_from(nvlinks).unwrap_or(u8::MAX)));
+        }
+        let level = first.topology_common_ancestor(second).map_err(error)?;
+        Ok(match level {
+            TopologyLevel::Internal | TopologyLevel::Single | TopologyLevel::Multiple => {
+                Link::SameSwitch
+            }
+            TopologyLevel::HostBridge | TopologyLevel::Node => Link::HostBridge,
+            TopologyLevel::System => Link::CrossSocket,
+        })
+    }
+
+    fn critical_xids(&mut self) -> Vec<(u32, u64)> {
+        let mut seen = Vec::new();
+        let Some(set) = &self.events else {
+            return seen;
+        };
+        // Drain what has arrived without waiting; `Timeout` means none is left.
+        while let Ok(event) = set.wait(0) {
+            let Ok(index) = event.device.index() else {
+                continue;
+            };
+            let xid = match event.event_data {
+                Some(XidError::Value(xid)) => xid,
+                Some(XidError::Unknown) | None => 999,
+            };
+            seen.push((index, xid));
+        }
+        seen
+    }
+}
