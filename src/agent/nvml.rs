@@ -51,7 +51,8 @@ fn error(error: NvmlError) -> SourceError {
 
 impl NvmlSource {
     /// Loads the driver library and initializes NVML; an error says what is missing. Each
-    /// success keeps its library loaded for the life of the process (the agent opens it once).
+    /// success keeps its library loaded for the life of the process (the agent opens it again
+    /// only after a pass panicked), which is what lets the XID event set borrow it.
     pub fn open() -> Result<Self, SourceError> {
         let nvml: &'static Nvml = Box::leak(Box::new(Nvml::init().map_err(error)?));
         let events = Self::register_xid_events(nvml);

@@ -3,7 +3,6 @@
 
 use std::future::Future;
 
-use anyhow::Context;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
@@ -59,7 +58,7 @@ impl NodeAnnotations for KubeNodes {
             .nodes
             .get(node)
             .await
-            .with_context(|| format!("reading node {node}"))?;
+            .map_err(|error| api_error(&format!("reading node {node}"), error))?;
         Ok(found
             .metadata
             .annotations
@@ -80,8 +79,25 @@ impl NodeAnnotations for KubeNodes {
                 &Patch::Apply(&patch),
             )
             .await
-            .with_context(|| format!("applying annotation {key} on node {node}"))?;
+            .map_err(|error| {
+                api_error(&format!("applying annotation {key} on node {node}"), error)
+            })?;
         Ok(())
+    }
+}
+
+/// A kube error as one line: the API server's message for an API error (a refusal names the
+/// policy and its reason), kube's own text otherwise.
+fn api_error(what: &str, error: kube::Error) -> anyhow::Error {
+    match error {
+        kube::Error::Api(status) => {
+            anyhow::anyhow!(
+                "{what}: the API server answered {}: {}",
+                status.code,
+                status.message
+            )
+        }
+        other => anyhow::anyhow!("{what}: {other}"),
     }
 }
 
