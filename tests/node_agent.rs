@@ -39,7 +39,10 @@ fn as_extender_reads(reading: &Reading) -> NodeSpec {
     let node = Node {
         metadata: ObjectMeta {
             name: Some("gpu-node".into()),
-            annotations: Some(BTreeMap::from([(KEY.into(), reading.to_annotation())])),
+            annotations: Some(BTreeMap::from([(
+                KEY.into(),
+                reading.to_annotation().unwrap(),
+            )])),
             ..ObjectMeta::default()
         },
         ..Node::default()
@@ -192,7 +195,12 @@ fn a_gpu_off_the_bus_is_listed_unhealthy_and_the_rest_still_served() {
 #[test]
 fn mig_enabled_gpus_are_not_offered_whole() {
     let reading = read(&fixture("a100-mig.yaml"));
-    assert!(reading.to_annotation().contains(r#""migEnabled":true"#));
+    assert!(
+        reading
+            .to_annotation()
+            .unwrap()
+            .contains(r#""migEnabled":true"#)
+    );
     let spec = as_extender_reads(&reading);
     assert_eq!(
         healthy(&spec),
@@ -325,7 +333,10 @@ async fn publishes_only_what_changed_and_never_an_empty_report() {
         Published::Applied
     );
     let applies = api.applies.lock().unwrap().clone();
-    assert_eq!(applies, [good.to_annotation(), lost.to_annotation()]);
+    assert_eq!(
+        applies,
+        [good.to_annotation().unwrap(), lost.to_annotation().unwrap()]
+    );
 }
 
 #[test]

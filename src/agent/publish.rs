@@ -133,7 +133,9 @@ pub async fn publish(
     if reading.gpus.is_empty() {
         return Ok(Published::SkippedEmpty);
     }
-    let value = reading.to_annotation();
+    let value = reading
+        .to_annotation()
+        .map_err(|error| anyhow::anyhow!("rendering the annotation: {error}"))?;
     if api.read(node, key).await?.as_deref() == Some(value.as_str()) {
         return Ok(Published::Unchanged);
     }

@@ -121,9 +121,8 @@ impl Reading {
     }
 
     /// The annotation's value.
-    pub fn to_annotation(&self) -> String {
-        // Plain structs of strings and numbers: serialization cannot fail.
-        serde_json::to_string(&self.to_doc()).unwrap_or_default()
+    pub fn to_annotation(&self) -> Result<String, serde_json::Error> {
+        serde_json::to_string(&self.to_doc())
     }
 }
 
