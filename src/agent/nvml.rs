@@ -19,6 +19,9 @@ use crate::engine::Link;
 /// NVLink ports per GPU that NVML may number (NVML_NVLINK_MAX_LINKS).
 const MAX_NVLINKS: u32 = 18;
 
+/// XID events read in one pass at most.
+const MAX_EVENTS_PER_PASS: usize = 1024;
+
 /// The NVML-backed source.
 pub struct NvmlSource {
     nvml: &'static Nvml,
@@ -101,6 +104,28 @@ impl NvmlSource {
     }
 }
 
+/// NVLinks between GPUs `a` and `b`, as `nvidia-smi topo -m` counts them: `a`'s links whose far
+/// end is `b` (bus ID `b_bus`), plus, where both have links to something that is not one of the
+/// node's GPUs (NVSwitches), the fewer of their switch links. `links_*`: a GPU's active links by
+/// far-end bus ID; `gpu_bus_ids`: every GPU's bus ID.
+fn nvlink_count(
+    links_a: &BTreeMap<String, u32>,
+    links_b: &BTreeMap<String, u32>,
+    b_bus: Option<&str>,
+    gpu_bus_ids: &[Option<String>],
+) -> u32 {
+    let direct = b_bus.and_then(|id| links_a.get(id).copied()).unwrap_or(0);
+    let is_gpu = |id: &String| gpu_bus_ids.iter().flatten().any(|gpu| gpu == id);
+    let to_switches = |links: &BTreeMap<String, u32>| -> u32 {
+        links
+            .iter()
+            .filter(|(id, _)| !is_gpu(id))
+            .map(|(_, n)| n)
+            .sum()
+    };
+    direct + to_switches(links_a).min(to_switches(links_b))
+}
+
 impl GpuSource for NvmlSource {
     fn device_count(&mut self) -> Result<u32, SourceError> {
         let count = self.nvml.device_count().map_err(error)?;
@@ -139,19 +164,12 @@ impl GpuSource for NvmlSource {
     fn link(&mut self, a: u32, b: u32) -> Result<Link, SourceError> {
         let (first, second) = (self.device_handle(a)?, self.device_handle(b)?);
         let (links_a, links_b) = (self.nvlinks(&first), self.nvlinks(&second));
-        let bus = |index: u32| self.bus_ids.get(index as usize).cloned().flatten();
-        let direct = bus(b).and_then(|id| links_a.get(&id).copied()).unwrap_or(0);
-        // Links to something that is not one of this node's GPUs go to NVSwitches; two GPUs on
-        // the same switches talk over the fewer of their switch links.
-        let is_gpu = |id: &String| self.bus_ids.iter().flatten().any(|gpu| gpu == id);
-        let to_switches = |links: &BTreeMap<String, u32>| -> u32 {
-            links
-                .iter()
-                .filter(|(id, _)| !is_gpu(id))
-                .map(|(_, n)| n)
-                .sum()
-        };
-        let nvlinks = direct + to_switches(&links_a).min(to_switches(&links_b));
+        let nvlinks = nvlink_count(
+            &links_a,
+            &links_b,
+            self.bus_ids.get(b as usize).cloned().flatten().as_deref(),
+            &self.bus_ids,
+        );
         if nvlinks > 0 {
             return Ok(Link::NvLink(u8::try_from(nvlinks).unwrap_or(u8::MAX)));
         }
@@ -170,8 +188,11 @@ impl GpuSource for NvmlSource {
         let Some(set) = &self.events else {
             return seen;
         };
-        // Drain what has arrived without waiting; `Timeout` means none is left.
-        while let Ok(event) = set.wait(0) {
+        // Drain what has arrived without waiting; `Timeout` means none is left. A storm of
+        // events is read over several passes, not in one unending loop.
+        while seen.len() < MAX_EVENTS_PER_PASS
+            && let Ok(event) = set.wait(0)
+        {
             let Ok(index) = event.device.index() else {
                 continue;
             };
@@ -182,5 +203,48 @@ impl GpuSource for NvmlSource {
             seen.push((index, xid));
         }
         seen
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn links(far_ends: &[(&str, u32)]) -> BTreeMap<String, u32> {
+        far_ends
+            .iter()
+            .map(|(id, n)| ((*id).to_owned(), *n))
+            .collect()
+    }
+
+    fn buses(ids: &[&str]) -> Vec<Option<String>> {
+        ids.iter().map(|id| Some((*id).to_owned())).collect()
+    }
+
+    #[test]
+    fn direct_links_are_counted_per_pair() {
+        // DGX-1: GPU 0 has two links to GPU 3, one each to GPU 1 and 2, two to GPU 4.
+        let gpus = buses(&["g0", "g1", "g2", "g3", "g4"]);
+        let gpu0 = links(&[("g1", 1), ("g2", 1), ("g3", 2), ("g4", 2)]);
+        let gpu3 = links(&[("g0", 2), ("g1", 1), ("g2", 2)]);
+        assert_eq!(nvlink_count(&gpu0, &gpu3, Some("g3"), &gpus), 2);
+        assert_eq!(nvlink_count(&gpu0, &links(&[]), Some("g5"), &gpus), 0);
+    }
+
+    #[test]
+    fn links_through_nvswitches_count_as_the_fewer_of_the_two() {
+        // DGX A100: each GPU has two links to each of six NVSwitches (NV12 in topo -m).
+        let gpus = buses(&["g0", "g1"]);
+        let switches: Vec<(&str, u32)> = ["s0", "s1", "s2", "s3", "s4", "s5"]
+            .iter()
+            .map(|s| (*s, 2))
+            .collect();
+        let gpu = links(&switches);
+        assert_eq!(nvlink_count(&gpu, &gpu, Some("g1"), &gpus), 12);
+        // One GPU with two switch links down: the pair runs on ten.
+        let degraded = links(&switches[..5]);
+        assert_eq!(nvlink_count(&gpu, &degraded, Some("g1"), &gpus), 10);
+        // No switch links on one side: no NVLink between them.
+        assert_eq!(nvlink_count(&gpu, &links(&[]), Some("g1"), &gpus), 0);
     }
 }
