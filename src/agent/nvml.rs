@@ -190,9 +190,10 @@ impl GpuSource for NvmlSource {
         };
         // Drain what has arrived without waiting; `Timeout` means none is left. A storm of
         // events is read over several passes, not in one unending loop.
-        while seen.len() < MAX_EVENTS_PER_PASS
-            && let Ok(event) = set.wait(0)
-        {
+        for _ in 0..MAX_EVENTS_PER_PASS {
+            let Ok(event) = set.wait(0) else {
+                break;
+            };
             let Ok(index) = event.device.index() else {
                 continue;
             };
