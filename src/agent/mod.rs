@@ -128,15 +128,24 @@ struct OncePerCause {
 }
 
 impl OncePerCause {
+    /// Logs what is new in `problems` and what went away since the last pass.
     fn report(&mut self, problems: &[String]) {
-        let now: BTreeSet<String> = problems.iter().cloned().collect();
-        for problem in now.difference(&self.current) {
+        let (appeared, resolved) = self.changes(problems);
+        for problem in appeared {
             tracing::warn!(%problem, "node agent: GPU problem");
         }
-        for problem in self.current.difference(&now) {
+        for problem in resolved {
             tracing::info!(%problem, "node agent: resolved");
         }
+    }
+
+    /// The problems that appeared and those that went away since the last call.
+    fn changes(&mut self, problems: &[String]) -> (Vec<String>, Vec<String>) {
+        let now: BTreeSet<String> = problems.iter().cloned().collect();
+        let appeared = now.difference(&self.current).cloned().collect();
+        let resolved = self.current.difference(&now).cloned().collect();
         self.current = now;
+        (appeared, resolved)
     }
 }
 
@@ -241,4 +250,19 @@ fn unix_now() -> i64 {
     now.duration_since(UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OncePerCause;
+
+    #[test]
+    fn a_lasting_problem_is_logged_once_and_again_when_it_comes_back() {
+        let mut causes = OncePerCause::default();
+        let lost = vec!["GPU 2: lost".to_owned()];
+        assert_eq!(causes.changes(&lost), (lost.clone(), vec![]));
+        assert_eq!(causes.changes(&lost), (vec![], vec![]));
+        assert_eq!(causes.changes(&[]), (vec![], lost.clone()));
+        assert_eq!(causes.changes(&lost), (lost.clone(), vec![]));
+    }
 }
