@@ -29,7 +29,10 @@
 //! 6. [`service`]: composition of the running service; [`cli`]: the `inspect` and `explain`
 //!    commands; [`replay`]: the trace through a real kube-apiserver, kube-scheduler and
 //!    gpu-extender (`gpu-extender replay`), and kube-scheduler's throughput with and without it.
+//! 7. [`agent`]: `gpu-extender node-agent`, the DaemonSet that publishes a node's GPUs (NVML)
+//!    in the annotation the extender reads.
 
+pub mod agent;
 pub mod cli;
 pub mod config;
 pub mod engine;

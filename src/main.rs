@@ -4,6 +4,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use gpu_extender::agent::AgentArgs;
 use gpu_extender::cli::{self, ExplainArgs, InspectArgs};
 use gpu_extender::config::ConfigFlags;
 use gpu_extender::replay::ReplayArgs;
@@ -51,6 +52,9 @@ enum Command {
     /// plane, or --kubeconfig), or measure kube-scheduler's throughput with and without the
     /// extender (--throughput).
     Replay(Box<ReplayArgs>),
+    /// Run on a GPU node: read its GPUs (NVML) and publish them as the node's
+    /// gpu-extender.io/gpus annotation (see docs/node-agent.md).
+    NodeAgent(AgentArgs),
 }
 
 /// Installed as `kubectl-inspect-gpu`, the binary is the kubectl plugin `kubectl inspect gpu`:
@@ -71,7 +75,9 @@ fn main() -> ExitCode {
     // The commands that print a report keep stderr to warnings unless asked for more.
     let default_level = match cli.command {
         Command::Inspect(_) | Command::Explain(_) | Command::CheckConfig(_) => "warn",
-        Command::Serve(_) | Command::Simulate(_) | Command::Replay(_) => "info",
+        Command::Serve(_) | Command::Simulate(_) | Command::Replay(_) | Command::NodeAgent(_) => {
+            "info"
+        }
     };
     tracing_setup::init(cli.log_format, default_level);
     match cli.command {
@@ -92,6 +98,8 @@ fn main() -> ExitCode {
             }
         },
         Command::Replay(args) => block_on(gpu_extender::replay::run_cli(*args))
+            .map_or(ExitCode::FAILURE, |()| ExitCode::SUCCESS),
+        Command::NodeAgent(args) => block_on(gpu_extender::agent::run(args))
             .map_or(ExitCode::FAILURE, |()| ExitCode::SUCCESS),
         Command::Simulate(args) => match run_cli(args) {
             Ok(()) => ExitCode::SUCCESS,

@@ -173,7 +173,7 @@ async fn wait_for(mut stop: tokio::sync::watch::Receiver<()>) {
 }
 
 /// Resolves on SIGTERM (how Kubernetes stops a pod) or Ctrl-C.
-async fn shutdown_signal() {
+pub async fn shutdown_signal() {
     let ctrl_c = async {
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;

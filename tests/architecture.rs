@@ -145,6 +145,7 @@ const LAYERS: &[&[&str]] = &[
     &["telemetry"],
     &["k8s", "http"],
     &["service", "cli", "replay"],
+    &["agent"],
 ];
 
 fn layer_of(room: &str) -> Option<usize> {

@@ -1272,3 +1272,289 @@ fn deploy_applies_to_a_real_api_server_and_its_scheduler_config_runs() {
         "the extender was refused something:\n{extender_log}"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// The node agent (deploy/node-agent/)
+
+const AGENT_ACCOUNT: &str = "gpu-extender-node-agent";
+
+fn agent_node(name: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\n  labels: {{kubernetes.io/hostname: {name}}}\n  annotations: {{other: kept}}\n"
+    )
+}
+
+impl Plane {
+    /// A kubeconfig of the plane's server with `token` instead of the admin's credentials.
+    fn kubeconfig_with_token(&self, file: &str, token: &str) -> PathBuf {
+        let admin = std::fs::read_to_string(self.dir.join("kubeconfig")).unwrap();
+        let mut kubeconfig: Value = serde_yaml_ng::from_str(&admin).unwrap();
+        let user = kubeconfig["users"][0]["user"].as_mapping_mut().unwrap();
+        user.clear();
+        user.insert("token".into(), token.trim().into());
+        let path = self.dir.join(file);
+        std::fs::write(&path, serde_yaml_ng::to_string(&kubeconfig).unwrap()).unwrap();
+        path
+    }
+
+    /// A token of the agent's service account; bound to a Node when `node` is given, as a
+    /// kubelet-projected token is bound to the pod and its node.
+    fn agent_token(&self, node: Option<&str>) -> String {
+        let mut args = vec![
+            "-n",
+            "gpu-extender",
+            "create",
+            "token",
+            AGENT_ACCOUNT,
+            "--duration=1h",
+        ];
+        if let Some(node) = node {
+            args.extend(["--bound-object-kind=Node", "--bound-object-name", node]);
+        }
+        self.kubectl_ok(&args, None).trim().to_owned()
+    }
+
+    /// `gpu-extender node-agent` with the fake backend, publishing on `node` with `kubeconfig`.
+    /// Returns the process and its `/metrics` URL.
+    fn start_agent(&self, kubeconfig: &Path, node: &str, fixture: &str) -> (Extender, String) {
+        let metrics = format!("127.0.0.1:{}", free_port());
+        let log = self.dir.join(format!("agent-{node}.log"));
+        let log_file = std::fs::File::create(&log).unwrap();
+        let mut command = Command::new(EXTENDER_BIN);
+        command
+            .args(["node-agent", "--backend=fake", "--interval=1"])
+            .arg(format!("--node-name={node}"))
+            .arg(format!("--fixture={ROOT}/tests/fixtures/gpus/{fixture}"))
+            .arg(format!("--metrics-address={metrics}"))
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone().unwrap())
+            .stderr(log_file);
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("GPU_EXTENDER_") || key == "NODE_NAME" {
+                command.env_remove(key);
+            }
+        }
+        let agent = Extender {
+            child: command.spawn().unwrap(),
+            log,
+        };
+        (agent, format!("http://{metrics}/metrics"))
+    }
+
+    fn node_annotation(&self, node: &str, key: &str) -> String {
+        let path = format!(
+            "jsonpath={{.metadata.annotations.{}}}",
+            key.replace('.', "\\.")
+        );
+        self.kubectl_ok(&["get", "node", node, "-o", &path], None)
+    }
+}
+
+/// Polls `done` every 200 ms for up to 60 s.
+fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "timed out: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+#[ignore = "needs the Kubernetes binaries; make test runs it, or cargo test --test deploy_manifests -- --ignored"]
+fn node_agent_applies_and_may_change_only_its_own_node() {
+    let test = "node_agent_applies_and_may_change_only_its_own_node";
+    let bins = k8s_bins(test);
+    let _serial = serial();
+    let base = Rendered::base(&bins);
+    let agent_text = kustomize(&bins, "deploy/node-agent");
+    let agent_objects = parse_documents(&agent_text, "kubectl kustomize deploy/node-agent");
+    let plane = Plane::start(&bins);
+
+    // 1. Into deploy/'s Namespace: a server-side dry run without warnings (the DaemonSet's pod
+    //    passes the namespace's "restricted" Pod Security level), then for real.
+    let namespace_doc = base
+        .objects
+        .iter()
+        .find(|o| kind(o) == "Namespace")
+        .map(|o| serde_yaml_ng::to_string(o).unwrap())
+        .unwrap();
+    plane.kubectl_ok(&["apply", "-f", "-"], Some(&namespace_doc));
+    let out = plane.kubectl(&["apply", "--dry-run=server", "-f", "-"], Some(&agent_text));
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(
+        out.status.success(),
+        "dry run refused deploy/node-agent:\n{stdout}{stderr}"
+    );
+    assert!(!stderr.contains("Warning"), "warnings:\n{stderr}");
+    assert_eq!(
+        stdout
+            .lines()
+            .filter(|l| l.contains("(server dry run)"))
+            .count(),
+        agent_objects.len(),
+        "{stdout}"
+    );
+    plane.kubectl_ok(&["apply", "-f", "-"], Some(&agent_text));
+    let daemon_set = find(&agent_objects, "DaemonSet", "gpu-extender-node-agent");
+    let pod = &daemon_set["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["nodeSelector"]["gpu-extender.io/node-agent"].as_str(),
+        Some("true")
+    );
+    assert_eq!(pod["securityContext"]["runAsNonRoot"].as_bool(), Some(true));
+    let container = &pod["containers"][0];
+    assert_eq!(
+        container["securityContext"]["readOnlyRootFilesystem"].as_bool(),
+        Some(true)
+    );
+    assert!(
+        container["resources"]["limits"]
+            .get("nvidia.com/gpu")
+            .is_none()
+    );
+
+    for node in ["agent-node-a", "agent-node-b"] {
+        plane.kubectl_ok(&["create", "-f", "-"], Some(&agent_node(node)));
+    }
+    let bound_to_a = plane.kubeconfig_with_token(
+        "agent-a.kubeconfig",
+        &plane.agent_token(Some("agent-node-a")),
+    );
+    let unbound = plane.kubeconfig_with_token("agent-unbound.kubeconfig", &plane.agent_token(None));
+
+    // 2. The agent on its own node: the annotation appears, applied by its field manager, and
+    //    what the extender reads back is the fixture's machine; nothing else changed.
+    let (agent_a, _) = plane.start_agent(&bound_to_a, "agent-node-a", "dgx1-v100.yaml");
+    eventually("the agent publishes on its node", || {
+        !plane
+            .node_annotation("agent-node-a", "gpu-extender.io/gpus")
+            .is_empty()
+    });
+    let published = plane.node_annotation("agent-node-a", "gpu-extender.io/gpus");
+    assert!(
+        published.contains("Tesla-V100-SXM2-32GB") && published.contains("NV2"),
+        "{published}"
+    );
+    assert_eq!(plane.node_annotation("agent-node-a", "other"), "kept");
+    let managers = plane.kubectl_ok(
+        &[
+            "get",
+            "node",
+            "agent-node-a",
+            "--show-managed-fields",
+            "-o",
+            "jsonpath={range .metadata.managedFields[*]}{.manager}/{.operation} {end}",
+        ],
+        None,
+    );
+    assert!(
+        managers.contains("gpu-extender-node-agent/Apply"),
+        "{managers}"
+    );
+    // Unchanged GPUs: no further writes.
+    let version = plane.kubectl_ok(
+        &[
+            "get",
+            "node",
+            "agent-node-a",
+            "-o",
+            "jsonpath={.metadata.resourceVersion}",
+        ],
+        None,
+    );
+    eventually("three more passes", || {
+        agent_a.log().contains("report published") && {
+            std::thread::sleep(Duration::from_secs(3));
+            true
+        }
+    });
+    let again = plane.kubectl_ok(
+        &[
+            "get",
+            "node",
+            "agent-node-a",
+            "-o",
+            "jsonpath={.metadata.resourceVersion}",
+        ],
+        None,
+    );
+    assert_eq!(
+        version,
+        again,
+        "the agent wrote an unchanged report:\n{}",
+        agent_a.log_tail()
+    );
+    drop(agent_a);
+
+    // 3. The same token aimed at another node is refused by the admission policy, and the agent
+    //    says so once, though it tries again every pass.
+    let (agent_b, metrics_url) = plane.start_agent(&bound_to_a, "agent-node-b", "t4-pcie.yaml");
+    let refusals = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("may change only the node it runs on"))
+            .count()
+    };
+    eventually("three refused passes", || {
+        let (_, metrics) = curl_status(&metrics_url);
+        metrics.contains("gpu_extender_agent_publishes_total{result=\"error\"} 3")
+    });
+    assert_eq!(refusals(&agent_b.log()), 1, "{}", agent_b.log_tail());
+    assert!(
+        plane
+            .node_annotation("agent-node-b", "gpu-extender.io/gpus")
+            .is_empty()
+    );
+    drop(agent_b);
+
+    // 4. As the agent, by hand: anything but its annotation on its node, a token naming no node,
+    //    and a delete are refused.
+    let as_agent = |kubeconfig: &Path, args: &[&str]| {
+        let mut command = Command::new(bins.join("kubectl"));
+        command.args(args).env("KUBECONFIG", kubeconfig);
+        let out = run(command, None);
+        (
+            out.status.success(),
+            format!("{}{}", text(&out.stdout), text(&out.stderr)),
+        )
+    };
+    let (ok, said) = as_agent(
+        &bound_to_a,
+        &["label", "node", "agent-node-a", "stolen=yes"],
+    );
+    assert!(
+        !ok && said.contains("only the annotation gpu-extender.io/gpus"),
+        "{said}"
+    );
+    let (ok, said) = as_agent(
+        &bound_to_a,
+        &[
+            "annotate",
+            "node",
+            "agent-node-a",
+            "other=changed",
+            "--overwrite",
+        ],
+    );
+    assert!(
+        !ok && said.contains("only the annotation gpu-extender.io/gpus"),
+        "{said}"
+    );
+    let (ok, said) = as_agent(
+        &unbound,
+        &[
+            "annotate",
+            "node",
+            "agent-node-a",
+            "gpu-extender.io/gpus={}",
+            "--overwrite",
+        ],
+    );
+    assert!(!ok && said.contains("its token names no node"), "{said}");
+    let (ok, said) = as_agent(&bound_to_a, &["delete", "node", "agent-node-a"]);
+    assert!(!ok && said.contains("forbidden"), "{said}");
+    assert_eq!(plane.node_annotation("agent-node-a", "other"), "kept");
+}

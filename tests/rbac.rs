@@ -291,6 +291,66 @@ fn every_other_rbac_object_is_one_kube_scheduler_needs() {
     }
 }
 
+#[test]
+fn node_agent_rules_grant_exactly_the_api_calls_the_agent_makes() {
+    let scan = api_calls::scan_dir(&Path::new(ROOT).join("src/agent"));
+    assert!(
+        scan.files >= 4,
+        "read only {} files under src/agent",
+        scan.files
+    );
+    assert!(scan.problems.is_empty(), "{}", scan.problems.join("\n"));
+    let needed = scan.permissions();
+    let objects = manifests::kustomization_resources(&deploy_dir().join("node-agent"));
+    let mut granted = BTreeSet::new();
+    for role in rbac_roles(&objects) {
+        assert_eq!(
+            label(role, COMPONENT),
+            Some("node-agent"),
+            "{}",
+            describe(role)
+        );
+        for grant in manifests::grants(role) {
+            granted.insert(grant.permission);
+        }
+    }
+    assert_eq!(
+        granted
+            .iter()
+            .map(Permission::to_string)
+            .collect::<Vec<_>>(),
+        needed.iter().map(Permission::to_string).collect::<Vec<_>>(),
+        "deploy/node-agent/rbac.yaml against src/agent"
+    );
+    // And only to the DaemonSet's service account.
+    let daemon_sets: Vec<&Value> = manifests::of_kind(&objects, "DaemonSet").collect();
+    let [daemon_set] = daemon_sets.as_slice() else {
+        panic!("one DaemonSet expected in deploy/node-agent");
+    };
+    let account = daemon_set["spec"]["template"]["spec"]["serviceAccountName"].as_str();
+    for binding in objects
+        .iter()
+        .filter(|o| kind(o).ends_with("Binding") && kind(o) != "ValidatingAdmissionPolicyBinding")
+    {
+        assert_eq!(
+            binding["subjects"].as_sequence().map(Vec::len),
+            Some(1),
+            "{}",
+            describe(binding)
+        );
+        assert_eq!(
+            binding["subjects"][0]["name"].as_str(),
+            account,
+            "{}",
+            describe(binding)
+        );
+        assert_eq!(
+            binding["subjects"][0]["namespace"].as_str(),
+            Some(namespace(daemon_set))
+        );
+    }
+}
+
 /// The reader of `src/` on small programs: it must find what is there, and refuse to guess.
 mod scanner {
     use super::api_calls::{Permission, Scan, scan_sources};

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as WireQuantity;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use super::quantity::{Quantity, QuantityError};
@@ -359,31 +359,41 @@ fn parse_label_memory(value: &str) -> Option<u64> {
     }
 }
 
-/// The per-GPU detail annotation. See `docs/annotations.md`.
-#[derive(Debug, Deserialize)]
+/// The per-GPU detail annotation `gpu-extender.io/gpus`, read here and written by the node agent
+/// (`src/agent`) through the same type. See `docs/annotations.md`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct NodeGpusDoc {
-    version: u32,
-    gpus: Vec<NodeGpuDoc>,
-    #[serde(default)]
-    links: Option<Vec<Vec<String>>>,
+pub struct NodeGpusDoc {
+    pub version: u32,
+    pub gpus: Vec<NodeGpuDoc>,
+    /// `nvidia-smi topo -m` cells, one row and column per entry of `gpus` (see [`link_cell`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub links: Option<Vec<Vec<String>>>,
 }
 
-#[derive(Debug, Deserialize)]
+/// One GPU of [`NodeGpusDoc`].
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct NodeGpuDoc {
-    index: u16,
-    #[serde(default)]
-    uuid: Option<String>,
-    #[serde(default)]
-    model: Option<String>,
-    #[serde(default, rename = "memoryMiB")]
-    memory_mib: Option<u64>,
-    #[serde(default)]
-    numa: Option<u16>,
+pub struct NodeGpuDoc {
+    pub index: u16,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default, rename = "memoryMiB", skip_serializing_if = "Option::is_none")]
+    pub memory_mib: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa: Option<u16>,
+    /// MIG mode enabled: the card is split into GPU instances that the device plugin serves, so
+    /// the whole card is never offered (it counts with the unhealthy GPUs).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mig_enabled: bool,
     #[serde(default = "yes")]
-    healthy: bool,
+    pub healthy: bool,
 }
+
+/// The annotation's version this build reads and writes.
+pub const NODE_GPUS_VERSION: u32 = 1;
 
 fn yes() -> bool {
     true
@@ -393,7 +403,7 @@ fn yes() -> bool {
 /// memory by index.
 fn parse_node_gpus(text: &str, defaults: &[Gpu]) -> Result<(Vec<Gpu>, LinkMatrix), String> {
     let doc: NodeGpusDoc = serde_json::from_str(text).map_err(|e| e.to_string())?;
-    if doc.version != 1 {
+    if doc.version != NODE_GPUS_VERSION {
         return Err(format!(
             "version {} is not supported (expected 1)",
             doc.version
@@ -425,7 +435,7 @@ fn parse_node_gpus(text: &str, defaults: &[Gpu]) -> Result<(Vec<Gpu>, LinkMatrix
             model,
             memory: MemMiB(memory),
             numa: entry.numa,
-            healthy: entry.healthy,
+            healthy: entry.healthy && !entry.mig_enabled,
         });
     }
     let links = match doc.links {
@@ -463,8 +473,19 @@ fn parse_node_gpus(text: &str, defaults: &[Gpu]) -> Result<(Vec<Gpu>, LinkMatrix
     Ok((gpus, links))
 }
 
+/// A link as a `nvidia-smi topo -m` cell, the inverse of [`parse_link`] (`PXB`, `NODE` read
+/// back as `PIX`, `PHB`: the engine ranks them alike).
+pub fn link_cell(link: Link) -> String {
+    match link {
+        Link::NvLink(links) => format!("NV{links}"),
+        Link::SameSwitch => "PIX".to_owned(),
+        Link::HostBridge => "PHB".to_owned(),
+        Link::CrossSocket => "SYS".to_owned(),
+    }
+}
+
 /// `nvidia-smi topo -m` vocabulary.
-fn parse_link(cell: &str) -> Option<Link> {
+pub fn parse_link(cell: &str) -> Option<Link> {
     match cell {
         "PIX" | "PXB" => Some(Link::SameSwitch),
         "PHB" | "NODE" => Some(Link::HostBridge),
@@ -1372,5 +1393,18 @@ mod tests {
             pod_request(&one(json!({"aliyun.com/gpu-mem": "4"})), &cfg),
             Ok(None)
         );
+    }
+
+    #[test]
+    fn link_cells_read_back_as_the_same_link() {
+        for link in [
+            Link::NvLink(1),
+            Link::NvLink(18),
+            Link::SameSwitch,
+            Link::HostBridge,
+            Link::CrossSocket,
+        ] {
+            assert_eq!(parse_link(&link_cell(link)), Some(link));
+        }
     }
 }

@@ -18,6 +18,7 @@ mod faults;
 mod lifecycle;
 mod models;
 mod modes;
+mod node_agent;
 mod observe;
 mod preemption;
 mod rejections;

@@ -223,13 +223,22 @@ const WATCHING_METHODS: &[&str] = &["owns", "watches"];
 /// trace replay, `gpu-extender replay`, creates its own nodes and pods with the operator's rights).
 pub const OPERATOR_TOOLS: &[&str] = &["replay"];
 
+/// Folders of `src/` that run as another component with their own service account and rules:
+/// `agent` (`gpu-extender node-agent`, the DaemonSet of `deploy/node-agent/`), checked on its own
+/// by `tests/rbac.rs`.
+pub const OTHER_COMPONENTS: &[&str] = &["agent"];
+
 /// Reads every `.rs` file under `dir`, except the [`OPERATOR_TOOLS`].
 pub fn scan_dir(dir: &Path) -> Scan {
     let mut files = Vec::new();
     collect_rs_files(dir, &mut files);
     // Operator tools that run with the operator's own kubeconfig, never with the extender's
     // service account: their calls are not the extender's and need none of its rights.
-    let tools: Vec<PathBuf> = OPERATOR_TOOLS.iter().map(|tool| dir.join(tool)).collect();
+    let tools: Vec<PathBuf> = OPERATOR_TOOLS
+        .iter()
+        .chain(OTHER_COMPONENTS)
+        .map(|tool| dir.join(tool))
+        .collect();
     files.retain(|path| !tools.iter().any(|tool| path.starts_with(tool)));
     files.sort();
     let root = dir.parent().unwrap_or(dir);
