@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 
 use super::go_rand::GoRand;
-use super::metrics::{Curves, Step};
+use super::metrics::{Curves, PodKind, Rejections, Step};
 use super::protocol::{self, Arrivals};
 use super::trace::{Cluster, Workload};
 use crate::engine::policy::reference::{
@@ -181,6 +181,7 @@ struct PodClass {
     request: PodRequest,
     shape: PodShape,
     class: Option<GpuClass>,
+    kind: PodKind,
 }
 
 /// A cluster and a workload made ready for any number of runs (shared read-only by threads).
@@ -225,6 +226,7 @@ impl Prepared {
                     request: pod.request(),
                     shape,
                     class: shape.class(),
+                    kind: pod.kind(),
                 });
                 classes.len() - 1
             });
@@ -297,6 +299,8 @@ pub struct RunResult {
     /// Every step, when asked for.
     pub steps: Option<Vec<Step>>,
     pub curves: Curves,
+    /// Rejected pods by kind at each arrival column.
+    pub rejected: Rejections,
     /// The state after the last pod.
     pub last: Step,
     /// (node, class) evaluations the cache could not answer: the run's real work.
@@ -498,6 +502,7 @@ pub fn run(
     let mut arrived = 0u64;
     let mut failed = 0u32;
     let mut failed_milli = 0u64;
+    let mut rejected = Rejections::default();
     let mut reported = 0u64;
     let mut evaluations = 0u64;
     for (submitted, &pod) in arrivals.order.iter().enumerate() {
@@ -541,9 +546,12 @@ pub fn run(
             None => {
                 failed += 1;
                 failed_milli += class.shape.gpu_total();
+                rejected.reject(class.kind);
             }
         }
-        steps.push(live.step(arrived, capacity, failed));
+        let step = live.step(arrived, capacity, failed);
+        rejected.step(step.arrive_percent(capacity));
+        steps.push(step);
         if submitted % 512 == 511 {
             progress(512);
             reported += 512;
@@ -566,6 +574,7 @@ pub fn run(
         capacity_milli: capacity,
         steps: keep_steps.then_some(steps),
         curves,
+        rejected,
         last,
         evaluations,
         end_nodes: keep_steps.then_some(nodes),

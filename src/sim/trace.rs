@@ -62,6 +62,11 @@ impl SimPod {
         PodShape::new(self.cpu, self.gpus, self.milli)
     }
 
+    /// The pod's kind in the summary's rejection counts.
+    pub fn kind(&self) -> super::metrics::PodKind {
+        super::metrics::PodKind::of(self.gpus, self.milli, !self.models.is_empty())
+    }
+
     /// Total milli-GPU requested (`num_gpu × gpu_milli`), the unit of arrival and inflation.
     pub fn gpu_total(&self) -> u64 {
         self.shape().gpu_total()
