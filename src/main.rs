@@ -8,6 +8,7 @@ use gpu_extender::cli::{self, ExplainArgs, InspectArgs};
 use gpu_extender::config::ConfigFlags;
 use gpu_extender::replay::ReplayArgs;
 use gpu_extender::service::{ServeArgs, serve};
+use gpu_extender::sim::generate::WorkloadArgs;
 use gpu_extender::sim::{SimArgs, run_cli};
 use gpu_extender::telemetry::tracing_setup::{self, LogFormat};
 
@@ -41,6 +42,10 @@ enum Command {
     Explain(ExplainArgs),
     /// Replay a GPU workload trace under placement policies (no arguments: a built-in example).
     Simulate(SimArgs),
+    /// Build a harder workload for `simulate` from an openb trace, raising the share of one kind
+    /// of pod (model-constrained, sharing, multi-GPU, CPU-only), as the FGD paper built its
+    /// variants.
+    Workload(WorkloadArgs),
     /// Replay a trace through a real kube-apiserver, kube-scheduler and gpu-extender (a loopback
     /// plane, or --kubeconfig), or measure kube-scheduler's throughput with and without the
     /// extender (--throughput).
@@ -86,6 +91,13 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
                 eprintln!("gpu-extender simulate: {error:#}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Workload(args) => match gpu_extender::sim::generate::run_cli(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("gpu-extender workload: {error:#}");
                 ExitCode::FAILURE
             }
         },

@@ -1,10 +1,12 @@
 //! The trace-replay simulator: the FGD paper's reference experiment (specified in
 //! `../shared/docs/simulation.md`; usage in `docs/simulate.md`) run through the same engine the
 //! extender uses. Loading (`load`, `trace`), the seeded protocol
-//! (`protocol`, drawn from Go's `math/rand` in `go_rand`), one run (`replay`), measurements (`metrics`), and outputs (`report`, `cli`).
+//! (`protocol`, drawn from Go's `math/rand` in `go_rand`), one run (`replay`), measurements (`metrics`), and outputs (`report`, `cli`);
+//! harder workloads sampled from a trace (`generate`).
 //! Randomness lives here, never in the engine: draws are passed into engine functions.
 
 pub mod cli;
+pub mod generate;
 pub mod go_rand;
 pub mod load;
 pub mod metrics;
