@@ -256,8 +256,21 @@ fn replace_towards(
     Ok(())
 }
 
-/// The openb pod CSV of `pods`: `name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec`, the
-/// columns `simulate` reads (the trace's others are not kept).
+/// Stretches every pod's lifetime `factor` times (deletion = creation + factor × duration),
+/// so that more pods run at once: the trace's own durations keep at most about 1% of the
+/// openb cluster's GPUs busy at any time. Pods without a lifetime are left alone.
+pub fn stretch(pods: &mut [SimPod], factor: f64) {
+    for pod in pods {
+        if let Some(lifetime) = &mut pod.lifetime {
+            let duration = (lifetime.deleted - lifetime.created) as f64 * factor;
+            lifetime.deleted = lifetime.created.saturating_add(duration.round() as u64);
+        }
+    }
+}
+
+/// The openb pod CSV of `pods`: `name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,
+/// creation_time,deletion_time`, the columns `simulate` reads (the trace's others are not
+/// kept; the times are empty for a pod without them).
 pub fn openb_csv(pods: &[SimPod]) -> Result<String, csv::Error> {
     let rows = pods.iter().map(|p| {
         (
@@ -267,6 +280,8 @@ pub fn openb_csv(pods: &[SimPod]) -> Result<String, csv::Error> {
             p.gpus,
             p.milli,
             p.gpu_spec.as_str(),
+            p.lifetime.map(|l| l.created),
+            p.lifetime.map(|l| l.deleted),
         )
     });
     super::report::csv_text(
@@ -277,6 +292,8 @@ pub fn openb_csv(pods: &[SimPod]) -> Result<String, csv::Error> {
             "num_gpu",
             "gpu_milli",
             "gpu_spec",
+            "creation_time",
+            "deletion_time",
         ],
         rows,
     )
@@ -295,8 +312,13 @@ pub struct WorkloadArgs {
 
     /// What to raise: constrained=SHARE (of GPU pods), share=SHARE or multi=SHARE (of GPU
     /// demand), cpu=FACTOR (CPU-only pods' CPU request, times the source's).
-    #[arg(long, value_name = "KIND=VALUE")]
-    pub raise: String,
+    #[arg(long, value_name = "KIND=VALUE", required_unless_present = "stretch")]
+    pub raise: Option<String>,
+
+    /// Stretch every pod's lifetime (creation to deletion time) this many times, for
+    /// `simulate --departures`.
+    #[arg(long, value_name = "FACTOR")]
+    pub stretch: Option<f64>,
 
     /// Where model lists are drawn from for `constrained`: an openb name in --trace-dir or a
     /// CSV file.
@@ -308,7 +330,8 @@ pub struct WorkloadArgs {
     pub seed: u64,
 
     /// The workload's name (the file is `openb_pod_list_NAME.csv`); default
-    /// `<from>-<kind><percent>-s<seed>`, e.g. `default-constrained25-s42`.
+    /// `<from>-<kind><percent>-s<seed>`, e.g. `default-constrained25-s42` (and
+    /// `-stretch<F>` before the seed when stretched).
     #[arg(long)]
     pub name: Option<String>,
 
@@ -328,18 +351,37 @@ fn pod_list(dir: &Path, name: &str) -> anyhow::Result<Workload> {
 
 /// The `workload` command: writes the variant and prints its shares beside the source's.
 pub fn run_cli(args: WorkloadArgs) -> anyhow::Result<()> {
-    let raise = Raise::parse(&args.raise)?;
+    let raise = args.raise.as_deref().map(Raise::parse).transpose()?;
+    if let Some(factor) = args.stretch
+        && !(factor.is_finite() && factor > 0.0)
+    {
+        bail!("--stretch must be a positive number, got {factor}");
+    }
     let cluster = load::load_cluster(&args.trace_dir.join(super::cli::OPENB_NODES))?;
     let source = pod_list(&args.trace_dir, &args.from)?;
     let pool = match raise {
-        Raise::Constrained(_) => pod_list(&args.trace_dir, &args.specs_from)?.pods().to_vec(),
+        Some(Raise::Constrained(_)) => pod_list(&args.trace_dir, &args.specs_from)?.pods().to_vec(),
         _ => Vec::new(),
     };
-    let pods = generate(&source, &cluster, raise, &pool, args.seed)?;
+    let mut pods = match raise {
+        Some(raise) => generate(&source, &cluster, raise, &pool, args.seed)?,
+        None => source.pods().to_vec(),
+    };
+    let mut tags: Vec<String> = raise.iter().map(|r| r.tag()).collect();
+    if let Some(factor) = args.stretch {
+        if pods.iter().any(|p| p.lifetime.is_none()) {
+            bail!(
+                "--stretch: {} has pods without creation_time and deletion_time",
+                source.name
+            );
+        }
+        stretch(&mut pods, factor);
+        tags.push(format!("stretch{factor}"));
+    }
     let name = args
         .name
         .clone()
-        .unwrap_or_else(|| format!("{}-{}-s{}", source.name, raise.tag(), args.seed));
+        .unwrap_or_else(|| format!("{}-{}-s{}", source.name, tags.join("-"), args.seed));
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
     let path = args.out.join(format!("openb_pod_list_{name}.csv"));
@@ -480,6 +522,21 @@ mod tests {
             names.dedup();
             assert_eq!(names.len(), first.len());
         }
+    }
+
+    #[test]
+    fn stretching_multiplies_lifetimes_and_keeps_them_through_the_file() {
+        let text = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,creation_time,deletion_time\n\
+                    a,1000,1024,1,1000,,100,110\nb,1000,1024,0,0,,5,5\n";
+        let mut pods = parse_pod_csv(Path::new("p.csv"), text).unwrap();
+        stretch(&mut pods, 30.0);
+        let times: Vec<(u64, u64)> = pods
+            .iter()
+            .map(|p| p.lifetime.map(|l| (l.created, l.deleted)).unwrap())
+            .collect();
+        assert_eq!(times, [(100, 400), (5, 5)]);
+        let again = parse_pod_csv(Path::new("again.csv"), &openb_csv(&pods).unwrap()).unwrap();
+        assert_eq!(again, pods);
     }
 
     #[test]
