@@ -114,6 +114,15 @@ impl SimPolicy {
                     "look" => tuning.lookahead = number()?,
                     "penalty" => tuning.idle_node_penalty = number()?,
                     "quantum" => tuning.quantum = number()?,
+                    "reserve" => tuning.reserve = number()?,
+                    "hostby" => {
+                        tuning.host_by = match value {
+                            "mean" => fgd_plus::HostBy::Mean,
+                            "class" => fgd_plus::HostBy::Class,
+                            "constrained" => fgd_plus::HostBy::Constrained,
+                            _ => return None,
+                        }
+                    }
                     "tie" => {
                         tuning.tie_break = match value {
                             "none" => fgd_plus::TieBreak::None,
@@ -151,11 +160,20 @@ fn tuning_knobs(tuning: &fgd_plus::Tuning) -> Vec<String> {
             default.idle_node_penalty,
         ),
         ("quantum", tuning.quantum, default.quantum),
+        ("reserve", tuning.reserve, default.reserve),
     ];
     for (key, value, default) in numbers {
         if value != default {
             knobs.push(format!("{key}={value}"));
         }
+    }
+    if tuning.host_by != default.host_by {
+        let by = match tuning.host_by {
+            fgd_plus::HostBy::Mean => "mean",
+            fgd_plus::HostBy::Class => "class",
+            fgd_plus::HostBy::Constrained => "constrained",
+        };
+        knobs.push(format!("hostby={by}"));
     }
     if tuning.tie_break != default.tie_break {
         let tie = match tuning.tie_break {
