@@ -9,6 +9,7 @@ use gpu_extender::cli::{self, ExplainArgs, InspectArgs};
 use gpu_extender::config::ConfigFlags;
 use gpu_extender::replay::ReplayArgs;
 use gpu_extender::service::{ServeArgs, serve};
+use gpu_extender::sim::generate::WorkloadArgs;
 use gpu_extender::sim::{SimArgs, run_cli};
 use gpu_extender::telemetry::tracing_setup::{self, LogFormat};
 
@@ -48,6 +49,10 @@ enum Command {
     Explain(ExplainArgs),
     /// Replay a GPU workload trace under placement policies (no arguments: a built-in example).
     Simulate(SimArgs),
+    /// Build a harder workload for `simulate` from an openb trace, raising the share of one kind
+    /// of pod (model-constrained, sharing, multi-GPU, CPU-only), as the FGD paper built its
+    /// variants.
+    Workload(WorkloadArgs),
     /// Replay a trace through a real kube-apiserver, kube-scheduler and gpu-extender (a loopback
     /// plane, or --kubeconfig), or measure kube-scheduler's throughput with and without the
     /// extender (--throughput).
@@ -75,9 +80,11 @@ fn main() -> ExitCode {
     // The commands that print a report keep stderr to warnings unless asked for more.
     let default_level = match cli.command {
         Command::Inspect(_) | Command::Explain(_) | Command::CheckConfig(_) => "warn",
-        Command::Serve(_) | Command::Simulate(_) | Command::Replay(_) | Command::NodeAgent(_) => {
-            "info"
-        }
+        Command::Serve(_)
+        | Command::Simulate(_)
+        | Command::Replay(_)
+        | Command::NodeAgent(_)
+        | Command::Workload(_) => "info",
     };
     tracing_setup::init(cli.log_format, default_level);
     match cli.command {
@@ -105,6 +112,13 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
                 eprintln!("gpu-extender simulate: {error:#}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Workload(args) => match gpu_extender::sim::generate::run_cli(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("gpu-extender workload: {error:#}");
                 ExitCode::FAILURE
             }
         },

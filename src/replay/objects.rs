@@ -283,6 +283,7 @@ mod tests {
             milli,
             gpu_spec: spec.into(),
             models: crate::sim::load::model_list(spec).unwrap(),
+            lifetime: None,
         }
     }
 

@@ -22,7 +22,7 @@ use super::objects::{
 use crate::config::Config;
 use crate::engine::{NodeName, PodAllocation, ScoringPolicy};
 use crate::objects::{record, translate};
-use crate::sim::metrics::Curves;
+use crate::sim::metrics::{Curves, Rejections};
 use crate::sim::progress::Progress;
 use crate::sim::replay::Live;
 use crate::sim::{Cluster, Prepared, RunResult, SimPolicy};
@@ -296,6 +296,7 @@ pub async fn replay_pods(
     let mut steps = Vec::with_capacity(arrivals.order.len());
     let mut decisions = Vec::with_capacity(arrivals.order.len());
     let (mut arrived, mut failed, mut failed_milli) = (0u64, 0u32, 0u64);
+    let mut rejected = Rejections::default();
     let immediate = DeleteParams {
         grace_period_seconds: Some(0),
         ..DeleteParams::default()
@@ -324,6 +325,7 @@ pub async fn replay_pods(
             Seen::Unschedulable => {
                 failed += 1;
                 failed_milli += pod.gpu_total();
+                rejected.reject(pod.kind());
                 decisions.push(Decision::Unschedulable);
                 pods_api
                     .delete(&name, &immediate)
@@ -331,7 +333,9 @@ pub async fn replay_pods(
                     .with_context(|| format!("deleting unschedulable pod {name}"))?;
             }
         }
-        steps.push(live.step(arrived, capacity, failed));
+        let step = live.step(arrived, capacity, failed);
+        rejected.step(step.arrive_percent(capacity));
+        steps.push(step);
         progress.inc(1);
     }
     let elapsed = started.elapsed();
@@ -353,6 +357,7 @@ pub async fn replay_pods(
             capacity_milli: capacity,
             steps: Some(steps),
             curves,
+            rejected,
             last,
             evaluations: 0,
             end_nodes: Some(nodes),

@@ -178,6 +178,7 @@ async fn measure(
         milli: 1000,
         gpu_spec: String::new(),
         models: Vec::new(),
+        lifetime: None,
     };
     let objects: Vec<Pod> = (0..count)
         .map(|i| pod_object(&template, i, scheduler, run_id, config))

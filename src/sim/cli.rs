@@ -87,6 +87,12 @@ pub struct SimArgs {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+
+    /// Replay departures: pods are submitted in order of their trace creation time and leave
+    /// at their deletion time (every pod needs both, e.g. a `gpu-extender workload --stretch`
+    /// file).
+    #[arg(long)]
+    pub departures: bool,
 }
 
 /// Which runs keep per-step rows.
@@ -317,8 +323,15 @@ pub fn run_cli(args: SimArgs) -> anyhow::Result<()> {
     let (cluster, workloads) = args.inputs.resolve()?;
     let prepared: Vec<Prepared> = workloads
         .iter()
-        .map(|workload| Prepared::new(&cluster, workload))
-        .collect();
+        .map(|workload| {
+            let prepared = Prepared::new(&cluster, workload);
+            if args.departures {
+                prepared.with_departures()
+            } else {
+                Ok(prepared)
+            }
+        })
+        .collect::<anyhow::Result<_>>()?;
     println!(
         "cluster {}: {} nodes, {} GPUs; {} workload(s), {} policies, {} seed(s), arrivals to {:.0}% of GPU capacity",
         cluster.name,

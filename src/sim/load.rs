@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use thiserror::Error;
 
-use super::trace::{Cluster, SimNode, SimPod, Workload};
+use super::trace::{Cluster, Lifetime, SimNode, SimPod, Workload};
 use crate::engine::{CpuMilli, MemMiB, ModelPattern, WHOLE_GPU_COMPUTE};
 
 /// The most GPUs one node (or pod) may have: the engine's GPU sets are 64-bit masks.
@@ -346,6 +346,11 @@ struct PodRow {
     /// Absent in the multigpu traces: every pod takes any model.
     #[serde(default)]
     gpu_spec: String,
+    /// Seconds; empty or absent: the pod has no lifetime (it never departs).
+    #[serde(default)]
+    creation_time: Option<u64>,
+    #[serde(default)]
+    deletion_time: Option<u64>,
 }
 
 const POD_COLUMNS: &[&[&str]] = &[
@@ -368,6 +373,17 @@ pub fn parse_pod_csv(path: &Path, text: &str) -> Result<Vec<SimPod>, LoadError> 
         }
         let gpus = gpu_count(row.num_gpu, "num_gpu").map_err(fail)?;
         let models = model_list(&row.gpu_spec).map_err(|e| fail(format!("gpu_spec: {e}")))?;
+        let lifetime = match (row.creation_time, row.deletion_time) {
+            (Some(created), Some(deleted)) if deleted >= created => {
+                Some(Lifetime { created, deleted })
+            }
+            (Some(created), Some(deleted)) => {
+                return Err(fail(format!(
+                    "deletion_time {deleted} is before creation_time {created}"
+                )));
+            }
+            _ => None,
+        };
         pods.push(SimPod {
             name: row.name,
             cpu: CpuMilli(row.cpu_milli),
@@ -376,6 +392,7 @@ pub fn parse_pod_csv(path: &Path, text: &str) -> Result<Vec<SimPod>, LoadError> 
             milli: row.gpu_milli.clamp(0, i64::from(WHOLE_GPU_COMPUTE.0)) as u32,
             gpu_spec: row.gpu_spec,
             models,
+            lifetime,
         });
         Ok(())
     })?;
@@ -526,6 +543,7 @@ pub fn parse_scenario(path: &Path, text: &str) -> Result<Scenario, LoadError> {
                         milli,
                         gpu_spec: gpu_spec.clone(),
                         models: models.clone(),
+                        lifetime: None,
                     });
                 }
             }

@@ -125,6 +125,125 @@ impl Curves {
     }
 }
 
+/// The kinds of pod whose rejections the summary counts, each pod in exactly one: a GPU pod
+/// limited to some GPU models is `Constrained` whatever its shape; the others by shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodKind {
+    /// A GPU pod that accepts only some GPU models (`gpu_spec` not empty).
+    Constrained,
+    /// A share of one GPU (`num_gpu == 1`, `gpu_milli < 1000`).
+    Share,
+    /// More than one whole GPU.
+    MultiGpu,
+    /// Exactly one whole GPU.
+    OneGpu,
+    /// No GPU (also a pod whose `gpu_milli` is 0).
+    CpuOnly,
+}
+
+impl PodKind {
+    /// Every kind, in the summary's order.
+    pub const ALL: [Self; 5] = [
+        Self::Constrained,
+        Self::Share,
+        Self::MultiGpu,
+        Self::OneGpu,
+        Self::CpuOnly,
+    ];
+
+    /// The kind of a pod with `gpus` GPUs of `milli` milli-GPU each, model-constrained or not.
+    pub fn of(gpus: u16, milli: u32, constrained: bool) -> Self {
+        let whole = crate::engine::WHOLE_GPU_COMPUTE.0;
+        if gpus == 0 || milli == 0 {
+            Self::CpuOnly
+        } else if constrained {
+            Self::Constrained
+        } else if gpus == 1 && milli < whole {
+            Self::Share
+        } else if gpus > 1 {
+            Self::MultiGpu
+        } else {
+            Self::OneGpu
+        }
+    }
+
+    /// The name in the summary.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Constrained => "model-constrained",
+            Self::Share => "share",
+            Self::MultiGpu => "multi-GPU",
+            Self::OneGpu => "1 GPU",
+            Self::CpuOnly => "CPU-only",
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            Self::Constrained => 0,
+            Self::Share => 1,
+            Self::MultiGpu => 2,
+            Self::OneGpu => 3,
+            Self::CpuOnly => 4,
+        }
+    }
+}
+
+/// Rejected pods by kind, cumulative: at arrival column k (0..=130), the pods of each kind that
+/// found no node among those submitted until the arrived workload last rounded to k or less.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejections {
+    /// Rejections so far, by [`PodKind::ALL`] order.
+    current: [u32; PodKind::ALL.len()],
+    /// Per column, the counts at the last step that rounded to it (`None`: no step did).
+    columns: Vec<Option<[u32; PodKind::ALL.len()]>>,
+}
+
+impl Default for Rejections {
+    fn default() -> Self {
+        Self {
+            current: [0; PodKind::ALL.len()],
+            columns: vec![None; LAST_COLUMN + 1],
+        }
+    }
+}
+
+impl Rejections {
+    /// Counts one rejected pod of `kind`.
+    pub fn reject(&mut self, kind: PodKind) {
+        self.current[kind.index()] += 1;
+    }
+
+    /// Records the counts after a step that brought the arrived workload to `arrive_percent`.
+    pub fn step(&mut self, arrive_percent: i64) {
+        if let Some(column) = usize::try_from(arrive_percent)
+            .ok()
+            .and_then(|k| self.columns.get_mut(k))
+        {
+            *column = Some(self.current);
+        }
+    }
+
+    /// Rejected pods of `kind` up to column `k`: the counts of the nearest column at or before
+    /// `k` that a step reached, 0 before any; `None` past the last column.
+    pub fn at(&self, k: usize, kind: PodKind) -> Option<u32> {
+        let columns = self.columns.get(..=k)?;
+        Some(
+            columns
+                .iter()
+                .rev()
+                .flatten()
+                .next()
+                .map_or(0, |counts| counts[kind.index()]),
+        )
+    }
+
+    /// Every rejection so far, of `kind`.
+    pub fn total(&self, kind: PodKind) -> u32 {
+        self.current[kind.index()]
+    }
+}
+
 /// The mean of the present values, if any.
 pub fn mean(values: impl IntoIterator<Item = Option<f64>>) -> Option<f64> {
     let (sum, count) = values
@@ -178,6 +297,42 @@ mod tests {
         // 2.5% → 2, 3.5% → 4.
         assert_eq!(step(25, 0).arrive_percent(1000), 2);
         assert_eq!(step(35, 0).arrive_percent(1000), 4);
+    }
+
+    #[test]
+    fn pods_fall_in_one_kind_each() {
+        assert_eq!(PodKind::of(0, 0, true), PodKind::CpuOnly);
+        assert_eq!(PodKind::of(1, 0, false), PodKind::CpuOnly);
+        assert_eq!(PodKind::of(1, 500, true), PodKind::Constrained);
+        assert_eq!(PodKind::of(8, 1000, true), PodKind::Constrained);
+        assert_eq!(PodKind::of(1, 500, false), PodKind::Share);
+        assert_eq!(PodKind::of(2, 1000, false), PodKind::MultiGpu);
+        assert_eq!(PodKind::of(1, 1000, false), PodKind::OneGpu);
+    }
+
+    #[test]
+    fn rejections_are_cumulative_and_carried_over_columns_no_step_reached() {
+        let mut rejections = Rejections::default();
+        rejections.step(0);
+        rejections.reject(PodKind::Share);
+        rejections.step(2);
+        rejections.reject(PodKind::Share);
+        rejections.reject(PodKind::Constrained);
+        rejections.step(2);
+        rejections.reject(PodKind::CpuOnly);
+        rejections.step(5);
+        // Past the last column: counted in the total, not in any column.
+        rejections.reject(PodKind::CpuOnly);
+        rejections.step(131);
+        assert_eq!(rejections.at(1, PodKind::Share), Some(0));
+        assert_eq!(rejections.at(2, PodKind::Share), Some(2));
+        assert_eq!(rejections.at(2, PodKind::Constrained), Some(1));
+        assert_eq!(rejections.at(4, PodKind::CpuOnly), Some(0));
+        assert_eq!(rejections.at(5, PodKind::CpuOnly), Some(1));
+        assert_eq!(rejections.at(LAST_COLUMN, PodKind::CpuOnly), Some(1));
+        assert_eq!(rejections.at(LAST_COLUMN + 1, PodKind::CpuOnly), None);
+        assert_eq!(rejections.total(PodKind::CpuOnly), 2);
+        assert_eq!(rejections.at(LAST_COLUMN, PodKind::MultiGpu), Some(0));
     }
 
     #[test]

@@ -134,6 +134,7 @@ mod tests {
             milli,
             gpu_spec: String::new(),
             models: Vec::new(),
+            lifetime: None,
         }
     }
 

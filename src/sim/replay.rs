@@ -1,16 +1,18 @@
 //! One run of the reference experiment: pods submitted one at a time in arrival order, each
 //! filtered and placed by the engine (`fit`, `NodeState::add`), scored by a reference rule or an
-//! engine policy, failures dropped and never retried, nothing ever leaves.
+//! engine policy, failures dropped and never retried; nothing ever leaves, except with
+//! departures ([`Prepared::with_departures`]), where placed pods leave at their deletion time.
 //!
 //! Speed comes from a per-(node, pod class) cache of feasibility and score: a placement changes
 //! one node, so only that node's entries go stale (a generation counter per node), and every
 //! other node answers from the cache. A pod class is every pod the filter and all scores treat
 //! alike (same CPU, memory, GPU count, milli-GPU and model list).
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 
 use super::go_rand::GoRand;
-use super::metrics::{Curves, Step};
+use super::metrics::{Curves, PodKind, Rejections, Step};
 use super::protocol::{self, Arrivals};
 use super::trace::{Cluster, Workload};
 use crate::engine::policy::reference::{
@@ -18,7 +20,8 @@ use crate::engine::policy::reference::{
 };
 use crate::engine::policy::{fgd_plus, free_milli};
 use crate::engine::{
-    NodeState, PodRequest, Policy, ScoringPolicy, ShareChoice, TypicalPods, fit, fit_choosing,
+    NodeState, PodAllocation, PodRequest, Policy, ScoringPolicy, ShareChoice, TypicalPods, fit,
+    fit_choosing,
 };
 
 /// A policy the simulator can replay.
@@ -111,6 +114,15 @@ impl SimPolicy {
                     "look" => tuning.lookahead = number()?,
                     "penalty" => tuning.idle_node_penalty = number()?,
                     "quantum" => tuning.quantum = number()?,
+                    "reserve" => tuning.reserve = number()?,
+                    "hostby" => {
+                        tuning.host_by = match value {
+                            "mean" => fgd_plus::HostBy::Mean,
+                            "class" => fgd_plus::HostBy::Class,
+                            "constrained" => fgd_plus::HostBy::Constrained,
+                            _ => return None,
+                        }
+                    }
                     "tie" => {
                         tuning.tie_break = match value {
                             "none" => fgd_plus::TieBreak::None,
@@ -148,11 +160,20 @@ fn tuning_knobs(tuning: &fgd_plus::Tuning) -> Vec<String> {
             default.idle_node_penalty,
         ),
         ("quantum", tuning.quantum, default.quantum),
+        ("reserve", tuning.reserve, default.reserve),
     ];
     for (key, value, default) in numbers {
         if value != default {
             knobs.push(format!("{key}={value}"));
         }
+    }
+    if tuning.host_by != default.host_by {
+        let by = match tuning.host_by {
+            fgd_plus::HostBy::Mean => "mean",
+            fgd_plus::HostBy::Class => "class",
+            fgd_plus::HostBy::Constrained => "constrained",
+        };
+        knobs.push(format!("hostby={by}"));
     }
     if tuning.tie_break != default.tie_break {
         let tie = match tuning.tie_break {
@@ -181,6 +202,7 @@ struct PodClass {
     request: PodRequest,
     shape: PodShape,
     class: Option<GpuClass>,
+    kind: PodKind,
 }
 
 /// A cluster and a workload made ready for any number of runs (shared read-only by threads).
@@ -196,6 +218,8 @@ pub struct Prepared {
     typical: TypicalPods,
     /// Per node, the typical pods' model-access masks (they never change).
     access: Vec<Vec<u64>>,
+    /// Pods arrive at their creation time and leave at their deletion time.
+    departures: bool,
 }
 
 impl Prepared {
@@ -225,6 +249,7 @@ impl Prepared {
                     request: pod.request(),
                     shape,
                     class: shape.class(),
+                    kind: pod.kind(),
                 });
                 classes.len() - 1
             });
@@ -239,7 +264,35 @@ impl Prepared {
             workload: workload.clone(),
             typical,
             access,
+            departures: false,
         }
+    }
+
+    /// The same, replayed with departures: pods are submitted in order of creation time (the
+    /// seeded order among equal times; resampled copies keep their original's times), and
+    /// before each pod every placed pod whose deletion time has come leaves. An error when a
+    /// pod of the workload has no lifetime.
+    pub fn with_departures(mut self) -> anyhow::Result<Self> {
+        if let Some(pod) = self.workload.pods().iter().find(|p| p.lifetime.is_none()) {
+            anyhow::bail!(
+                "{}: pod {} has no creation_time and deletion_time, needed for departures",
+                self.trace,
+                pod.name
+            );
+        }
+        self.departures = true;
+        Ok(self)
+    }
+
+    /// Whether runs replay departures.
+    pub fn departures(&self) -> bool {
+        self.departures
+    }
+
+    fn lifetime(&self, pod: usize) -> (u64, u64) {
+        self.workload.pods()[pod]
+            .lifetime
+            .map_or((0, u64::MAX), |l| (l.created, l.deleted))
     }
 
     /// GPU capacity in milli-GPU.
@@ -275,7 +328,11 @@ impl Prepared {
     /// The arrival order and node priorities of a seed, drawn as a run draws them.
     pub fn plan(&self, seed: u64, tune: f64) -> (Arrivals, Vec<u32>, GoRand) {
         let mut go = protocol::run_generator(seed);
-        let arrivals = protocol::arrivals(&self.workload, self.capacity_milli, tune, &mut go);
+        let mut arrivals = protocol::arrivals(&self.workload, self.capacity_milli, tune, &mut go);
+        if self.departures {
+            // Stable: equal creation times keep the seeded order.
+            arrivals.order.sort_by_key(|&pod| self.lifetime(pod).0);
+        }
         let priority = protocol::node_priority(self.nodes.len(), &mut go);
         (arrivals, priority, go)
     }
@@ -297,6 +354,8 @@ pub struct RunResult {
     /// Every step, when asked for.
     pub steps: Option<Vec<Step>>,
     pub curves: Curves,
+    /// Rejected pods by kind at each arrival column.
+    pub rejected: Rejections,
     /// The state after the last pod.
     pub last: Step,
     /// (node, class) evaluations the cache could not answer: the run's real work.
@@ -498,11 +557,32 @@ pub fn run(
     let mut arrived = 0u64;
     let mut failed = 0u32;
     let mut failed_milli = 0u64;
+    let mut rejected = Rejections::default();
     let mut reported = 0u64;
     let mut evaluations = 0u64;
+    // With departures: the placed pods by deletion time (a min-heap of (time, index)).
+    let mut leaving: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
+    let mut running: Vec<Option<(usize, usize, PodAllocation)>> = Vec::new();
     for (submitted, &pod) in arrivals.order.iter().enumerate() {
         let class_id = prepared.class_of[pod];
         let class = &prepared.classes[class_id];
+        let (created, deleted) = prepared.lifetime(pod);
+        if prepared.departures {
+            while let Some(&Reverse((time, index))) = leaving.peek() {
+                if time > created {
+                    break;
+                }
+                leaving.pop();
+                if let Some((n, left_class, allocation)) = running[index].take() {
+                    nodes[n].remove(&allocation);
+                    generation[n] += 1;
+                    if let Some(gpu_class) = prepared.classes[left_class].class {
+                        mixes[n].remove(gpu_class);
+                    }
+                    live.measure(prepared, &nodes, n);
+                }
+            }
+        }
         arrived += class.shape.gpu_total();
         feasible.clear();
         let row = &mut cache[class_id * node_count..(class_id + 1) * node_count];
@@ -537,13 +617,20 @@ pub fn run(
                     mixes[n].add(gpu_class);
                 }
                 live.measure(prepared, &nodes, n);
+                if prepared.departures {
+                    leaving.push(Reverse((deleted, running.len())));
+                    running.push(Some((n, class_id, allocation)));
+                }
             }
             None => {
                 failed += 1;
                 failed_milli += class.shape.gpu_total();
+                rejected.reject(class.kind);
             }
         }
-        steps.push(live.step(arrived, capacity, failed));
+        let step = live.step(arrived, capacity, failed);
+        rejected.step(step.arrive_percent(capacity));
+        steps.push(step);
         if submitted % 512 == 511 {
             progress(512);
             reported += 512;
@@ -566,8 +653,67 @@ pub fn run(
         capacity_milli: capacity,
         steps: keep_steps.then_some(steps),
         curves,
+        rejected,
         last,
         evaluations,
         end_nodes: keep_steps.then_some(nodes),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::sim::load::{parse_node_csv, parse_pod_csv};
+
+    fn cluster() -> Cluster {
+        let nodes = "sn,cpu_milli,memory_mib,gpu,model\nn,8000,16384,1,T4\n";
+        Cluster::new("c", parse_node_csv(Path::new("nodes.csv"), nodes).unwrap())
+    }
+
+    /// Three one-GPU pods for a one-GPU cluster: `b` arrives while `a` runs, `c` after `a` left.
+    fn workload() -> Workload {
+        let pods = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,creation_time,deletion_time\n\
+                    a,1000,1024,1,1000,,0,10\nb,1000,1024,1,1000,,5,25\nc,1000,1024,1,1000,,20,30\n";
+        Workload::new("w", parse_pod_csv(Path::new("pods.csv"), pods).unwrap())
+    }
+
+    fn fgd() -> SimPolicy {
+        SimPolicy::Reference(ReferencePolicy::Fgd)
+    }
+
+    #[test]
+    fn with_departures_a_freed_gpu_takes_the_next_pod() {
+        let prepared = Prepared::new(&cluster(), &workload())
+            .with_departures()
+            .unwrap();
+        for seed in 1..20 {
+            let result = run(&prepared, fgd(), seed, 0.0, true, &|_| {});
+            // Creation order whatever the seed: a placed, b rejected (a holds the GPU), then a
+            // leaves at 10 and c takes the GPU at 20.
+            assert_eq!(result.failed, 1, "seed {seed}");
+            let steps = result.steps.unwrap();
+            let used: Vec<u64> = steps.iter().map(|s| s.used_milli).collect();
+            assert_eq!(used, [1000, 1000, 1000], "seed {seed}");
+            let arrived: Vec<u64> = steps.iter().map(|s| s.arrived_milli).collect();
+            assert_eq!(arrived, [1000, 2000, 3000]);
+        }
+        // Without departures nothing leaves: only the first pod is placed.
+        let plain = Prepared::new(&cluster(), &workload());
+        assert_eq!(run(&plain, fgd(), 1, 0.0, false, &|_| {}).failed, 2);
+    }
+
+    #[test]
+    fn departures_need_every_pod_s_lifetime() {
+        let pods = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1000,1024,1,1000\n";
+        let workload = Workload::new("w", parse_pod_csv(Path::new("p.csv"), pods).unwrap());
+        let error = Prepared::new(&cluster(), &workload)
+            .with_departures()
+            .unwrap_err();
+        assert!(
+            error.to_string().contains("pod a has no creation_time"),
+            "{error}"
+        );
     }
 }

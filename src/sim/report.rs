@@ -8,8 +8,9 @@ use plotters::drawing::DrawingAreaErrorKind;
 use plotters::prelude::*;
 use serde::Serialize;
 
-use super::metrics::{LAST_COLUMN, mean, std_dev};
+use super::metrics::{LAST_COLUMN, PodKind, mean, std_dev};
 use super::replay::{RunResult, SimPolicy};
+use crate::engine::policy::reference::ReferencePolicy;
 
 /// The runs of one (trace, policy), all seeds.
 #[derive(Debug)]
@@ -95,7 +96,106 @@ pub fn summary_markdown(results: &[RunResult]) -> String {
             idle.map_or_else(|| "–".to_owned(), |v| format!("{v:.1}")),
         );
     }
+    curve_tables(&mut out, results);
     out
+}
+
+/// The arrival columns the curve tables show: every 10 points from 50% to 130%.
+pub const CURVE_COLUMNS: [usize; 9] = [50, 60, 70, 80, 90, 100, 110, 120, LAST_COLUMN];
+
+/// The first arrival column the worst difference from FGD is taken over (every whole percent
+/// from it to 130%).
+pub const CURVE_FROM: usize = 50;
+
+/// The whole curve, after the one-line summary: allocation % at every [`CURVE_COLUMNS`] point
+/// (mean over seeds), each policy's difference from FGD's (where FGD ran on the trace) with the
+/// worst difference over every whole percent from 50% to 130%, and the rejected pods by kind.
+fn curve_tables(out: &mut String, results: &[RunResult]) {
+    let groups = group(results);
+    let heading = CURVE_COLUMNS
+        .iter()
+        .map(|k| format!(" {k}% |"))
+        .collect::<String>();
+    let rule = "---:|".repeat(CURVE_COLUMNS.len());
+    let _ = writeln!(out, "\nAlloc % at each arrived % (mean over seeds):\n");
+    let _ = writeln!(out, "| trace | policy |{heading}");
+    let _ = writeln!(out, "|---|---|{rule}");
+    for group in &groups {
+        let cells: String = CURVE_COLUMNS
+            .iter()
+            .map(|&k| format!(" {} |", cell(group.alloc_at(k).0)))
+            .collect();
+        let _ = writeln!(out, "| {} | {} |{cells}", group.trace, group.policy.label());
+    }
+    let fgd = SimPolicy::Reference(ReferencePolicy::Fgd);
+    let against: Vec<(&Group<'_>, &Group<'_>)> = groups
+        .iter()
+        .filter(|g| g.policy != fgd)
+        .filter_map(|g| {
+            let base = groups
+                .iter()
+                .find(|b| b.trace == g.trace && b.policy == fgd)?;
+            Some((g, base))
+        })
+        .collect();
+    if !against.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nDifference from FGD in alloc % points (mean over seeds; worst: the lowest over every whole % from {CURVE_FROM}% to {LAST_COLUMN}%):\n"
+        );
+        let _ = writeln!(out, "| trace | policy |{heading} worst | at |");
+        let _ = writeln!(out, "|---|---|{rule}---:|---:|");
+        for (group, base) in against {
+            let diff = |k: usize| Some(group.alloc_at(k).0? - base.alloc_at(k).0?);
+            let cells: String = CURVE_COLUMNS
+                .iter()
+                .map(|&k| format!(" {} |", signed(diff(k))))
+                .collect();
+            let worst = (CURVE_FROM..=LAST_COLUMN)
+                .filter_map(|k| Some((k, diff(k)?)))
+                .min_by(|a, b| a.1.total_cmp(&b.1));
+            let _ = writeln!(
+                out,
+                "| {} | {} |{cells} {} | {} |",
+                group.trace,
+                group.policy.label(),
+                signed(worst.map(|w| w.1)),
+                worst.map_or_else(|| "–".to_owned(), |w| format!("{}%", w.0)),
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\nRejected pods by kind up to each arrived % (mean over seeds, cumulative):\n"
+    );
+    let _ = writeln!(out, "| trace | policy | kind |{heading}");
+    let _ = writeln!(out, "|---|---|---|{rule}");
+    for group in &groups {
+        for kind in PodKind::ALL {
+            let cells: String = CURVE_COLUMNS
+                .iter()
+                .map(|&k| {
+                    let value = group.mean_of(|r| r.rejected.at(k, kind).map(f64::from));
+                    format!(
+                        " {} |",
+                        value.map_or_else(|| "–".to_owned(), |v| format!("{v:.1}"))
+                    )
+                })
+                .collect();
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} |{cells}",
+                group.trace,
+                group.policy.label(),
+                kind.label()
+            );
+        }
+    }
+}
+
+/// A difference with its sign, 2 decimals.
+fn signed(value: Option<f64>) -> String {
+    value.map_or_else(|| "–".to_owned(), |v| format!("{v:+.2}"))
 }
 
 /// CSV text: `header`, then one record per row. Rows carry their numbers already formatted
@@ -481,6 +581,91 @@ mod tests {
         let mut reader = csv::Reader::from_reader(runs.as_bytes());
         let row = reader.records().nth(1).unwrap().unwrap();
         assert_eq!((&row[0], row.len()), ("a,b \"c\"", 13));
+    }
+
+    /// The cells of the summary row that starts with `prefix` (after the prefix's own cells).
+    fn row_cells<'s>(summary: &'s str, section: &str, prefix: &str) -> Vec<&'s str> {
+        let (_, rest) = summary.split_once(section).unwrap();
+        let line = rest
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no row {prefix:?} in {rest}"));
+        line[prefix.len()..]
+            .split('|')
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .collect()
+    }
+
+    #[test]
+    fn the_summary_shows_the_whole_curve_the_difference_from_fgd_and_rejections_by_kind() {
+        let results = results(1.3);
+        let summary = summary_markdown(&results);
+        let (fgd, best_fit) = (&results[0], &results[1]);
+        let alloc = row_cells(
+            &summary,
+            "Alloc % at each arrived %",
+            "| small-example | FGD |",
+        );
+        assert_eq!(alloc.len(), CURVE_COLUMNS.len());
+        for (cell_text, &k) in alloc.iter().zip(&CURVE_COLUMNS) {
+            assert_eq!(*cell_text, cell(fgd.curves.alloc[k]), "column {k}");
+        }
+        let diff = row_cells(
+            &summary,
+            "Difference from FGD",
+            "| small-example | BestFit |",
+        );
+        assert_eq!(diff.len(), CURVE_COLUMNS.len() + 2);
+        let at = |r: &RunResult, k: usize| r.curves.alloc[k];
+        for (cell_text, &k) in diff.iter().zip(&CURVE_COLUMNS) {
+            let expected = at(best_fit, k).zip(at(fgd, k)).map(|(b, f)| b - f);
+            assert_eq!(*cell_text, signed(expected), "column {k}");
+        }
+        let worst = (CURVE_FROM..=LAST_COLUMN)
+            .filter_map(|k| Some((k, at(best_fit, k)? - at(fgd, k)?)))
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .unwrap();
+        assert_eq!(diff[CURVE_COLUMNS.len()], signed(Some(worst.1)));
+        assert_eq!(diff[CURVE_COLUMNS.len() + 1], format!("{}%", worst.0));
+        // FGD is the baseline: no row of its own there.
+        assert!(
+            !summary
+                .split_once("Difference from FGD")
+                .unwrap()
+                .1
+                .split_once("Rejected pods")
+                .unwrap()
+                .0
+                .contains("| FGD |")
+        );
+        // Rejections: every kind of every policy, and they add up to the failed pods.
+        let mut at_end = 0.0;
+        for kind in PodKind::ALL {
+            let prefix = format!("| small-example | BestFit | {} |", kind.label());
+            let cells = row_cells(&summary, "Rejected pods by kind", &prefix);
+            for (cell_text, &k) in cells.iter().zip(&CURVE_COLUMNS) {
+                let count = best_fit.rejected.at(k, kind).unwrap();
+                assert_eq!(
+                    *cell_text,
+                    format!("{:.1}", f64::from(count)),
+                    "{prefix} column {k}"
+                );
+            }
+            at_end += f64::from(best_fit.rejected.total(kind));
+        }
+        assert!(best_fit.failed > 0, "the example rejects pods at 130%");
+        assert_eq!(at_end, best_fit.failed as f64);
+    }
+
+    #[test]
+    fn without_fgd_there_is_no_difference_table() {
+        let mut results = results(1.3);
+        results.remove(0);
+        let summary = summary_markdown(&results);
+        assert!(summary.contains("Alloc % at each arrived %"));
+        assert!(!summary.contains("Difference from FGD"));
+        assert!(summary.contains("Rejected pods by kind"));
     }
 
     /// Every tag opened is closed, in order (the SVG is XML; no XML parser is a dependency).

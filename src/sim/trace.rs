@@ -54,12 +54,27 @@ pub struct SimPod {
     pub gpu_spec: String,
     /// The same list, parsed.
     pub models: Vec<ModelPattern>,
+    /// When the trace created and deleted the pod (its `creation_time`, `deletion_time`,
+    /// seconds), where it gives both: what `simulate --departures` replays.
+    pub lifetime: Option<Lifetime>,
+}
+
+/// A pod's creation and deletion time in a trace (seconds; deletion ≥ creation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lifetime {
+    pub created: u64,
+    pub deleted: u64,
 }
 
 impl SimPod {
     /// What the reference scores see of the pod.
     pub fn shape(&self) -> PodShape {
         PodShape::new(self.cpu, self.gpus, self.milli)
+    }
+
+    /// The pod's kind in the summary's rejection counts.
+    pub fn kind(&self) -> super::metrics::PodKind {
+        super::metrics::PodKind::of(self.gpus, self.milli, !self.models.is_empty())
     }
 
     /// Total milli-GPU requested (`num_gpu × gpu_milli`), the unit of arrival and inflation.
@@ -169,6 +184,7 @@ mod tests {
             milli,
             gpu_spec: spec.into(),
             models: crate::sim::load::model_list(spec).unwrap(),
+            lifetime: None,
         }
     }
 

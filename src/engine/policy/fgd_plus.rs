@@ -37,6 +37,12 @@ pub struct Tuning {
     pub quantum: u32,
     /// How placements of equal (rounded) score are ordered.
     pub tie_break: TieBreak,
+    /// Extra weight (hundredths) on the model-constrained typical pods' part of FGD's measure,
+    /// so that a placement that takes GPUs a constrained pod could use is charged more; 0 turns
+    /// it off.
+    pub reserve: u32,
+    /// How host stranding is measured: against the mean typical pod, or per class.
+    pub host_by: HostBy,
 }
 
 impl Default for Tuning {
@@ -48,8 +54,23 @@ impl Default for Tuning {
             idle_node_penalty: 500,
             quantum: 0,
             tie_break: TieBreak::UsedNodes,
+            reserve: 0,
+            host_by: HostBy::Mean,
         }
     }
+}
+
+/// How host stranding ([`host_stranded`]) is measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HostBy {
+    /// Against the mean typical GPU pod's CPU and memory per GPU, over all free GPUs.
+    Mean,
+    /// Per typical class, against the GPUs of the models it accepts and its own CPU and
+    /// memory per GPU ([`TypicalPods::host_stranded_by_class`]).
+    Class,
+    /// The classes that accept any model pooled as the mean pod, model-constrained classes
+    /// one by one against their own models' GPUs.
+    Constrained,
 }
 
 /// The order among placements whose (rounded) scores are equal.
@@ -88,7 +109,20 @@ pub fn fragmentation(
     } else {
         0.0
     };
-    expected + look
+    let reserve = if tuning.reserve > 0 {
+        let weight = typical.constrained_weight();
+        if weight > 0.0 {
+            let constrained = typical.fragmentation_scaled(cpu_free, free_milli, access, |pod| {
+                if pod.models.is_empty() { 0.0 } else { 1.0 }
+            });
+            f64::from(tuning.reserve) / 100.0 * weight * constrained
+        } else {
+            0.0
+        }
+    } else {
+        0.0
+    };
+    expected + look + reserve
 }
 
 /// FGD+'s GPU choice for a share: one GPU at a time, the one whose use leaves the least
@@ -218,8 +252,25 @@ pub fn score_taking(
     let mut reduction = fragmentation(typical, tuning, node.cpu_free(), before, &access)
         - fragmentation(typical, tuning, cpu_after, after, &access);
     if tuning.host_weight > 0 {
-        let stranded_before = host_stranded(typical, node.cpu_free(), node.mem_free(), before);
-        let stranded_after = host_stranded(typical, cpu_after, mem_after, after);
+        let (stranded_before, stranded_after) = match tuning.host_by {
+            HostBy::Mean => (
+                host_stranded(typical, node.cpu_free(), node.mem_free(), before),
+                host_stranded(typical, cpu_after, mem_after, after),
+            ),
+            by => {
+                let pool = by == HostBy::Constrained;
+                (
+                    typical.host_stranded_by_class(
+                        node.cpu_free(),
+                        node.mem_free(),
+                        before,
+                        &access,
+                        pool,
+                    ),
+                    typical.host_stranded_by_class(cpu_after, mem_after, after, &access, pool),
+                )
+            }
+        };
         reduction += f64::from(tuning.host_weight) / 100.0 * (stranded_before - stranded_after);
     }
     let node_idle = node.gpus.iter().all(|usage| usage.is_idle());
@@ -332,6 +383,101 @@ mod tests {
         let rich = policy.evaluate(&node(104_000), &pod).unwrap().score;
         let tight = policy.evaluate(&node(24_000), &pod).unwrap().score;
         assert!(rich > tight, "{rich} vs {tight}");
+    }
+
+    #[test]
+    fn the_reserve_charges_taking_gpus_a_constrained_pod_needs() {
+        // Half the pods take any GPU, half only V100s.
+        let mut v100_only = class(1000, 0, 1, 1000, 1.0);
+        v100_only.models = vec![crate::engine::ModelPattern::parse("V100").unwrap()];
+        let typical = TypicalPods::new(vec![class(1000, 0, 1, 1000, 1.0), v100_only]);
+        let node = |model: &str| {
+            let mut node = NodeState::new(
+                NodeSpec::uniform("n", GpuMode::CoreMem, 2, model, MemMiB(0)).with_host(
+                    CpuMilli(64_000),
+                    MemMiB(1 << 30),
+                    1001,
+                ),
+            );
+            // One GPU already in use, so that the idle-node charge plays no part.
+            let first = PodRequest::single(CpuMilli(0), MemMiB(0), GpuDemand::Whole { count: 1 });
+            let policy = Policy::scoring(ScoringPolicy::FgdPlus);
+            node.add(&crate::engine::fit(&node, &first, &policy).unwrap());
+            node
+        };
+        let anywhere = PodRequest::single(CpuMilli(1000), MemMiB(0), GpuDemand::Whole { count: 1 });
+        let margin = |reserve: u32| {
+            let policy = Policy {
+                fgd_plus: Tuning {
+                    reserve,
+                    ..Tuning::default()
+                },
+                ..Policy::scoring(ScoringPolicy::FgdPlus).with_typical(typical.clone())
+            };
+            let elsewhere = policy.evaluate(&node("T4"), &anywhere).unwrap().score;
+            let on_v100 = policy.evaluate(&node("V100"), &anywhere).unwrap().score;
+            elsewhere - on_v100
+        };
+        // FGD's own measure already prefers leaving the V100 free; the reserve widens that.
+        assert!(margin(0) > 0.0, "{}", margin(0));
+        assert!(
+            margin(1000) > margin(0),
+            "{} vs {}",
+            margin(1000),
+            margin(0)
+        );
+        // Without constrained classes the reserve changes nothing.
+        let plain = TypicalPods::new(vec![class(1000, 0, 1, 1000, 1.0)]);
+        let free = [1000, 0];
+        let with = Tuning {
+            reserve: 1000,
+            ..Tuning::default()
+        };
+        let access = [0b11];
+        assert_eq!(
+            fragmentation(&plain, &with, CpuMilli(1000), &free, &access),
+            fragmentation(&plain, &Tuning::default(), CpuMilli(1000), &free, &access)
+        );
+    }
+
+    #[test]
+    fn host_stranding_by_class_sees_each_class_s_own_models_and_ratio() {
+        let free = [1000, 1000, 1000, 1000];
+        let any = TypicalPods::new(vec![class(12_000, 65_536, 1, 1000, 1.0)]);
+        let all = [0b1111];
+        // One class that takes any model: the same as the mean pod, pooled or not.
+        for pool in [false, true] {
+            let by_class =
+                any.host_stranded_by_class(CpuMilli(24_000), MemMiB(1 << 30), &free, &all, pool);
+            let mean = host_stranded(&any, CpuMilli(24_000), MemMiB(1 << 30), &free);
+            assert!((by_class - mean).abs() < 1e-9, "{by_class} vs {mean}");
+        }
+        // Two classes of equal GPU demand: a light one (4 cores per GPU) and a V100-only heavy
+        // one (24 cores per GPU), on a node whose model the heavy one does not accept.
+        let mut heavy = class(24_000, 0, 1, 1000, 1.0);
+        heavy.models = vec![crate::engine::ModelPattern::parse("V100").unwrap()];
+        let typical = TypicalPods::new(vec![class(4_000, 0, 1, 1000, 1.0), heavy]);
+        let not_v100 = [0b1111, 0];
+        // 16 cores feed all 4 GPUs for the light class; the heavy one cannot use them anyway.
+        let stranded = typical.host_stranded_by_class(
+            CpuMilli(16_000),
+            MemMiB(1 << 30),
+            &free,
+            &not_v100,
+            false,
+        );
+        assert_eq!(stranded, 0.0);
+        // On a V100 node the heavy class is fed for 16/24 of a GPU: 3333 of its 4000 stranded,
+        // half the weight.
+        let v100 = [0b1111, 0b1111];
+        let stranded =
+            typical.host_stranded_by_class(CpuMilli(16_000), MemMiB(1 << 30), &free, &v100, true);
+        assert!(
+            (stranded - (4000.0 - 16_000.0 / 24.0) / 2.0).abs() < 1e-6,
+            "{stranded}"
+        );
+        // The mean pod (14 cores per GPU) sees stranding on either node: it is model-blind.
+        assert!(host_stranded(&typical, CpuMilli(16_000), MemMiB(1 << 30), &free) > 0.0);
     }
 
     #[test]
