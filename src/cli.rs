@@ -16,9 +16,11 @@ use crate::config::{Config, ConfigFlags};
 use crate::engine::PodKey;
 use crate::explain;
 use crate::http::client::fetch_report_as;
-use crate::inspect::{self, Filter};
+use crate::inspect::Filter;
 use crate::k8s::api::kube_client;
+use crate::k8s::quota;
 use crate::k8s::watch::Feed;
+use crate::objects::quota::quota_names;
 use crate::objects::translate;
 use crate::state::ClusterState;
 
@@ -95,7 +97,7 @@ pub async fn inspect(args: InspectArgs) -> anyhow::Result<String> {
         Some(url) => fetch_report_as(url, args.token.as_deref()).await?,
         None => {
             let (_, state, _) = load(&args.cluster).await?;
-            inspect::report(&state.read())
+            state.report()
         }
     };
     if let Some(node) = &args.node
@@ -150,11 +152,23 @@ pub async fn explain(args: ExplainArgs) -> anyhow::Result<String> {
     let policy = config.engine_policy();
     let verdicts = explain::explain(&table, &request, &policy);
     drop(table);
+    let over_quota = state
+        .quota_admit(namespace, &request, &quota_names(&config))
+        .err();
     match args.output {
-        Output::Text => Ok(explain::to_text(&key, &request, &verdicts)),
+        Output::Text => {
+            let mut text = explain::to_text(&key, &request, &verdicts);
+            if let Some(reason) = &over_quota {
+                text.push_str(&format!(
+                    "Refused on every node: {reason}; the pod waits until its team's GPUs are freed.\n"
+                ));
+            }
+            Ok(text)
+        }
         Output::Json => serde_json::to_string_pretty(&serde_json::json!({
             "pod": key,
             "request": explain::describe_request(&request),
+            "quota": over_quota,
             "nodes": verdicts,
         }))
         .context("encoding the explanation"),
@@ -192,5 +206,8 @@ async fn load(
         feed.apply_pod_event(&Event::InitApply(pod));
     }
     feed.apply_pod_event(&Event::InitDone);
+    if let Some(quotas) = quota::list(client.clone(), &config).await? {
+        state.set_quotas(quotas);
+    }
     Ok((config, state, client))
 }

@@ -23,8 +23,9 @@ use tracing::{Instrument, Level, info_span, warn};
 
 use crate::config::Config;
 use crate::engine::{NodeState, PodRequest, RejectReason};
+use crate::objects::quota::quota_names;
 use crate::objects::translate;
-use crate::state::decide::{self, FilterVerdict, Proposal};
+use crate::state::decide::{self, FilterVerdict, NotReady, Proposal};
 use crate::state::{Bind, BindError, BindRequest, ClusterState, PolicyCell};
 use crate::telemetry::Metrics;
 
@@ -66,6 +67,15 @@ impl AppState {
     fn placement_request(&self, pod: &Pod) -> Result<Option<PodRequest>, String> {
         translate::placement_request(pod, &self.config, self.policy.load().filter_best_only)
             .map_err(|error| error.to_string())
+    }
+
+    /// Why placing `pod` (asking `request`) would take its namespace past its GPU quota's max,
+    /// if it would.
+    fn quota_refusal(&self, pod: &Pod, request: &PodRequest) -> Option<String> {
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+        self.cluster
+            .quota_admit(namespace, request, &quota_names(&self.config))
+            .err()
     }
 }
 
@@ -380,7 +390,14 @@ async fn filter(State(state): State<AppState>, body: Bytes) -> Response {
     span.in_scope(|| {
         let candidates = candidates(&args, &state.config);
         let request = args.pod.as_ref().map(|pod| state.placement_request(pod));
-        let answer = filter_decision(&state, request.as_ref(), &candidates);
+        let over_quota = match (args.pod.as_ref(), request.as_ref()) {
+            (Some(pod), Some(Ok(Some(request)))) => state.quota_refusal(pod, request),
+            _ => None,
+        };
+        let answer = match over_quota.as_deref() {
+            Some(reason) => quota_refused(&state, &candidates, reason),
+            None => filter_decision(&state, request.as_ref(), &candidates),
+        };
         timer.finish(if answer.error.is_empty() {
             "ok"
         } else {
@@ -495,6 +512,43 @@ fn filter_decision<'a>(
                 ..Default::default()
             }
         }
+    }
+}
+
+/// Every candidate rejected as currently full because the pod's team is at its GPU quota's max:
+/// FailedNodes, so the pod waits (and preemption may help) rather than being unresolvable.
+fn quota_refused<'a>(
+    state: &AppState,
+    candidates: &'a Candidates<'_>,
+    reason: &'a str,
+) -> FilterAnswer<'a> {
+    if !state.cluster.is_ready() {
+        return FilterAnswer {
+            error: NotReady.message(),
+            ..Default::default()
+        };
+    }
+    let names = candidates.names();
+    state
+        .metrics
+        .filter_nodes
+        .with_label_values(&["failed"])
+        .inc_by(names.len() as u64);
+    state.metrics.quota_refusals.inc();
+    FilterAnswer {
+        node_names: match candidates {
+            Candidates::Names(_) => Some(Vec::new()),
+            Candidates::Objects { .. } => None,
+        },
+        nodes: match candidates {
+            Candidates::Names(_) => None,
+            Candidates::Objects { list, .. } => Some(NodeListAnswer {
+                metadata: &list.metadata,
+                items: Vec::new(),
+            }),
+        },
+        failed_nodes: reject_all(names, reason),
+        ..Default::default()
     }
 }
 
@@ -677,9 +731,14 @@ fn preempt_decision(state: &AppState, args: ExtenderPreemptionArgs) -> ExtenderP
         .pod
         .as_ref()
         .and_then(|pod| state.placement_request(pod).ok().flatten());
-    let kept = state
-        .cluster
-        .preempt(proposals, request.as_ref(), &state.policy.load());
+    let kept = state.cluster.preempt(
+        proposals,
+        request.as_ref(),
+        args.pod
+            .as_ref()
+            .map(|pod| pod.metadata.namespace.as_deref().unwrap_or("default")),
+        &state.policy.load(),
+    );
     let mut out = ExtenderPreemptionResult::default();
     for proposal in kept {
         out.node_name_to_meta_victims.insert(
@@ -724,8 +783,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
 }
 
 async fn inspect_table(State(state): State<AppState>) -> Json<inspect::ClusterReport> {
-    let table = state.cluster.read();
-    Json(inspect::report(&table))
+    Json(state.cluster.report())
 }
 
 #[cfg(test)]
@@ -757,7 +815,14 @@ mod tests {
         let args: CandidateArgs<'_> = decode("filter", &body).unwrap();
         let candidates = candidates(&args, &state.config);
         let request = args.pod.as_ref().map(|pod| state.placement_request(pod));
-        let answer = filter_decision(&state, request.as_ref(), &candidates);
+        let over_quota = match (args.pod.as_ref(), request.as_ref()) {
+            (Some(pod), Some(Ok(Some(request)))) => state.quota_refusal(pod, request),
+            _ => None,
+        };
+        let answer = match over_quota.as_deref() {
+            Some(reason) => quota_refused(&state, &candidates, reason),
+            None => filter_decision(&state, request.as_ref(), &candidates),
+        };
         assert_eq!(
             serde_json::to_string(&answer).unwrap(),
             format!(

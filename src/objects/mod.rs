@@ -5,5 +5,6 @@
 //! request) and the binder all read objects through here, so none of them imports another.
 
 mod quantity;
+pub mod quota;
 pub mod record;
 pub mod translate;

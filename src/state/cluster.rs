@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::Pod;
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::config::Config;
+use crate::engine::quota::QuotaSet;
 use crate::engine::{NodeName, PodAllocation, PodKey, Table};
 
 /// The cluster as the extender knows it, shared by the feed (the writer), the HTTP handlers
@@ -42,6 +43,8 @@ pub struct ClusterState {
     /// Times to apply full lists not yet taken by a metrics scrape (at most
     /// [`MAX_PENDING_REBUILDS`], the newest kept).
     rebuilds: Mutex<Vec<Duration>>,
+    /// The GPU quotas in force (`ElasticQuota`s, see [`super::quota`]); empty without the CRD.
+    pub(super) quotas: RwLock<Arc<QuotaSet>>,
 }
 
 /// Rebuild times kept for the next scrape; older ones are dropped if nobody scrapes.
@@ -99,6 +102,7 @@ impl ClusterState {
             freed: Mutex::new(BTreeSet::new()),
             freed_signal: tokio::sync::Notify::new(),
             rebuilds: Mutex::new(Vec::new()),
+            quotas: RwLock::new(Arc::new(QuotaSet::default())),
         }
     }
 

@@ -4,6 +4,7 @@
 //! HTTP here: the handlers decode, ask these, and encode.
 
 use super::cluster::ClusterState;
+use crate::engine::quota::{Amounts, may_preempt, namespace_of, usage};
 use crate::engine::{NodeState, PodAllocation, PodRequest, Policy, RejectReason, fit};
 
 /// The reason given for a candidate the extender has not seen yet (its watch may lag the
@@ -230,13 +231,26 @@ impl ClusterState {
     /// (pods without GPUs) are kept untouched: they free only CPU and memory, which
     /// kube-scheduler has already accounted for. Without a readable GPU request, or on a node
     /// the table does not know, a proposal is kept as it is.
+    ///
+    /// With GPU quotas (`namespace` is the preemptor's), GPU victims are limited as the
+    /// capacity-scheduling plugin limits them ([`may_preempt`]): a team within its `min` takes
+    /// its guarantee back from borrowers only, a team above its `min` preempts only its own pods;
+    /// a node whose allowed victims do not free room is dropped.
     pub fn preempt(
         &self,
         proposals: Vec<Proposal>,
         request: Option<&PodRequest>,
+        namespace: Option<&str>,
         policy: &Policy,
     ) -> Vec<Proposal> {
+        let quotas = self.quotas();
         let table = self.read();
+        let guarded = match (namespace, request) {
+            (Some(namespace), Some(request)) if quotas.get(namespace).is_some() => {
+                Some((namespace, Amounts::requested_by(request), usage(&table)))
+            }
+            _ => None,
+        };
         let mut kept = Vec::with_capacity(proposals.len());
         for proposal in proposals {
             let (Some(request), Some(node)) = (request, table.node_by_str(&proposal.node)) else {
@@ -248,10 +262,15 @@ impl ClusterState {
             for uid in proposal.victims {
                 let entry = self
                     .pod_key_for_uid(&uid)
-                    .and_then(|key| table.pod(&key).cloned());
+                    .and_then(|key| table.pod(&key).cloned().map(|entry| (key, entry)));
                 match entry {
-                    Some(entry) if entry.allocation.node.as_str() == proposal.node => {
-                        tracked.push((uid, entry.allocation));
+                    Some((key, entry)) if entry.allocation.node.as_str() == proposal.node => {
+                        let allowed = guarded.as_ref().is_none_or(|(own, asked, used)| {
+                            may_preempt(&quotas, used, own, asked, namespace_of(&key))
+                        });
+                        if allowed {
+                            tracked.push((uid, entry.allocation));
+                        }
                     }
                     _ => untracked.push(uid),
                 }

@@ -9,6 +9,7 @@ pub mod binding;
 pub mod cluster;
 pub mod decide;
 pub mod policy;
+pub mod quota;
 
 pub use binding::{ApiError, Bind, BindError, BindOutcome, BindRequest};
 pub use cluster::{ClusterState, EventCounts, FeedStats, monotonic_ms};
