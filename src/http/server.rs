@@ -815,14 +815,7 @@ mod tests {
         let args: CandidateArgs<'_> = decode("filter", &body).unwrap();
         let candidates = candidates(&args, &state.config);
         let request = args.pod.as_ref().map(|pod| state.placement_request(pod));
-        let over_quota = match (args.pod.as_ref(), request.as_ref()) {
-            (Some(pod), Some(Ok(Some(request)))) => state.quota_refusal(pod, request),
-            _ => None,
-        };
-        let answer = match over_quota.as_deref() {
-            Some(reason) => quota_refused(&state, &candidates, reason),
-            None => filter_decision(&state, request.as_ref(), &candidates),
-        };
+        let answer = filter_decision(&state, request.as_ref(), &candidates);
         assert_eq!(
             serde_json::to_string(&answer).unwrap(),
             format!(
@@ -832,5 +825,83 @@ mod tests {
         );
         let count = |label| state.metrics.filter_nodes.with_label_values(&[label]).get();
         assert_eq!((count("unknown"), count("failed")), (2, 0));
+    }
+
+    /// A team at its quota's max: every candidate is refused as full, with the quota's reason;
+    /// another namespace, and the same team asking for less, pass.
+    #[test]
+    fn filter_refuses_a_pod_past_its_teams_quota() {
+        use crate::engine::quota::QuotaSet;
+        use crate::engine::{GpuMode, MemMiB, NodeSpec};
+        use crate::objects::quota::read_quota;
+
+        let config = Config::default();
+        let mut table = Table::rebuild(
+            20,
+            [NodeSpec::uniform(
+                "a100",
+                GpuMode::Exclusive,
+                4,
+                "A100",
+                MemMiB(80 * 1024),
+            )],
+            [],
+        );
+        let two = crate::engine::PodRequest::single(
+            crate::engine::CpuMilli(1),
+            MemMiB(1),
+            crate::engine::GpuDemand::whole(2).unwrap(),
+        );
+        let placed = crate::engine::fit(
+            table.node_by_str("a100").unwrap(),
+            &two,
+            &Default::default(),
+        )
+        .unwrap();
+        table
+            .reserve(crate::engine::PodKey::new("team-a", "running"), placed, 1)
+            .unwrap();
+        let state = AppState {
+            cluster: Arc::new(ClusterState::with_table(table)),
+            ..state()
+        };
+        let quota = read_quota(
+            "gpus",
+            "team-a",
+            Some(&serde_json::json!({"min": {"nvidia.com/gpu": 1}, "max": {"nvidia.com/gpu": 3}})),
+            &config,
+        )
+        .unwrap();
+        state.cluster.set_quotas(QuotaSet::build(
+            vec![quota],
+            Vec::new(),
+            &quota_names(&config),
+        ));
+        let answer = |namespace: &str, gpus: u32| {
+            let body = format!(
+                r#"{{"Pod":{{"metadata":{{"namespace":"{namespace}","name":"p"}},"spec":{{"containers":[{{"name":"c","resources":{{"limits":{{"nvidia.com/gpu":"{gpus}"}}}}}}]}}}},"NodeNames":["a100"]}}"#
+            );
+            let body = Bytes::from(body);
+            let args: CandidateArgs<'_> = decode("filter", &body).unwrap();
+            let candidates = candidates(&args, &state.config);
+            let pod = args.pod.as_ref().unwrap();
+            let request = state.placement_request(pod).unwrap().unwrap();
+            let text = match state.quota_refusal(pod, &request) {
+                Some(reason) => serde_json::to_string(&quota_refused(&state, &candidates, &reason)),
+                None => serde_json::to_string(&filter_decision(
+                    &state,
+                    Some(&Ok(Some(request))),
+                    &candidates,
+                )),
+            };
+            text.unwrap()
+        };
+        assert_eq!(
+            answer("team-a", 2),
+            r#"{"Nodes":null,"NodeNames":[],"FailedNodes":{"a100":"GPU quota: namespace team-a would exceed its ElasticQuota gpus max (nvidia.com/gpu: 2 used + 2 requested > 3)"},"FailedAndUnresolvableNodes":{},"Error":""}"#
+        );
+        assert_eq!(state.metrics.quota_refusals.get(), 1);
+        assert!(answer("team-a", 1).contains(r#""NodeNames":["a100"]"#));
+        assert!(answer("team-b", 2).contains(r#""NodeNames":["a100"]"#));
     }
 }

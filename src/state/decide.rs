@@ -460,4 +460,85 @@ mod tests {
         assert_eq!(needed.len(), 1, "one freed GPU is enough for 8 GiB");
         assert!(victims_needed(&node, &victims, &share(20), &policy).is_none());
     }
+
+    /// Reclaim: a team under its min takes GPUs back from a borrower only; a victim of a team
+    /// within its own min is spared, and a node where only such victims would free room is
+    /// dropped. A team above its min preempts nobody else.
+    #[test]
+    fn preemption_for_quotas_takes_from_borrowers_only() {
+        use crate::engine::quota::{Amounts, Quota, QuotaNames, QuotaResource, QuotaSet};
+        let policy = Policy::default();
+        let whole = |n| PodRequest::single(CpuMilli(1), MemMiB(1), GpuDemand::whole(n).unwrap());
+        let mut table = Table::rebuild(
+            20,
+            ["n1", "n2"]
+                .map(|n| NodeSpec::uniform(n, GpuMode::Exclusive, 2, "A100", MemMiB(80 * 1024))),
+            [],
+        );
+        // n1: two borrower pods of team b; n2: team c's two pods, within c's min.
+        let pods = [
+            ("n1", "b", "b1"),
+            ("n1", "b", "b2"),
+            ("n2", "c", "c1"),
+            ("n2", "c", "c2"),
+        ];
+        for (node, ns, name) in pods {
+            let placed = fit(table.node_by_str(node).unwrap(), &whole(1), &policy).unwrap();
+            table.reserve(PodKey::new(ns, name), placed, 1).unwrap();
+        }
+        let state = ClusterState::with_table(table);
+        for (_, ns, name) in pods {
+            state.note_gpu_pod(PodKey::new(ns, name), name, None);
+        }
+        let quota = |ns: &str, min: u64| {
+            let mut amounts = Amounts::default();
+            amounts.set(QuotaResource::WholeGpus, min);
+            Quota {
+                name: "q".into(),
+                namespace: ns.into(),
+                min: amounts,
+                max: [None; 3],
+            }
+        };
+        state.set_quotas(QuotaSet::build(
+            vec![quota("a", 2), quota("b", 0), quota("c", 2)],
+            Vec::new(),
+            &QuotaNames::default(),
+        ));
+        let proposals = vec![
+            Proposal {
+                node: "n1".into(),
+                victims: vec!["b1".into(), "b2".into()],
+                pdb_violations: 0,
+            },
+            Proposal {
+                node: "n2".into(),
+                victims: vec!["c1".into(), "c2".into()],
+                pdb_violations: 0,
+            },
+        ];
+        let kept = state.preempt(proposals.clone(), Some(&whole(1)), Some("a"), &policy);
+        assert_eq!(
+            kept,
+            vec![Proposal {
+                node: "n1".into(),
+                victims: vec!["b1".into()],
+                pdb_violations: 0,
+            }]
+        );
+        // With a min of 0, team a asking for one GPU borrows: it may take nothing from others.
+        state.set_quotas(QuotaSet::build(
+            vec![quota("a", 0), quota("b", 0), quota("c", 2)],
+            Vec::new(),
+            &QuotaNames::default(),
+        ));
+        assert!(
+            state
+                .preempt(proposals.clone(), Some(&whole(1)), Some("a"), &policy)
+                .is_empty()
+        );
+        // A namespace without a quota preempts as kube-scheduler proposes (needed victims only).
+        let free = state.preempt(proposals, Some(&whole(1)), Some("none"), &policy);
+        assert_eq!(free.len(), 2);
+    }
 }

@@ -554,4 +554,65 @@ mod tests {
                 .any(|n| n == "gpu_extender_table_rebuild_duration_seconds")
         );
     }
+
+    #[test]
+    fn scrape_reports_each_quota_in_its_units() {
+        use crate::engine::quota::QuotaSet;
+        use crate::objects::quota::{quota_names, read_quota};
+        let mut table = Table::new(20);
+        add_node(&mut table, "t4", GpuMode::ShareMemory, 2, "Tesla-T4", 16);
+        bind(&mut table, "t4", "p", GpuDemand::share(4, 1, None).unwrap());
+        let cluster = Arc::new(ClusterState::with_table(table));
+        let metrics = Metrics::new().unwrap();
+        metrics
+            .watch_state(Arc::clone(&cluster), PolicyCell::from(Policy::default()))
+            .unwrap();
+        assert!(
+            !metrics
+                .render()
+                .unwrap()
+                .contains("gpu_extender_quota_used{")
+        );
+        let config = crate::config::Config::default();
+        let namespace =
+            crate::engine::quota::namespace_of(&cluster.read().pods().next().unwrap().0.clone())
+                .to_owned();
+        let quota = read_quota(
+            "gpus",
+            &namespace,
+            Some(&serde_json::json!({"min": {"aliyun.com/gpu-mem": 2}, "max": {"aliyun.com/gpu-mem": 8}})),
+            &config,
+        )
+        .unwrap();
+        cluster.set_quotas(QuotaSet::build(
+            vec![quota],
+            vec!["bad".into()],
+            &quota_names(&config),
+        ));
+        let text = metrics.render().unwrap();
+        for line in [
+            format!(
+                r#"gpu_extender_quota_used{{namespace="{namespace}",quota="gpus",resource="aliyun.com/gpu-mem"}} 4"#
+            ),
+            format!(
+                r#"gpu_extender_quota_min{{namespace="{namespace}",quota="gpus",resource="aliyun.com/gpu-mem"}} 2"#
+            ),
+            format!(
+                r#"gpu_extender_quota_max{{namespace="{namespace}",quota="gpus",resource="aliyun.com/gpu-mem"}} 8"#
+            ),
+            format!(
+                r#"gpu_extender_quota_borrowed{{namespace="{namespace}",quota="gpus",resource="aliyun.com/gpu-mem"}} 2"#
+            ),
+            "gpu_extender_quotas_ignored 1".to_owned(),
+        ] {
+            assert!(text.contains(&line), "missing {line} in\n{text}");
+        }
+        // nvidia.com/gpu is not limited by this quota's max: no series.
+        assert!(!text.contains(&format!(
+            r#"gpu_extender_quota_max{{namespace="{namespace}",quota="gpus",resource="nvidia.com/gpu"}}"#
+        )));
+        assert!(text.contains(&format!(
+            r#"gpu_extender_quota_used{{namespace="{namespace}",quota="gpus",resource="nvidia.com/gpu"}} 0"#
+        )));
+    }
 }
