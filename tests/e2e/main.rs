@@ -20,6 +20,7 @@ mod models;
 mod modes;
 mod observe;
 mod preemption;
+mod quota;
 mod rejections;
 mod replay;
 mod restart;
