@@ -36,7 +36,8 @@ pub struct Metrics {
     pub invalid_requests: IntCounter,
     /// Filter calls refused because the pod would take its team past its GPU quota's max.
     pub quota_refusals: IntCounter,
-    /// Bind outcomes (`bound`, `already_bound`, `no_fit`, `pod_gone`, `node_gone`, `api_error`).
+    /// Bind outcomes (`bound`, `already_bound`, `no_fit`, `over_quota`, `pod_gone`, `node_gone`,
+    /// `api_error`, ...; docs/metrics.md lists them all).
     pub binds: IntCounterVec,
     /// Waiting pods touched so kube-scheduler retries them after capacity was freed, by result
     /// (`touched`, `gone`, `error`).
