@@ -275,6 +275,16 @@ impl ClusterState {
                     _ => untracked.push(uid),
                 }
             }
+            if guarded.is_some() {
+                // A quota reclaims: borrowers' pods go lowest priority, then newest, first
+                // (`victims_needed` spares from the end of the list).
+                tracked.sort_by_key(|(uid, _)| {
+                    self.pod_key_for_uid(uid)
+                        .and_then(|key| self.rank(&key))
+                        .unwrap_or_default()
+                        .eviction_order()
+                });
+            }
             let allocations: Vec<PodAllocation> = tracked.iter().map(|(_, a)| a.clone()).collect();
             let Some(needed) = victims_needed(node, &allocations, request, policy) else {
                 continue;
@@ -461,9 +471,9 @@ mod tests {
         assert!(victims_needed(&node, &victims, &share(20), &policy).is_none());
     }
 
-    /// Reclaim: a team under its min takes GPUs back from a borrower only; a victim of a team
-    /// within its own min is spared, and a node where only such victims would free room is
-    /// dropped. A team above its min preempts nobody else.
+    /// Reclaim: a team under its min takes GPUs back from a borrower only (lowest priority, then
+    /// newest, first); a victim of a team within its own min is spared, and a node where only
+    /// such victims would free room is dropped. A team above its min preempts nobody else.
     #[test]
     fn preemption_for_quotas_takes_from_borrowers_only() {
         use crate::engine::quota::{Amounts, Quota, QuotaNames, QuotaResource, QuotaSet};
@@ -487,8 +497,14 @@ mod tests {
             table.reserve(PodKey::new(ns, name), placed, 1).unwrap();
         }
         let state = ClusterState::with_table(table);
-        for (_, ns, name) in pods {
+        for (i, (_, ns, name)) in pods.into_iter().enumerate() {
             state.note_gpu_pod(PodKey::new(ns, name), name, None);
+            // Equal priority; each pod newer than the one before.
+            let rank = crate::state::VictimRank {
+                priority: 10,
+                created_s: 100 * i as i64,
+            };
+            state.note_rank(&PodKey::new(ns, name), rank);
         }
         let quota = |ns: &str, min: u64| {
             let mut amounts = Amounts::default();
@@ -522,10 +538,21 @@ mod tests {
             kept,
             vec![Proposal {
                 node: "n1".into(),
-                victims: vec!["b1".into()],
+                victims: vec!["b2".into()],
                 pdb_violations: 0,
-            }]
+            }],
+            "the borrower's newest pod goes, the older one is spared"
         );
+        // A lower priority goes first whatever its age.
+        state.note_rank(
+            &PodKey::new("b", "b1"),
+            crate::state::VictimRank {
+                priority: 1,
+                created_s: 0,
+            },
+        );
+        let kept = state.preempt(proposals.clone(), Some(&whole(1)), Some("a"), &policy);
+        assert_eq!(kept[0].victims, vec!["b1".to_owned()]);
         // With a min of 0, team a asking for one GPU borrows: it may take nothing from others.
         state.set_quotas(QuotaSet::build(
             vec![quota("a", 0), quota("b", 0), quota("c", 2)],
