@@ -14,11 +14,14 @@ use kube::api::ListParams;
 use kube::runtime::watcher::Event;
 
 use crate::config::{Config, ConfigFlags};
+use crate::engine::quota::QuotaSet;
 use crate::explain;
 use crate::http::client::fetch_report_as;
-use crate::inspect::{self, Filter};
+use crate::inspect::Filter;
 use crate::k8s::api::kube_client;
+use crate::k8s::quota;
 use crate::k8s::watch::Feed;
+use crate::objects::quota::quota_names;
 use crate::objects::{admission, translate};
 use crate::state::ClusterState;
 
@@ -95,7 +98,7 @@ pub async fn inspect(args: InspectArgs) -> anyhow::Result<String> {
         Some(url) => fetch_report_as(url, args.token.as_deref()).await?,
         None => {
             let (_, state, _) = load(&args.cluster).await?;
-            inspect::report(&state.read())
+            state.report()
         }
     };
     if let Some(node) = &args.node
@@ -122,21 +125,24 @@ pub async fn explain(args: ExplainArgs) -> anyhow::Result<String> {
     };
     let config = Arc::new(args.cluster.config.load()?);
     let (nodes, pods, client) = list(&args.cluster).await?;
+    let quotas = quota::list(client.clone(), &config).await?;
     let pod = Api::<Pod>::namespaced(client, namespace)
         .get_opt(name)
         .await
         .with_context(|| format!("reading pod {namespace}/{name}"))?
         .ok_or_else(|| anyhow!("pod {namespace}/{name} not found"))?;
-    explain_objects(&config, nodes, pods, &pod, args.output)
+    explain_objects(&config, nodes, pods, quotas, &pod, args.output)
 }
 
 /// `explain` on listed objects: builds the table from `nodes` and `pods` as the extender does,
-/// applies kube-scheduler's node-level filters to `pod` on each node, then the engine, and
-/// renders the verdicts in `output`. No I/O.
+/// applies kube-scheduler's node-level filters to `pod` on each node, then the engine and the
+/// team's quota (`quotas`: none where the cluster has no ElasticQuota CRD), and renders the
+/// verdicts in `output`. No I/O.
 fn explain_objects(
     config: &Arc<Config>,
     nodes: Vec<Node>,
     pods: Vec<Pod>,
+    quotas: Option<QuotaSet>,
     pod: &Pod,
     output: Output,
 ) -> anyhow::Result<String> {
@@ -171,6 +177,9 @@ fn explain_objects(
         }
     }
     let state = build_state(config, nodes, pods);
+    if let Some(quotas) = quotas {
+        state.set_quotas(quotas);
+    }
     let table = state.read();
     if let Some(entry) = table.pod(&pod_key) {
         let text = format!(
@@ -191,11 +200,27 @@ fn explain_objects(
     let policy = config.engine_policy();
     let verdicts = explain::explain(&table, &request, &policy, &refused);
     drop(table);
+    let over_quota = state
+        .quota_admit(
+            pod.metadata.namespace.as_deref().unwrap_or("default"),
+            &request,
+            &quota_names(config),
+        )
+        .err();
     match output {
-        Output::Text => Ok(explain::to_text(&key, &request, &verdicts)),
+        Output::Text => {
+            let mut text = explain::to_text(&key, &request, &verdicts);
+            if let Some(reason) = &over_quota {
+                text.push_str(&format!(
+                    "Refused on every node: {reason}; the pod waits until its team's GPUs are freed.\n"
+                ));
+            }
+            Ok(text)
+        }
         Output::Json => serde_json::to_string_pretty(&serde_json::json!({
             "pod": key,
             "request": explain::describe_request(&request),
+            "quota": over_quota,
             "nodes": verdicts,
         }))
         .context("encoding the explanation"),
@@ -209,6 +234,9 @@ async fn load(
     let config = Arc::new(args.config.load()?);
     let (nodes, pods, client) = list(args).await?;
     let state = build_state(&config, nodes, pods);
+    if let Some(quotas) = quota::list(client.clone(), &config).await? {
+        state.set_quotas(quotas);
+    }
     Ok((config, state, client))
 }
 
@@ -315,7 +343,7 @@ mod tests {
     /// Per node, its verdict from `explain -o json`.
     fn verdicts(nodes: Vec<Node>, pods: Vec<Pod>, pod: &Pod) -> BTreeMap<String, Value> {
         let config = Arc::new(Config::default());
-        let out = explain_objects(&config, nodes, pods, pod, Output::Json).unwrap();
+        let out = explain_objects(&config, nodes, pods, None, pod, Output::Json).unwrap();
         let json: Value = serde_json::from_str(&out).unwrap();
         json["nodes"]
             .as_array()
@@ -437,6 +465,7 @@ mod tests {
                 json!({"labels": {"pool": "b"}}),
             )],
             Vec::new(),
+            None,
             &wanted,
             Output::Text,
         )

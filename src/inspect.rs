@@ -2,10 +2,12 @@
 //! hold it, in the shape `kubectl inspect cgpu` users expect. Built from a table snapshot; shared
 //! by the `/inspect` endpoint, the `inspect` command and the capacity metrics.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
+use crate::engine::quota::{Amounts, QuotaNames, QuotaResource, QuotaSet};
 use crate::engine::{
     CpuMilli, MemMiB, NodeState, Table, TypicalPod, TypicalPods, WHOLE_GPU_COMPUTE,
 };
@@ -16,6 +18,65 @@ use crate::engine::{
 pub struct ClusterReport {
     pub nodes: Vec<NodeReport>,
     pub totals: Totals,
+    /// GPU quotas in force (`ElasticQuota`s), by namespace; absent without any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quotas: Vec<QuotaReport>,
+    /// Why `ElasticQuota`s were ignored (invalid or overlapping).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ignored_quotas: Vec<String>,
+}
+
+/// One namespace's GPU quota and what it uses, in the units quotas are written in (GPUs, GiB of
+/// GPU memory, percent of one GPU's compute).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QuotaReport {
+    pub namespace: String,
+    /// The `ElasticQuota`'s name.
+    pub name: String,
+    pub resources: Vec<QuotaLine>,
+}
+
+/// One resource of a quota.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QuotaLine {
+    /// The resource name, as pods request it (`nvidia.com/gpu`).
+    pub resource: String,
+    pub used: f64,
+    pub min: f64,
+    /// `None` when the quota does not limit the resource.
+    pub max: Option<f64>,
+    /// Used above `min`.
+    pub borrowed: f64,
+}
+
+/// The quota part of a report: every quota of `quotas` with what `usage` says its namespace
+/// holds.
+pub fn quota_reports(quotas: &QuotaSet, usage: &BTreeMap<String, Amounts>) -> Vec<QuotaReport> {
+    let names = &quotas.names;
+    quotas
+        .quotas()
+        .map(|quota| {
+            let used = usage.get(&quota.namespace).copied().unwrap_or_default();
+            let borrowed = quota.borrowed(&used);
+            let units = QuotaNames::in_user_units;
+            QuotaReport {
+                namespace: quota.namespace.clone(),
+                name: quota.name.clone(),
+                resources: QuotaResource::ALL
+                    .iter()
+                    .map(|&r| QuotaLine {
+                        resource: names.name(r).to_owned(),
+                        used: units(r, used.get(r)),
+                        min: units(r, quota.min.get(r)),
+                        max: quota.max(r).map(|max| units(r, max)),
+                        borrowed: units(r, borrowed.get(r)),
+                    })
+                    .collect(),
+            }
+        })
+        .collect()
 }
 
 /// Cluster-wide sums.
@@ -126,7 +187,11 @@ pub fn report(table: &Table) -> ClusterReport {
     let mut nodes: Vec<NodeReport> = table.nodes().map(|node| node_report(table, node)).collect();
     nodes.sort_by(|a, b| a.name.cmp(&b.name));
     let totals = Totals::of(&nodes);
-    ClusterReport { nodes, totals }
+    ClusterReport {
+        nodes,
+        totals,
+        ..ClusterReport::default()
+    }
 }
 
 /// Which part of a report to show.
@@ -164,7 +229,12 @@ impl ClusterReport {
             })
             .collect();
         let totals = Totals::of(&nodes);
-        ClusterReport { nodes, totals }
+        ClusterReport {
+            nodes,
+            totals,
+            quotas: self.quotas.clone(),
+            ignored_quotas: self.ignored_quotas.clone(),
+        }
     }
 
     /// The report as a table in the style of `kubectl inspect cgpu`: one row per node, one
@@ -248,7 +318,49 @@ impl ClusterReport {
             "Idle GPUs: {}/{}  Idle GPU nodes: {}",
             totals.idle_gpus, totals.gpus, totals.idle_gpu_nodes
         );
+        if !self.quotas.is_empty() {
+            let _ = writeln!(out, "GPU quotas (ElasticQuota):");
+            let mut rows = vec![
+                [
+                    "NAMESPACE",
+                    "QUOTA",
+                    "RESOURCE",
+                    "USED",
+                    "MIN",
+                    "MAX",
+                    "BORROWED",
+                ]
+                .map(str::to_owned)
+                .to_vec(),
+            ];
+            for quota in &self.quotas {
+                for line in &quota.resources {
+                    rows.push(vec![
+                        quota.namespace.clone(),
+                        quota.name.clone(),
+                        line.resource.clone(),
+                        number(line.used),
+                        number(line.min),
+                        line.max.map_or_else(|| "-".to_owned(), number),
+                        number(line.borrowed),
+                    ]);
+                }
+            }
+            write_aligned(&mut out, &rows);
+        }
+        for problem in &self.ignored_quotas {
+            let _ = writeln!(out, "Ignored: {problem}");
+        }
         out
+    }
+}
+
+/// A quota amount: whole numbers without a fraction, others to two places.
+fn number(value: f64) -> String {
+    if value.fract() == 0.0 {
+        format!("{value:.0}")
+    } else {
+        format!("{value:.2}")
     }
 }
 

@@ -19,6 +19,7 @@ use crate::http::tls;
 use crate::k8s::api::{KubeApi, kube_client};
 use crate::k8s::bind::{Binder, MeteredBinder};
 use crate::k8s::events::KubeEvents;
+use crate::k8s::quota;
 use crate::k8s::requeue;
 use crate::k8s::watch::{self, Feed};
 use crate::state::{ClusterState, PolicyCell, policy as learn};
@@ -60,6 +61,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
     let feed = Feed::new(cluster.clone(), config.clone(), configured.clone());
     let watchers = tokio::spawn(watch::run(client.clone(), feed, epoch));
+    // Runs on its own: a missing CRD ends it at once (no quotas), and it never gates readiness.
+    tokio::spawn(quota::run(client.clone(), cluster.clone(), config.clone()));
     let requeuer = config.requeue.enabled.then(|| {
         tokio::spawn(requeue::run(
             cluster.clone(),

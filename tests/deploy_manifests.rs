@@ -1040,6 +1040,19 @@ fn deploy_applies_to_a_real_api_server_and_its_scheduler_config_runs() {
             None,
         );
     }
+    // The optional ElasticQuota CRD (deploy/quota/), installed for real: the API server must
+    // accept it, and `auth can-i` only answers for resource types it serves.
+    let quota = kustomize(&bins, "deploy/quota");
+    plane.kubectl_ok(&["apply", "-f", "-"], Some(&quota));
+    plane.kubectl_ok(
+        &[
+            "wait",
+            "--for=condition=Established",
+            "crd/elasticquotas.scheduling.x-k8s.io",
+            "--timeout=60s",
+        ],
+        None,
+    );
     let scan = api_calls::scan_dir(&Path::new(ROOT).join("src"));
     assert!(
         scan.problems.is_empty(),

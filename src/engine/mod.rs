@@ -16,6 +16,7 @@ pub mod evaluate;
 pub mod fit;
 pub mod model;
 pub mod policy;
+pub mod quota;
 pub mod request;
 pub mod state;
 pub mod table;

@@ -23,8 +23,9 @@ use tracing::{Instrument, Level, info_span, warn};
 
 use crate::config::Config;
 use crate::engine::{NodeState, PodRequest, RejectReason};
+use crate::objects::quota::quota_names;
 use crate::objects::translate;
-use crate::state::decide::{self, FilterVerdict, Proposal};
+use crate::state::decide::{self, FilterVerdict, NotReady, Proposal};
 use crate::state::{Bind, BindError, BindRequest, ClusterState, PolicyCell};
 use crate::telemetry::Metrics;
 
@@ -66,6 +67,15 @@ impl AppState {
     fn placement_request(&self, pod: &Pod) -> Result<Option<PodRequest>, String> {
         translate::placement_request(pod, &self.config, self.policy.load().filter_best_only)
             .map_err(|error| error.to_string())
+    }
+
+    /// Why placing `pod` (asking `request`) would take its namespace past its GPU quota's max,
+    /// if it would.
+    fn quota_refusal(&self, pod: &Pod, request: &PodRequest) -> Option<String> {
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+        self.cluster
+            .quota_admit(namespace, request, &quota_names(&self.config))
+            .err()
     }
 }
 
@@ -380,7 +390,14 @@ async fn filter(State(state): State<AppState>, body: Bytes) -> Response {
     span.in_scope(|| {
         let candidates = candidates(&args, &state.config);
         let request = args.pod.as_ref().map(|pod| state.placement_request(pod));
-        let answer = filter_decision(&state, request.as_ref(), &candidates);
+        let over_quota = match (args.pod.as_ref(), request.as_ref()) {
+            (Some(pod), Some(Ok(Some(request)))) => state.quota_refusal(pod, request),
+            _ => None,
+        };
+        let answer = match over_quota.as_deref() {
+            Some(reason) => quota_refused(&state, &candidates, reason),
+            None => filter_decision(&state, request.as_ref(), &candidates),
+        };
         timer.finish(if answer.error.is_empty() {
             "ok"
         } else {
@@ -495,6 +512,43 @@ fn filter_decision<'a>(
                 ..Default::default()
             }
         }
+    }
+}
+
+/// Every candidate rejected as currently full because the pod's team is at its GPU quota's max:
+/// FailedNodes, so the pod waits (and preemption may help) rather than being unresolvable.
+fn quota_refused<'a>(
+    state: &AppState,
+    candidates: &'a Candidates<'_>,
+    reason: &'a str,
+) -> FilterAnswer<'a> {
+    if !state.cluster.is_ready() {
+        return FilterAnswer {
+            error: NotReady.message(),
+            ..Default::default()
+        };
+    }
+    let names = candidates.names();
+    state
+        .metrics
+        .filter_nodes
+        .with_label_values(&["failed"])
+        .inc_by(names.len() as u64);
+    state.metrics.quota_refusals.inc();
+    FilterAnswer {
+        node_names: match candidates {
+            Candidates::Names(_) => Some(Vec::new()),
+            Candidates::Objects { .. } => None,
+        },
+        nodes: match candidates {
+            Candidates::Names(_) => None,
+            Candidates::Objects { list, .. } => Some(NodeListAnswer {
+                metadata: &list.metadata,
+                items: Vec::new(),
+            }),
+        },
+        failed_nodes: reject_all(names, reason),
+        ..Default::default()
     }
 }
 
@@ -677,9 +731,14 @@ fn preempt_decision(state: &AppState, args: ExtenderPreemptionArgs) -> ExtenderP
         .pod
         .as_ref()
         .and_then(|pod| state.placement_request(pod).ok().flatten());
-    let kept = state
-        .cluster
-        .preempt(proposals, request.as_ref(), &state.policy.load());
+    let kept = state.cluster.preempt(
+        proposals,
+        request.as_ref(),
+        args.pod
+            .as_ref()
+            .map(|pod| pod.metadata.namespace.as_deref().unwrap_or("default")),
+        &state.policy.load(),
+    );
     let mut out = ExtenderPreemptionResult::default();
     for proposal in kept {
         out.node_name_to_meta_victims.insert(
@@ -724,8 +783,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
 }
 
 async fn inspect_table(State(state): State<AppState>) -> Json<inspect::ClusterReport> {
-    let table = state.cluster.read();
-    Json(inspect::report(&table))
+    Json(state.cluster.report())
 }
 
 #[cfg(test)]
@@ -767,5 +825,83 @@ mod tests {
         );
         let count = |label| state.metrics.filter_nodes.with_label_values(&[label]).get();
         assert_eq!((count("unknown"), count("failed")), (2, 0));
+    }
+
+    /// A team at its quota's max: every candidate is refused as full, with the quota's reason;
+    /// another namespace, and the same team asking for less, pass.
+    #[test]
+    fn filter_refuses_a_pod_past_its_teams_quota() {
+        use crate::engine::quota::QuotaSet;
+        use crate::engine::{GpuMode, MemMiB, NodeSpec};
+        use crate::objects::quota::read_quota;
+
+        let config = Config::default();
+        let mut table = Table::rebuild(
+            20,
+            [NodeSpec::uniform(
+                "a100",
+                GpuMode::Exclusive,
+                4,
+                "A100",
+                MemMiB(80 * 1024),
+            )],
+            [],
+        );
+        let two = crate::engine::PodRequest::single(
+            crate::engine::CpuMilli(1),
+            MemMiB(1),
+            crate::engine::GpuDemand::whole(2).unwrap(),
+        );
+        let placed = crate::engine::fit(
+            table.node_by_str("a100").unwrap(),
+            &two,
+            &Default::default(),
+        )
+        .unwrap();
+        table
+            .reserve(crate::engine::PodKey::new("team-a", "running"), placed, 1)
+            .unwrap();
+        let state = AppState {
+            cluster: Arc::new(ClusterState::with_table(table)),
+            ..state()
+        };
+        let quota = read_quota(
+            "gpus",
+            "team-a",
+            Some(&serde_json::json!({"min": {"nvidia.com/gpu": 1}, "max": {"nvidia.com/gpu": 3}})),
+            &config,
+        )
+        .unwrap();
+        state.cluster.set_quotas(QuotaSet::build(
+            vec![quota],
+            Vec::new(),
+            &quota_names(&config),
+        ));
+        let answer = |namespace: &str, gpus: u32| {
+            let body = format!(
+                r#"{{"Pod":{{"metadata":{{"namespace":"{namespace}","name":"p"}},"spec":{{"containers":[{{"name":"c","resources":{{"limits":{{"nvidia.com/gpu":"{gpus}"}}}}}}]}}}},"NodeNames":["a100"]}}"#
+            );
+            let body = Bytes::from(body);
+            let args: CandidateArgs<'_> = decode("filter", &body).unwrap();
+            let candidates = candidates(&args, &state.config);
+            let pod = args.pod.as_ref().unwrap();
+            let request = state.placement_request(pod).unwrap().unwrap();
+            let text = match state.quota_refusal(pod, &request) {
+                Some(reason) => serde_json::to_string(&quota_refused(&state, &candidates, &reason)),
+                None => serde_json::to_string(&filter_decision(
+                    &state,
+                    Some(&Ok(Some(request))),
+                    &candidates,
+                )),
+            };
+            text.unwrap()
+        };
+        assert_eq!(
+            answer("team-a", 2),
+            r#"{"Nodes":null,"NodeNames":[],"FailedNodes":{"a100":"GPU quota: namespace team-a would exceed its ElasticQuota gpus max (nvidia.com/gpu: 2 used + 2 requested > 3)"},"FailedAndUnresolvableNodes":{},"Error":""}"#
+        );
+        assert_eq!(state.metrics.quota_refusals.get(), 1);
+        assert!(answer("team-a", 1).contains(r#""NodeNames":["a100"]"#));
+        assert!(answer("team-b", 2).contains(r#""NodeNames":["a100"]"#));
     }
 }

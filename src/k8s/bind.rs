@@ -8,6 +8,8 @@
 //! [`MeteredBinder`] is the service's [`Bind`]: it reads the clock, keeps the bind within its
 //! time budget, counts outcomes and publishes the bind's Event.
 
+use crate::engine::quota::{Amounts, namespace_of, usage_of};
+use crate::objects::quota::quota_names;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -180,6 +182,26 @@ impl<A: PodApi> Binder<A> {
                 BTreeMap::new(),
             ),
         };
+        // Filter admitted the pod against the quota, but binds run in parallel with the next
+        // filter: checked again under the write lock, so two pods of one team cannot both take
+        // its last room.
+        if allocation.has_gpus() {
+            let quotas = self.state.quotas();
+            let namespace = namespace_of(key);
+            if let Some(quota) = quotas.get(namespace) {
+                let used = usage_of(&table, namespace);
+                quota
+                    .admit(
+                        &used,
+                        &Amounts::held_by(&allocation),
+                        &quota_names(&self.cfg),
+                    )
+                    .map_err(|reason| BindError::OverQuota {
+                        pod: key.clone(),
+                        reason,
+                    })?;
+            }
+        }
         let expires = time
             .monotonic_ms
             .saturating_add(self.cfg.reservation_ttl_ms());
@@ -259,7 +281,7 @@ impl<A: PodApi> Binder<A> {
         allocation: &PodAllocation,
         message: String,
     ) -> Result<BindOutcome, BindError> {
-        let current = self.api.get_pod(key_namespace(key), key_name(key)).await;
+        let current = self.api.get_pod(namespace_of(key), key_name(key)).await;
         let mut table = self.state.write();
         let ours = table.pod(key).is_some_and(|entry| {
             matches!(entry.hold, Hold::Reserved { .. }) && entry.allocation == *allocation
@@ -379,10 +401,6 @@ impl<A: PodApi + 'static> Bind for MeteredBinder<A> {
             result
         })
     }
-}
-
-fn key_namespace(key: &PodKey) -> &str {
-    key.as_str().split_once('/').map_or("", |(ns, _)| ns)
 }
 
 fn key_name(key: &PodKey) -> &str {

@@ -1,5 +1,6 @@
 //! The Kubernetes side of the service: the watch feed that keeps the shared state's table equal
-//! to the cluster, the binder, the requeue task that asks kube-scheduler to retry waiting pods
+//! to the cluster, the binder, the `ElasticQuota` watcher (GPU quotas),
+//! the requeue task that asks kube-scheduler to retry waiting pods
 //! once capacity frees, and the modules that write to the API (api: Bindings and requeue's
 //! metadata touch; events: the bind's Event on the pod). Objects are read through
 //! [`crate::objects`]; what is shared with the HTTP layer lives in [`crate::state`].
@@ -7,5 +8,6 @@
 pub mod api;
 pub mod bind;
 pub mod events;
+pub mod quota;
 pub mod requeue;
 pub mod watch;

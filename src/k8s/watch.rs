@@ -38,7 +38,7 @@ use crate::objects::record;
 use crate::objects::translate::{
     names_gpu_resource, pod_host_request, pod_key, pod_request, translate_node,
 };
-use crate::state::{ClusterState, EventCounts, FeedStats, monotonic_ms};
+use crate::state::{ClusterState, EventCounts, FeedStats, VictimRank, monotonic_ms};
 
 /// Counts `event` (`Init` and `InitDone` carry no object and are not counted).
 fn count_event<K>(counts: &mut EventCounts, event: &Event<K>) {
@@ -304,6 +304,17 @@ impl Feed {
                 .is_some_and(|s| s.node_name.as_deref().is_some_and(|n| !n.is_empty()));
             let pending = (!bound).then(|| Arc::new(slim_pod(pod, &self.cfg)));
             self.state.note_gpu_pod(key.clone(), &uid, pending);
+            self.state.note_rank(
+                &key,
+                VictimRank {
+                    priority: pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0),
+                    created_s: pod
+                        .metadata
+                        .creation_timestamp
+                        .as_ref()
+                        .map_or(0, |time| time.0.as_second()),
+                },
+            );
         }
         let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) else {
             // Pending: holds nothing here. A bind in flight holds a reservation, left alone.

@@ -6,5 +6,6 @@
 
 pub mod admission;
 mod quantity;
+pub mod quota;
 pub mod record;
 pub mod translate;

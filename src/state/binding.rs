@@ -80,6 +80,9 @@ pub enum BindError {
         node: NodeName,
         reason: RejectReason,
     },
+    /// Another bind of the same namespace took the quota's room since filter passed the pod.
+    #[error("pod {pod}: {reason}")]
+    OverQuota { pod: PodKey, reason: String },
     #[error("reserving for pod {pod}: {source}")]
     Table {
         pod: PodKey,
@@ -118,6 +121,7 @@ impl BindError {
             Self::Request { .. } => "invalid_request",
             Self::NodeUnknown(_) => "node_gone",
             Self::NoLongerFits { .. } | Self::Table { .. } => "no_fit",
+            Self::OverQuota { .. } => "over_quota",
             Self::Api { .. } | Self::Read { .. } | Self::NoBinder => "api_error",
             Self::TimedOut { .. } => "timeout",
         }

@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::Pod;
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::config::Config;
+use crate::engine::quota::QuotaSet;
 use crate::engine::{NodeName, PodAllocation, PodKey, Table};
 
 /// The cluster as the extender knows it, shared by the feed (the writer), the HTTP handlers
@@ -33,6 +34,8 @@ pub struct ClusterState {
     /// Every GPU pod the watch shows, pending or bound, by UID (preemption names its victims by
     /// UID only).
     uids: DashMap<Box<str>, PodKey>,
+    /// What orders GPU pods as preemption victims when a quota reclaims ([`VictimRank`]).
+    ranks: DashMap<PodKey, VictimRank>,
     ready: AtomicBool,
     stats: Mutex<FeedStats>,
     /// Nodes where capacity was freed since the requeue task last looked (see `requeue`).
@@ -42,6 +45,25 @@ pub struct ClusterState {
     /// Times to apply full lists not yet taken by a metrics scrape (at most
     /// [`MAX_PENDING_REBUILDS`], the newest kept).
     rebuilds: Mutex<Vec<Duration>>,
+    /// The GPU quotas in force (`ElasticQuota`s, see [`super::quota`]); empty without the CRD.
+    pub(super) quotas: RwLock<Arc<QuotaSet>>,
+}
+
+/// How a GPU pod ranks as a preemption victim when a quota reclaims GPUs: lowest priority first,
+/// then newest (the capacity-scheduling plugin's order).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VictimRank {
+    /// `spec.priority` (0 when unset).
+    pub priority: i32,
+    /// `metadata.creationTimestamp`, seconds since the epoch (0 when unset).
+    pub created_s: i64,
+}
+
+impl VictimRank {
+    /// The order victims are taken in: lowest priority, then newest, first.
+    pub fn eviction_order(&self) -> (i32, std::cmp::Reverse<i64>) {
+        (self.priority, std::cmp::Reverse(self.created_s))
+    }
 }
 
 /// Rebuild times kept for the next scrape; older ones are dropped if nobody scrapes.
@@ -94,11 +116,13 @@ impl ClusterState {
             table: RwLock::new(Table::new(max_shares_per_gpu)),
             pods: DashMap::new(),
             uids: DashMap::new(),
+            ranks: DashMap::new(),
             ready: AtomicBool::new(false),
             stats: Mutex::new(FeedStats::default()),
             freed: Mutex::new(BTreeSet::new()),
             freed_signal: tokio::sync::Notify::new(),
             rebuilds: Mutex::new(Vec::new()),
+            quotas: RwLock::new(Arc::new(QuotaSet::default())),
         }
     }
 
@@ -248,9 +272,24 @@ impl ClusterState {
         }
     }
 
+    /// Notes a GPU pod's priority and creation time (the feed's call, beside
+    /// [`ClusterState::note_gpu_pod`]).
+    pub fn note_rank(&self, key: &PodKey, rank: VictimRank) {
+        let same = self.ranks.get(key).is_some_and(|known| *known == rank);
+        if !same {
+            self.ranks.insert(key.clone(), rank);
+        }
+    }
+
+    /// A GPU pod's priority and creation time, if the watch has seen it.
+    pub fn rank(&self, key: &PodKey) -> Option<VictimRank> {
+        self.ranks.get(key).map(|rank| *rank)
+    }
+
     /// Forgets a pod that is gone; `uid` is the one the feed last saw for it, if any.
     pub fn forget_pod(&self, key: &PodKey, uid: Option<&str>) {
         self.pods.remove(key);
+        self.ranks.remove(key);
         match uid {
             Some(uid) => {
                 self.uids.remove_if(uid, |_, known| known == key);

@@ -4,6 +4,7 @@
 //! HTTP here: the handlers decode, ask these, and encode.
 
 use super::cluster::ClusterState;
+use crate::engine::quota::{Amounts, may_preempt, namespace_of, usage};
 use crate::engine::{NodeState, PodAllocation, PodRequest, Policy, RejectReason, fit};
 
 /// The reason given for a candidate the extender has not seen yet (its watch may lag the
@@ -230,13 +231,26 @@ impl ClusterState {
     /// (pods without GPUs) are kept untouched: they free only CPU and memory, which
     /// kube-scheduler has already accounted for. Without a readable GPU request, or on a node
     /// the table does not know, a proposal is kept as it is.
+    ///
+    /// With GPU quotas (`namespace` is the preemptor's), GPU victims are limited as the
+    /// capacity-scheduling plugin limits them ([`may_preempt`]): a team within its `min` takes
+    /// its guarantee back from borrowers only, a team above its `min` preempts only its own pods;
+    /// a node whose allowed victims do not free room is dropped.
     pub fn preempt(
         &self,
         proposals: Vec<Proposal>,
         request: Option<&PodRequest>,
+        namespace: Option<&str>,
         policy: &Policy,
     ) -> Vec<Proposal> {
+        let quotas = self.quotas();
         let table = self.read();
+        let guarded = match (namespace, request) {
+            (Some(namespace), Some(request)) if quotas.get(namespace).is_some() => {
+                Some((namespace, Amounts::requested_by(request), usage(&table)))
+            }
+            _ => None,
+        };
         let mut kept = Vec::with_capacity(proposals.len());
         for proposal in proposals {
             let (Some(request), Some(node)) = (request, table.node_by_str(&proposal.node)) else {
@@ -248,13 +262,28 @@ impl ClusterState {
             for uid in proposal.victims {
                 let entry = self
                     .pod_key_for_uid(&uid)
-                    .and_then(|key| table.pod(&key).cloned());
+                    .and_then(|key| table.pod(&key).cloned().map(|entry| (key, entry)));
                 match entry {
-                    Some(entry) if entry.allocation.node.as_str() == proposal.node => {
-                        tracked.push((uid, entry.allocation));
+                    Some((key, entry)) if entry.allocation.node.as_str() == proposal.node => {
+                        let allowed = guarded.as_ref().is_none_or(|(own, asked, used)| {
+                            may_preempt(&quotas, used, own, asked, namespace_of(&key))
+                        });
+                        if allowed {
+                            tracked.push((uid, entry.allocation));
+                        }
                     }
                     _ => untracked.push(uid),
                 }
+            }
+            if guarded.is_some() {
+                // A quota reclaims: borrowers' pods go lowest priority, then newest, first
+                // (`victims_needed` spares from the end of the list).
+                tracked.sort_by_key(|(uid, _)| {
+                    self.pod_key_for_uid(uid)
+                        .and_then(|key| self.rank(&key))
+                        .unwrap_or_default()
+                        .eviction_order()
+                });
             }
             let allocations: Vec<PodAllocation> = tracked.iter().map(|(_, a)| a.clone()).collect();
             let Some(needed) = victims_needed(node, &allocations, request, policy) else {
@@ -440,5 +469,103 @@ mod tests {
         let needed = victims_needed(&node, &victims, &share(8), &policy).unwrap();
         assert_eq!(needed.len(), 1, "one freed GPU is enough for 8 GiB");
         assert!(victims_needed(&node, &victims, &share(20), &policy).is_none());
+    }
+
+    /// Reclaim: a team under its min takes GPUs back from a borrower only (lowest priority, then
+    /// newest, first); a victim of a team within its own min is spared, and a node where only
+    /// such victims would free room is dropped. A team above its min preempts nobody else.
+    #[test]
+    fn preemption_for_quotas_takes_from_borrowers_only() {
+        use crate::engine::quota::{Amounts, Quota, QuotaNames, QuotaResource, QuotaSet};
+        let policy = Policy::default();
+        let whole = |n| PodRequest::single(CpuMilli(1), MemMiB(1), GpuDemand::whole(n).unwrap());
+        let mut table = Table::rebuild(
+            20,
+            ["n1", "n2"]
+                .map(|n| NodeSpec::uniform(n, GpuMode::Exclusive, 2, "A100", MemMiB(80 * 1024))),
+            [],
+        );
+        // n1: two borrower pods of team b; n2: team c's two pods, within c's min.
+        let pods = [
+            ("n1", "b", "b1"),
+            ("n1", "b", "b2"),
+            ("n2", "c", "c1"),
+            ("n2", "c", "c2"),
+        ];
+        for (node, ns, name) in pods {
+            let placed = fit(table.node_by_str(node).unwrap(), &whole(1), &policy).unwrap();
+            table.reserve(PodKey::new(ns, name), placed, 1).unwrap();
+        }
+        let state = ClusterState::with_table(table);
+        for (i, (_, ns, name)) in pods.into_iter().enumerate() {
+            state.note_gpu_pod(PodKey::new(ns, name), name, None);
+            // Equal priority; each pod newer than the one before.
+            let rank = crate::state::VictimRank {
+                priority: 10,
+                created_s: 100 * i as i64,
+            };
+            state.note_rank(&PodKey::new(ns, name), rank);
+        }
+        let quota = |ns: &str, min: u64| {
+            let mut amounts = Amounts::default();
+            amounts.set(QuotaResource::WholeGpus, min);
+            Quota {
+                name: "q".into(),
+                namespace: ns.into(),
+                min: amounts,
+                max: [None; 3],
+            }
+        };
+        state.set_quotas(QuotaSet::build(
+            vec![quota("a", 2), quota("b", 0), quota("c", 2)],
+            Vec::new(),
+            &QuotaNames::default(),
+        ));
+        let proposals = vec![
+            Proposal {
+                node: "n1".into(),
+                victims: vec!["b1".into(), "b2".into()],
+                pdb_violations: 0,
+            },
+            Proposal {
+                node: "n2".into(),
+                victims: vec!["c1".into(), "c2".into()],
+                pdb_violations: 0,
+            },
+        ];
+        let kept = state.preempt(proposals.clone(), Some(&whole(1)), Some("a"), &policy);
+        assert_eq!(
+            kept,
+            vec![Proposal {
+                node: "n1".into(),
+                victims: vec!["b2".into()],
+                pdb_violations: 0,
+            }],
+            "the borrower's newest pod goes, the older one is spared"
+        );
+        // A lower priority goes first whatever its age.
+        state.note_rank(
+            &PodKey::new("b", "b1"),
+            crate::state::VictimRank {
+                priority: 1,
+                created_s: 0,
+            },
+        );
+        let kept = state.preempt(proposals.clone(), Some(&whole(1)), Some("a"), &policy);
+        assert_eq!(kept[0].victims, vec!["b1".to_owned()]);
+        // With a min of 0, team a asking for one GPU borrows: it may take nothing from others.
+        state.set_quotas(QuotaSet::build(
+            vec![quota("a", 0), quota("b", 0), quota("c", 2)],
+            Vec::new(),
+            &QuotaNames::default(),
+        ));
+        assert!(
+            state
+                .preempt(proposals.clone(), Some(&whole(1)), Some("a"), &policy)
+                .is_empty()
+        );
+        // A namespace without a quota preempts as kube-scheduler proposes (needed victims only).
+        let free = state.preempt(proposals, Some(&whole(1)), Some("none"), &policy);
+        assert_eq!(free.len(), 2);
     }
 }

@@ -9,8 +9,9 @@ pub mod binding;
 pub mod cluster;
 pub mod decide;
 pub mod policy;
+pub mod quota;
 
 pub use binding::{ApiError, Bind, BindError, BindOutcome, BindRequest};
-pub use cluster::{ClusterState, EventCounts, FeedStats, monotonic_ms};
+pub use cluster::{ClusterState, EventCounts, FeedStats, VictimRank, monotonic_ms};
 pub use decide::{FilterVerdict, NotReady, Proposal};
 pub use policy::PolicyCell;

@@ -34,7 +34,10 @@ pub struct Metrics {
     pub requests_shed: IntCounter,
     /// Pods whose GPU request could not be read (malformed quantities, uneven splits...).
     pub invalid_requests: IntCounter,
-    /// Bind outcomes (`bound`, `already_bound`, `no_fit`, `pod_gone`, `node_gone`, `api_error`).
+    /// Filter calls refused because the pod would take its team past its GPU quota's max.
+    pub quota_refusals: IntCounter,
+    /// Bind outcomes (`bound`, `already_bound`, `no_fit`, `over_quota`, `pod_gone`, `node_gone`,
+    /// `api_error`, ...; docs/metrics.md lists them all).
     pub binds: IntCounterVec,
     /// Waiting pods touched so kube-scheduler retries them after capacity was freed, by result
     /// (`touched`, `gone`, `error`).
@@ -98,6 +101,10 @@ impl Metrics {
             "gpu_extender_invalid_requests_total",
             "Filter calls for pods whose GPU request could not be read.",
         )?;
+        let quota_refusals = IntCounter::new(
+            "gpu_extender_quota_refusals_total",
+            "Filter calls refused because the pod would take its namespace past its ElasticQuota max.",
+        )?;
         let binds = IntCounterVec::new(
             Opts::new("gpu_extender_binds_total", "Bind calls by result."),
             &["result"],
@@ -127,6 +134,7 @@ impl Metrics {
         register(&registry, &mut names, filter_nodes.clone())?;
         register(&registry, &mut names, rejections.clone())?;
         register(&registry, &mut names, invalid_requests.clone())?;
+        register(&registry, &mut names, quota_refusals.clone())?;
         register(&registry, &mut names, binds.clone())?;
         register(&registry, &mut names, requests_shed.clone())?;
         // Pre-create the bounded label values so dashboards see zeros, not gaps.
@@ -151,6 +159,7 @@ impl Metrics {
             filter_nodes,
             rejections,
             invalid_requests,
+            quota_refusals,
             binds,
             requests_shed,
             requeue_touches,

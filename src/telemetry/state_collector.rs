@@ -46,6 +46,33 @@ const fn counter(
 }
 
 const PER_GPU: &[&str] = &["gpu", "node"];
+const PER_QUOTA: &[&str] = &["namespace", "quota", "resource"];
+
+const QUOTA_USED: Family = gauge(
+    "gpu_extender_quota_used",
+    "GPU resources a namespace with an ElasticQuota holds (bound pods and binds in flight), in the quota's units: GPUs, GiB of GPU memory, percent of one GPU's compute.",
+    PER_QUOTA,
+);
+const QUOTA_MIN: Family = gauge(
+    "gpu_extender_quota_min",
+    "An ElasticQuota's guaranteed min, in the quota's units (0 where min does not name the resource).",
+    PER_QUOTA,
+);
+const QUOTA_MAX: Family = gauge(
+    "gpu_extender_quota_max",
+    "An ElasticQuota's max, in the quota's units; no series for a resource max does not limit.",
+    PER_QUOTA,
+);
+const QUOTA_BORROWED: Family = gauge(
+    "gpu_extender_quota_borrowed",
+    "What a namespace uses above its ElasticQuota's min, in the quota's units.",
+    PER_QUOTA,
+);
+const QUOTAS_IGNORED: Family = gauge(
+    "gpu_extender_quotas_ignored",
+    "ElasticQuotas ignored as invalid (min above max, unknown resource, unreadable) or overlapping (two in one namespace); the log says why.",
+    &[],
+);
 const PER_NODE: &[&str] = &["node"];
 
 const TABLE_NODES: Family = gauge(
@@ -171,7 +198,7 @@ const REBUILD_HELP: &str =
     "Time to apply one full list of nodes or of pods to the allocation table.";
 
 /// Every family built from the state, histogram aside.
-const FAMILIES: [&Family; 26] = [
+const FAMILIES: [&Family; 31] = [
     &TABLE_NODES,
     &TABLE_PODS,
     &RESERVATIONS_OUTSTANDING,
@@ -197,6 +224,11 @@ const FAMILIES: [&Family; 26] = [
     &IDLE_GPU_NODES,
     &CLUSTER_GPU_FREE,
     &CLUSTER_GPU_FRAGMENTED,
+    &QUOTA_USED,
+    &QUOTA_MIN,
+    &QUOTA_MAX,
+    &QUOTA_BORROWED,
+    &QUOTAS_IGNORED,
     &Family {
         name: REBUILD_NAME,
         help: REBUILD_HELP,
@@ -367,9 +399,43 @@ impl Collector for StateCollector {
         }
         families.push(events.done());
         families.extend(capacity_families(&report, capacity));
+        families.extend(quota_families(&self.cluster));
         families.extend(self.rebuilds.collect());
         families
     }
+}
+
+/// The per-quota gauges: one series per quota and resource, in the units quotas are written in.
+fn quota_families(cluster: &ClusterState) -> Vec<MetricFamily> {
+    let mut used = Building::of(&QUOTA_USED);
+    let mut min = Building::of(&QUOTA_MIN);
+    let mut max = Building::of(&QUOTA_MAX);
+    let mut borrowed = Building::of(&QUOTA_BORROWED);
+    for quota in cluster.quota_reports() {
+        for line in &quota.resources {
+            let labels = [
+                quota.namespace.as_str(),
+                quota.name.as_str(),
+                line.resource.as_str(),
+            ];
+            used.add(&labels, line.used);
+            min.add(&labels, line.min);
+            if let Some(limit) = line.max {
+                max.add(&labels, limit);
+            }
+            borrowed.add(&labels, line.borrowed);
+        }
+    }
+    vec![
+        used.done(),
+        min.done(),
+        max.done(),
+        borrowed.done(),
+        single(
+            &QUOTAS_IGNORED,
+            whole(cluster.quotas().problems.len() as u64),
+        ),
+    ]
 }
 
 /// The per-GPU, per-node and cluster allocation gauges of `report`: series exist only for the
@@ -487,5 +553,66 @@ mod tests {
                 .iter()
                 .any(|n| n == "gpu_extender_table_rebuild_duration_seconds")
         );
+    }
+
+    #[test]
+    fn scrape_reports_each_quota_in_its_units() {
+        use crate::engine::quota::QuotaSet;
+        use crate::objects::quota::{quota_names, read_quota};
+        let mut table = Table::new(20);
+        add_node(&mut table, "t4", GpuMode::ShareMemory, 2, "Tesla-T4", 16);
+        bind(&mut table, "t4", "p", GpuDemand::share(4, 1, None).unwrap());
+        let cluster = Arc::new(ClusterState::with_table(table));
+        let metrics = Metrics::new().unwrap();
+        metrics
+            .watch_state(Arc::clone(&cluster), PolicyCell::from(Policy::default()))
+            .unwrap();
+        assert!(
+            !metrics
+                .render()
+                .unwrap()
+                .contains("gpu_extender_quota_used{")
+        );
+        let config = crate::config::Config::default();
+        let namespace =
+            crate::engine::quota::namespace_of(&cluster.read().pods().next().unwrap().0.clone())
+                .to_owned();
+        let quota = read_quota(
+            "gpus",
+            &namespace,
+            Some(&serde_json::json!({"min": {"aliyun.com/gpu-mem": 2}, "max": {"aliyun.com/gpu-mem": 8}})),
+            &config,
+        )
+        .unwrap();
+        cluster.set_quotas(QuotaSet::build(
+            vec![quota],
+            vec!["bad".into()],
+            &quota_names(&config),
+        ));
+        let text = metrics.render().unwrap();
+        for line in [
+            format!(
+                r#"gpu_extender_quota_used{{namespace="{namespace}",quota="gpus",resource="aliyun.com/gpu-mem"}} 4"#
+            ),
+            format!(
+                r#"gpu_extender_quota_min{{namespace="{namespace}",quota="gpus",resource="aliyun.com/gpu-mem"}} 2"#
+            ),
+            format!(
+                r#"gpu_extender_quota_max{{namespace="{namespace}",quota="gpus",resource="aliyun.com/gpu-mem"}} 8"#
+            ),
+            format!(
+                r#"gpu_extender_quota_borrowed{{namespace="{namespace}",quota="gpus",resource="aliyun.com/gpu-mem"}} 2"#
+            ),
+            "gpu_extender_quotas_ignored 1".to_owned(),
+        ] {
+            assert!(text.contains(&line), "missing {line} in\n{text}");
+        }
+        // nvidia.com/gpu is not limited by this quota's max: no series.
+        assert!(!text.contains(&format!(
+            r#"gpu_extender_quota_max{{namespace="{namespace}",quota="gpus",resource="nvidia.com/gpu"}}"#
+        )));
+        assert!(text.contains(&format!(
+            r#"gpu_extender_quota_used{{namespace="{namespace}",quota="gpus",resource="nvidia.com/gpu"}} 0"#
+        )));
     }
 }

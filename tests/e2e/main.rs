@@ -21,6 +21,7 @@ mod modes;
 mod node_agent;
 mod observe;
 mod preemption;
+mod quota;
 mod rejections;
 mod replay;
 mod restart;

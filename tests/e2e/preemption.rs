@@ -21,9 +21,9 @@ use crate::{BIND, up_with_scheduler_flags};
 
 /// kube-scheduler flag that turns its asynchronous preemption (Beta, on by default since v1.33)
 /// off; see `docs/install.md`, "Known kube-scheduler issues".
-const SYNC_PREEMPTION: &str = "--feature-gates=SchedulerAsyncPreemption=false";
+pub const SYNC_PREEMPTION: &str = "--feature-gates=SchedulerAsyncPreemption=false";
 
-async fn priority_class(client: &kube::Client, name: &str, value: i32) -> Result<()> {
+pub async fn priority_class(client: &kube::Client, name: &str, value: i32) -> Result<()> {
     let class: PriorityClass = serde_json::from_value(serde_json::json!({
         "apiVersion": "scheduling.k8s.io/v1",
         "kind": "PriorityClass",

@@ -21,7 +21,8 @@
 //! | kube-runtime `events::Recorder::new(..)` | `create` and `patch` on `events` in `events.k8s.io` (`Recorder::publish` creates an event, then patches it to count repeats) |
 //!
 //! K's API group and resource name come from k8s-openapi (`Resource::GROUP`,
-//! `Resource::URL_PATH_SEGMENT`) for the kinds listed in [`KINDS`].
+//! `Resource::URL_PATH_SEGMENT`) for the kinds listed in [`KINDS`]; kube's `DynamicObject` is
+//! read as scheduler-plugins' `ElasticQuota`, the only dynamic kind the code uses.
 //!
 //! # How an `Api<K>` value is recognised
 //!
@@ -135,12 +136,12 @@ impl Scan {
 /// The kinds the code may hold an `Api` of, keyed by their path under `k8s_openapi::api`. Group
 /// and resource name come from k8s-openapi itself.
 macro_rules! kinds {
-    ($($group:ident :: $version:ident :: $kind:ident),* $(,)?) => {
+    ($($group:ident :: $version:ident :: $kind:ident),* $(,)?; $(($key:expr, $g:expr, $r:expr)),* $(,)?) => {
         &[$((
             concat!(stringify!($group), "::", stringify!($version), "::", stringify!($kind)),
             <k8s_openapi::api::$group::$version::$kind as k8s_openapi::Resource>::GROUP,
             <k8s_openapi::api::$group::$version::$kind as k8s_openapi::Resource>::URL_PATH_SEGMENT,
-        )),*]
+        )),* $(,($key, $g, $r))*]
     };
 }
 
@@ -164,8 +165,14 @@ pub const KINDS: &[(&str, &str, &str)] = kinds![
     policy::v1::PodDisruptionBudget,
     scheduling::v1::PriorityClass,
     authentication::v1::TokenReview,
-    authorization::v1::SubjectAccessReview,
+    authorization::v1::SubjectAccessReview;
+    // kube's `DynamicObject`: the only dynamic kind the code holds an `Api` of is scheduler-plugins'
+    // `ElasticQuota` (src/k8s/quota.rs).
+    (DYNAMIC_OBJECT, "scheduling.x-k8s.io", "elasticquotas"),
 ];
+
+/// The [`KINDS`] key of `kube::api::DynamicObject`, read as `ElasticQuota`.
+const DYNAMIC_OBJECT: &str = "DynamicObject";
 
 /// What a method of `Api<K>` asks the API server for.
 enum Method {
@@ -521,6 +528,9 @@ fn kind_of_type_path(path: &syn::Path, imports: &Imports, generics: &[String]) -
         && let Some(inner) = first_generic_type(path)
     {
         return kind_of_type(inner, imports, generics);
+    }
+    if last == DYNAMIC_OBJECT && from_kube(&imports.resolve(path)) {
+        return ApiOf::Kind(Kind(DYNAMIC_OBJECT));
     }
     if path.segments.len() == 1 && generics.contains(&last) {
         return ApiOf::Unknown(format!("generic kind {last}"));

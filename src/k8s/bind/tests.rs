@@ -995,3 +995,41 @@ fn hami_shapes_and_refusals() {
     let error = pod_request(&binary, &cfg).unwrap_err().to_string();
     assert!(error.contains("counted in MiB"), "{error}");
 }
+
+/// Filter admits each pod against the quota on its own; two binds of one team racing for its
+/// last room are settled under the write lock: the second is refused, nothing written for it.
+#[tokio::test]
+async fn a_bind_past_the_teams_quota_is_refused() {
+    use crate::engine::quota::QuotaSet;
+    use crate::objects::quota::{quota_names, read_quota};
+    let world = world(&[share("first", 8), share("second", 8)]);
+    let cfg = Config::default();
+    let quota = read_quota(
+        "gpus",
+        "ns",
+        Some(&json!({"max": {"aliyun.com/gpu-mem": 12}})),
+        &cfg,
+    )
+    .unwrap();
+    world
+        .feed
+        .state()
+        .set_quotas(QuotaSet::build(vec![quota], Vec::new(), &quota_names(&cfg)));
+    world
+        .binder
+        .bind(&ask("first", "gpu-a"), at(0))
+        .await
+        .unwrap();
+    let err = world
+        .binder
+        .bind(&ask("second", "gpu-a"), at(0))
+        .await
+        .unwrap_err();
+    assert_eq!(err.label(), "over_quota");
+    assert_eq!(
+        err.to_string(),
+        "pod ns/second: GPU quota: namespace ns would exceed its ElasticQuota gpus max (aliyun.com/gpu-mem: 8 used + 8 requested > 12)"
+    );
+    assert_eq!(held(&world, "second"), None);
+    assert_eq!(world.api.writes().len(), 1);
+}

@@ -170,11 +170,22 @@ fn pods_come_and_go() {
 
     // Bound with a record: holds exactly the record. The pod itself is no longer kept (its use
     // is in the table), its UID is (preemption names victims by UID).
-    let (bound, _) = recorded(share_pod("p", "u1", None, 4), &node);
+    let (mut bound, _) = recorded(share_pod("p", "u1", None, 4), &node);
+    if let Some(spec) = bound.spec.as_mut() {
+        spec.priority = Some(7);
+    }
     feed.apply_pod_event(&Event::Apply(bound.clone()));
     assert_eq!(gpu_mem_used(&feed, "gpu-a"), 4096);
     assert!(feed.state().pod(&key("p")).is_none());
     assert_eq!(feed.state().pod_key_for_uid("u1"), Some(key("p")));
+    // Its rank as a quota reclaim's victim: its priority (no creation time in this fixture).
+    assert_eq!(
+        feed.state().rank(&key("p")),
+        Some(crate::state::VictimRank {
+            priority: 7,
+            created_s: 0
+        })
+    );
     // A repeated event (a status update) changes nothing.
     feed.apply_pod_event(&Event::Apply(bound.clone()));
     assert_eq!(gpu_mem_used(&feed, "gpu-a"), 4096);
@@ -189,6 +200,7 @@ fn pods_come_and_go() {
     assert_eq!(gpu_mem_used(&feed, "gpu-a"), 0);
     assert!(feed.state().pod(&key("p")).is_none());
     assert_eq!(feed.state().pod_key_for_uid("u1"), None);
+    assert_eq!(feed.state().rank(&key("p")), None);
     assert_eq!(feed.state().stats().pods_bound, 0);
 
     // Deleted: freed too.
