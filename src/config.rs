@@ -404,12 +404,14 @@ pub struct AdminAuthConfig {
 }
 
 /// The admin paths [`AdminAuthConfig::paths`] may name.
-pub const ADMIN_PATHS: &[&str] = &["/healthz", "/readyz", "/metrics", "/inspect"];
+/// `/ui/data` is the web view's data (`crate::http::ui`); its page and assets hold no cluster
+/// data and are never guarded (a browser cannot send a bearer token on a page load).
+pub const ADMIN_PATHS: &[&str] = &["/healthz", "/readyz", "/metrics", "/inspect", "/ui/data"];
 
 impl Default for AdminAuthConfig {
     fn default() -> Self {
         Self {
-            paths: vec!["/inspect".into()],
+            paths: vec!["/inspect".into(), "/ui/data".into()],
             cache_ttl_seconds: 10,
         }
     }
