@@ -1005,7 +1005,7 @@ pub struct ServeFlags {
     /// Extender listen address (server.listen).
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
-    /// Admin listen address for healthz/readyz/metrics/inspect (server.adminListen).
+    /// Admin listen address for healthz/readyz/metrics/inspect and the web view /ui (server.adminListen).
     #[arg(long, value_name = "ADDR")]
     pub admin_listen: Option<String>,
     /// Path prefix of the extender verbs (server.urlPrefix).

@@ -112,7 +112,8 @@ pub struct PendingPod {
     /// `explain`'s detail for the node that comes closest: the first node whose refusal waiting
     /// could lift, else the first refusing node.
     pub closest: Option<String>,
-    /// kube-scheduler's own word on the pod (its `PodScheduled` condition), when it has one.
+    /// kube-scheduler's own word on the pod (its `PodScheduled` condition's reason, e.g.
+    /// `Unschedulable`), when it has one.
     pub scheduler: Option<String>,
 }
 
@@ -238,7 +239,8 @@ fn pending_pod(table: &Table, policy: &Policy, waiting: &Waiting) -> PendingPod 
     }
 }
 
-/// kube-scheduler's word on a pending pod: its `PodScheduled` condition when that is false.
+/// kube-scheduler's word on a pending pod: the reason of its `PodScheduled` condition when that
+/// is false (the watch keeps the condition's reason, not its message, of the pods it stores).
 fn scheduler_word(pod: &Pod) -> Option<String> {
     let condition = pod
         .status
@@ -247,11 +249,12 @@ fn scheduler_word(pod: &Pod) -> Option<String> {
         .as_ref()?
         .iter()
         .find(|c| c.type_ == "PodScheduled" && c.status == "False")?;
-    let reason = condition.reason.as_deref().unwrap_or("not scheduled");
-    Some(match condition.message.as_deref() {
-        Some(message) if !message.is_empty() => format!("{reason}: {message}"),
-        _ => reason.to_owned(),
-    })
+    Some(
+        condition
+            .reason
+            .clone()
+            .unwrap_or_else(|| "not scheduled".to_owned()),
+    )
 }
 
 /// The page's routes (added to the admin router).
@@ -273,14 +276,16 @@ pub fn routes() -> Router<AppState> {
 }
 
 /// An embedded asset, with a content security policy that lets the page reach nothing but the
-/// extender itself.
+/// extender itself (inline `style` attributes are allowed: the bars' widths; every value the
+/// page writes into its markup is escaped).
 fn asset(content_type: &'static str, body: &'static str) -> Response {
     let mut response = ([(header::CONTENT_TYPE, content_type)], body).into_response();
     response.headers_mut().insert(
         header::CONTENT_SECURITY_POLICY,
         HeaderValue::from_static(
-            "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
-             img-src 'self' data:; base-uri 'none'; frame-ancestors 'none'",
+            "default-src 'none'; script-src 'self'; style-src 'self'; \
+             style-src-attr 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; \
+             base-uri 'none'; frame-ancestors 'none'",
         ),
     );
     response
@@ -378,7 +383,7 @@ mod tests {
         let waiting = [Waiting {
             pod: PodKey::new("ml", "big"),
             request: request.clone(),
-            scheduler: Some("Unschedulable: 0/2 nodes are available".to_owned()),
+            scheduler: Some("Unschedulable".to_owned()),
         }];
         let view = view(&table, &Policy::default(), &waiting);
         assert_eq!(view.pending.len(), 1);

@@ -25,6 +25,7 @@ mod replay;
 mod restart;
 mod state;
 mod tls;
+mod web_view;
 
 use std::time::Duration;
 

@@ -24,9 +24,11 @@ function gib(mib) { return (mib / 1024).toFixed(mib % 1024 === 0 ? 0 : 1) + " Gi
 function pct(part, whole) { return whole > 0 ? Math.min(100, (100 * part) / whole) : 0; }
 function namespaceOf(pod) { return pod.split("/")[0]; }
 function colour(pod) {
-  let h = 0;
-  for (let i = 0; i < pod.length; i++) h = (h * 31 + pod.charCodeAt(i)) >>> 0;
-  return "hsl(" + (h % 360) + ",55%,55%)";
+  let h = 2166136261;
+  for (let i = 0; i < pod.length; i++) h = Math.imul(h ^ pod.charCodeAt(i), 16777619);
+  h ^= h >>> 13;
+  h = Math.imul(h, 2654435761);
+  return "hsl(" + ((h >>> 0) % 360) + ",55%,55%)";
 }
 function nodeModel(node) {
   const models = [...new Set(node.gpus.map((g) => g.model))];
