@@ -28,12 +28,14 @@ test: lint k8s-bins
 	$(MAKE) test-e2e test-traces test-go
 	$(MAKE) fuzz-smoke
 
-## test-e2e: the end-to-end scenarios and the deployment tests against real Kubernetes binaries.
+## test-e2e: the end-to-end scenarios and the deployment tests against real Kubernetes binaries
+## (and headless Chromium for the web view, installed by scripts/chromium.sh when missing).
 test-e2e:
 	@if [[ "$$GPU_EXTENDER_E2E" == skip ]]; then \
 		echo "make: end-to-end tier SKIPPED (GPU_EXTENDER_E2E=skip)"; \
 	else \
 		set -x; GPU_EXTENDER_K8S_BIN="$${GPU_EXTENDER_K8S_BIN:-$$(scripts/k8s-bins.sh | tail -n1)}" \
+			GPU_EXTENDER_CHROMIUM="$${GPU_EXTENDER_CHROMIUM:-$$(scripts/chromium.sh | tail -n1)}" \
 			$(CARGO) test --locked --test e2e --test deploy_manifests -- --ignored; \
 	fi
 

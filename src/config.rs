@@ -404,12 +404,14 @@ pub struct AdminAuthConfig {
 }
 
 /// The admin paths [`AdminAuthConfig::paths`] may name.
-pub const ADMIN_PATHS: &[&str] = &["/healthz", "/readyz", "/metrics", "/inspect"];
+/// `/ui/data` is the web view's data (`crate::http::ui`); its page and assets hold no cluster
+/// data and are never guarded (a browser cannot send a bearer token on a page load).
+pub const ADMIN_PATHS: &[&str] = &["/healthz", "/readyz", "/metrics", "/inspect", "/ui/data"];
 
 impl Default for AdminAuthConfig {
     fn default() -> Self {
         Self {
-            paths: vec!["/inspect".into()],
+            paths: vec!["/inspect".into(), "/ui/data".into()],
             cache_ttl_seconds: 10,
         }
     }
@@ -1003,7 +1005,7 @@ pub struct ServeFlags {
     /// Extender listen address (server.listen).
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
-    /// Admin listen address for healthz/readyz/metrics/inspect (server.adminListen).
+    /// Admin listen address for healthz/readyz/metrics/inspect and the web view /ui (server.adminListen).
     #[arg(long, value_name = "ADDR")]
     pub admin_listen: Option<String>,
     /// Path prefix of the extender verbs (server.urlPrefix).

@@ -1,5 +1,6 @@
-//! The Grafana dashboard in `deploy/monitoring/` queries only metrics the service really exports,
-//! and every exported metric is documented: the names come from the registry `Metrics::new()`
+//! The Grafana dashboard in `deploy/monitoring/` queries only metrics the service really exports
+//! (every panel, those in collapsed rows too, has queries and each names one; its legends name
+//! only labels its queries keep), and every exported metric is documented: the names come from the registry `Metrics::new()`
 //! builds, not from a list kept by hand.
 
 #![allow(
@@ -155,6 +156,80 @@ fn every_exported_metric_is_documented() {
         .filter(|name| !documented.contains(*name))
         .collect();
     assert!(missing.is_empty(), "not in docs/metrics.md: {missing:?}");
+}
+
+/// Every panel, those inside collapsed rows too.
+fn all_panels(panels: &[Value], out: &mut Vec<Value>) {
+    for panel in panels {
+        out.push(panel.clone());
+        if let Some(inner) = panel["panels"].as_array() {
+            all_panels(inner, out);
+        }
+    }
+}
+
+/// The `{{label}}` names of a legend format.
+fn legend_labels(format: &str) -> Vec<&str> {
+    format
+        .split("{{")
+        .skip(1)
+        .filter_map(|part| part.split_once("}}").map(|(label, _)| label.trim()))
+        .collect()
+}
+
+/// Each panel, rows' children included, draws something: it has queries, each names at least
+/// one metric the service exports, and every `{{label}}` its legend shows is a label the query
+/// keeps (named in its `by (...)` or selector), so no series is drawn with a blank legend.
+#[test]
+fn every_panel_queries_exported_metrics_and_its_legends_name_kept_labels() {
+    let exported = exported();
+    let mut panels = Vec::new();
+    all_panels(
+        dashboard()["panels"].as_array().expect("panels"),
+        &mut panels,
+    );
+    let mut ids = BTreeSet::new();
+    let mut drawn = 0;
+    for panel in &panels {
+        let title = panel["title"].as_str().unwrap_or_default();
+        assert!(
+            ids.insert(panel["id"].as_u64().expect("numeric id")),
+            "panel {title}: duplicate id"
+        );
+        if panel["type"] == "row" {
+            continue;
+        }
+        drawn += 1;
+        let targets = panel["targets"].as_array().expect("a panel has targets");
+        assert!(!targets.is_empty(), "panel {title} has no query");
+        for target in targets {
+            let expr = target["expr"].as_str().unwrap_or_default();
+            let names = metric_names(expr);
+            assert!(
+                names.iter().any(|name| exported.contains(name)),
+                "panel {title}: query {expr:?} names no exported metric"
+            );
+            for label in legend_labels(target["legendFormat"].as_str().unwrap_or_default()) {
+                assert!(
+                    expr.contains(label),
+                    "panel {title}: its legend shows {{{{{label}}}}}, which {expr:?} does not keep"
+                );
+            }
+        }
+    }
+    assert!(
+        drawn >= 10,
+        "only {drawn} panels: is the dashboard's shape right?"
+    );
+}
+
+#[test]
+fn legend_labels_are_read_from_the_format() {
+    assert_eq!(
+        legend_labels("{{verb}} {{ outcome }} p99"),
+        ["verb", "outcome"]
+    );
+    assert!(legend_labels("free").is_empty());
 }
 
 #[test]

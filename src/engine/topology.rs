@@ -82,6 +82,34 @@ impl LinkMatrix {
             .copied()
             .unwrap_or(Link::CrossSocket)
     }
+
+    /// The NVLink islands: for each position, the number of its island (positions joined by
+    /// NVLink, directly or through others, share one; numbered from 0 in order of their lowest
+    /// position), or `None` for a GPU with no NVLink to any other.
+    pub fn nvlink_islands(&self) -> Vec<Option<u16>> {
+        let mut islands: Vec<Option<u16>> = vec![None; self.size];
+        let mut next: u16 = 0;
+        for start in 0..self.size {
+            if islands[start].is_some()
+                || !(0..self.size)
+                    .any(|b| b != start && matches!(self.get(start, b), Link::NvLink(_)))
+            {
+                continue;
+            }
+            let mut stack = vec![start];
+            islands[start] = Some(next);
+            while let Some(a) = stack.pop() {
+                for (b, island) in islands.iter_mut().enumerate() {
+                    if b != a && island.is_none() && matches!(self.get(a, b), Link::NvLink(_)) {
+                        *island = Some(next);
+                        stack.push(b);
+                    }
+                }
+            }
+            next = next.saturating_add(1);
+        }
+        islands
+    }
 }
 
 /// Nodes with more GPUs than this are indexed greedily instead of exhaustively (2^12 subsets).
@@ -534,6 +562,20 @@ mod tests {
                 Link::CrossSocket
             }
         })
+    }
+
+    #[test]
+    fn nvlink_islands_join_linked_gpus_and_leave_pcie_only_gpus_out() {
+        // 0-1 and 2-3 joined by NVLink; 1-2 only PCIe; 4 has no NVLink at all.
+        let links = LinkMatrix::from_fn(5, |a, b| match (a, b) {
+            (0, 1) | (2, 3) => Link::NvLink(2),
+            _ => Link::SameSwitch,
+        });
+        assert_eq!(
+            links.nvlink_islands(),
+            vec![Some(0), Some(0), Some(1), Some(1), None]
+        );
+        assert_eq!(LinkMatrix::uniform(3).nvlink_islands(), vec![None; 3]);
     }
 
     #[test]

@@ -8,4 +8,5 @@ pub mod auth;
 pub mod client;
 pub mod server;
 pub mod tls;
+pub mod ui;
 pub mod wire;

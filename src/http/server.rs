@@ -169,7 +169,8 @@ async fn admit(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> R
     }
 }
 
-/// The admin routes: `/healthz`, `/readyz`, `/metrics`, `/inspect`, all open (tools and tests
+/// The admin routes: `/healthz`, `/readyz`, `/metrics`, `/inspect` and the web view (`/ui`,
+/// [`super::ui`]), all open (tools and tests
 /// that serve a fixed table; `serve` uses [`guarded_admin_router`]).
 pub fn admin_router(state: AppState) -> Router {
     admin_routes(state).layer(request_spans())
@@ -192,6 +193,7 @@ fn admin_routes(state: AppState) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/inspect", get(inspect_table))
+        .merge(super::ui::routes())
         .with_state(state)
 }
 

@@ -27,6 +27,7 @@ mod replay;
 mod restart;
 mod state;
 mod tls;
+mod web_view;
 
 use std::time::Duration;
 
