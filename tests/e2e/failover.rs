@@ -13,8 +13,9 @@
 //! At takeover (the standby's kube-scheduler logs that it acquired the Lease, or the restarted
 //! extender reports ready), the serving extender's table must already hold every allocation the
 //! pods' records show at that moment: a new leader must never trust only what it reserved itself.
-//! At the end every pod is bound, kube-apiserver answered exactly one Binding create per pod with
-//! 201 (its audit log), no GPU is over-committed according to the records (decoded by the test's
+//! At the end every pod is bound, kube-apiserver answered at most one Binding create per pod with
+//! 201 (its audit log; none only where a Binding was answered 504, a write that may land after
+//! its timeout), no GPU is over-committed according to the records (decoded by the test's
 //! own code), and every live extender's table equals the records. Measured: time from the fault
 //! to the takeover and to the first bind by the serving extender.
 
@@ -458,8 +459,10 @@ pub async fn failover(c: &mut Cluster, fault: Fault) -> Result<Takeover> {
     for name in &names {
         let codes = c.audited_bindings(name)?;
         let created = codes.iter().filter(|&&code| code == 201).count();
+        // A Binding answered 504 (past the extender's request timeout, under load) may still
+        // have been written: the pod is bound, with no 201 in the log.
         ensure!(
-            created == 1,
+            created == 1 || (created == 0 && codes.contains(&504)),
             "{name}: kube-apiserver created {created} Bindings (answers {codes:?})"
         );
     }
