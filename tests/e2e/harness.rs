@@ -432,71 +432,21 @@ impl Cluster {
         ensure!(self.extender.is_none(), "the extender is already running");
         let config = self.write_extender_config()?;
         self.extender_starts += 1;
-        let log_path = self.dir.join("extender.log");
-        let mut log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .with_context(|| format!("opening {}", log_path.display()))?;
-        writeln!(log, "===== extender start #{}", self.extender_starts)?;
-        let mut command = Command::new(EXTENDER_BIN);
-        command
-            .arg("serve")
-            .arg("--config")
-            .arg(&config)
-            .arg("--kubeconfig")
-            .arg(
-                self.extender_kubeconfig
-                    .clone()
-                    .unwrap_or_else(|| self.kubeconfig()),
-            )
-            .arg("--listen")
-            .arg(self.extender_addr.to_string())
-            .arg("--admin-listen")
-            .arg(self.admin_addr.to_string());
-        // The extender treats unknown GPU_EXTENDER_* variables as configuration typos; the test
-        // environment's own (GPU_EXTENDER_E2E, GPU_EXTENDER_K8S_BIN, ...) must not reach it.
-        for (key, _) in std::env::vars_os() {
-            if key.to_string_lossy().starts_with("GPU_EXTENDER_") {
-                command.env_remove(key);
-            }
-        }
-        command
-            .env(
-                "RUST_LOG",
-                "info,gpu_extender=debug,kube_runtime=warn,kube_client=warn",
-            )
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
-        let child = command
-            .spawn()
-            .with_context(|| format!("starting {EXTENDER_BIN}"))?;
-        self.extender = Some(ExtenderProc { child });
+        let kubeconfig = self
+            .extender_kubeconfig
+            .clone()
+            .unwrap_or_else(|| self.kubeconfig());
         let t0 = Instant::now();
-        let deadline = t0 + Duration::from_secs(60);
-        loop {
-            if let Some(proc) = self.extender.as_mut()
-                && let Some(status) = proc.child.try_wait()?
-            {
-                self.extender = None;
-                bail!(
-                    "the extender exited during start-up ({status}); its log:\n{}",
-                    tail_file(&log_path, 30)
-                );
-            }
-            if let Ok((200, _)) = http_get(self.admin_addr, "/readyz").await {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "the extender was not ready within 60s; its log:\n{}",
-                    tail_file(&log_path, 30)
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let child = launch_extender(&ExtenderLaunch {
+            log: &self.dir.join("extender.log"),
+            config: &config,
+            kubeconfig: &kubeconfig,
+            listen: self.extender_addr,
+            admin: self.admin_addr,
+            start: self.extender_starts,
+        })
+        .await?;
+        self.extender = Some(ExtenderProc { child });
         eprintln!(
             "e2e {}: extender ready in {:.1}s (start #{})",
             self.name,
@@ -726,6 +676,83 @@ impl Drop for Cluster {
                 );
             }
         }
+    }
+}
+
+/// What [`launch_extender`] starts: one gpu-extender process.
+pub struct ExtenderLaunch<'a> {
+    /// Log file (appended to: stdout and stderr).
+    pub log: &'a Path,
+    /// The YAML configuration file.
+    pub config: &'a Path,
+    pub kubeconfig: &'a Path,
+    /// The extender listener (kube-scheduler's urlPrefix).
+    pub listen: SocketAddr,
+    /// The admin listener (/readyz, /metrics, /inspect).
+    pub admin: SocketAddr,
+    /// Which start this is (written to the log).
+    pub start: u32,
+}
+
+/// Starts `gpu-extender serve` as `launch` says and waits until it reports ready (60 s at most);
+/// a process that exits or never gets ready is an error with its log's tail.
+pub async fn launch_extender(launch: &ExtenderLaunch<'_>) -> Result<Child> {
+    let mut log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(launch.log)
+        .with_context(|| format!("opening {}", launch.log.display()))?;
+    writeln!(log, "===== extender start #{}", launch.start)?;
+    let mut command = Command::new(EXTENDER_BIN);
+    command
+        .arg("serve")
+        .arg("--config")
+        .arg(launch.config)
+        .arg("--kubeconfig")
+        .arg(launch.kubeconfig)
+        .arg("--listen")
+        .arg(launch.listen.to_string())
+        .arg("--admin-listen")
+        .arg(launch.admin.to_string());
+    // The extender treats unknown GPU_EXTENDER_* variables as configuration typos; the test
+    // environment's own (GPU_EXTENDER_E2E, GPU_EXTENDER_K8S_BIN, ...) must not reach it.
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("GPU_EXTENDER_") {
+            command.env_remove(key);
+        }
+    }
+    command
+        .env(
+            "RUST_LOG",
+            "info,gpu_extender=debug,kube_runtime=warn,kube_client=warn",
+        )
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    let mut child = command
+        .spawn()
+        .with_context(|| format!("starting {EXTENDER_BIN}"))?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(status) = child.try_wait()? {
+            bail!(
+                "the extender exited during start-up ({status}); its log:\n{}",
+                tail_file(launch.log, 30)
+            );
+        }
+        if let Ok((200, _)) = http_get(launch.admin, "/readyz").await {
+            return Ok(child);
+        }
+        if Instant::now() > deadline {
+            child.kill().ok();
+            child.wait().ok();
+            bail!(
+                "the extender was not ready within 60s; its log:\n{}",
+                tail_file(launch.log, 30)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

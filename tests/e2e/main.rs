@@ -14,6 +14,7 @@ mod record;
 mod admin_auth;
 mod burst;
 mod configs;
+mod failover;
 mod faults;
 mod lifecycle;
 mod models;

@@ -1,7 +1,8 @@
 //! A TCP proxy between the extender and kube-apiserver that injects network faults on command:
 //! hold every answer the API server sends (watch events and responses alike) while requests still
 //! reach it, so that an API write lands while the extender cannot see it; and sever every
-//! connection at once (a broken watch). It forwards bytes only (TLS passes through untouched:
+//! connection at once (a broken watch); or cut the network for good (every connection severed,
+//! every new one closed at once: a partition). It forwards bytes only (TLS passes through untouched:
 //! the API server's certificate names 127.0.0.1, whatever the port).
 //!
 //! A hold must let TLS handshakes finish, or a connection opened during it would never send its
@@ -35,6 +36,8 @@ struct Shared {
     /// Bumped by [`FaultProxy::sever`]: every connection opened before ends.
     generation: watch::Sender<u64>,
     connections: AtomicU64,
+    /// Set by [`FaultProxy::cut`]: new connections are closed unanswered.
+    cut: AtomicBool,
 }
 
 /// A running fault-injecting proxy; stops with the runtime that started it.
@@ -56,14 +59,22 @@ impl FaultProxy {
             mode: watch::channel(Mode::Pass).0,
             generation: watch::channel(0).0,
             connections: AtomicU64::new(0),
+            cut: AtomicBool::new(false),
         });
         let accepting = shared.clone();
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let shared = accepting.clone();
+                if shared.cut.load(Ordering::Acquire) {
+                    drop(client);
+                    continue;
+                }
                 tokio::spawn(async move {
                     // A connection the API server refuses (it is restarting) just closes.
-                    if let Ok(server) = TcpStream::connect(shared.upstream).await {
+                    // (A connection accepted just before a cut ends here.)
+                    if let Ok(server) = TcpStream::connect(shared.upstream).await
+                        && !shared.cut.load(Ordering::Acquire)
+                    {
                         shared.connections.fetch_add(1, Ordering::Relaxed);
                         connection(shared, client, server).await;
                     }
@@ -86,6 +97,13 @@ impl FaultProxy {
     /// Closes every open connection (watches included); new connections are accepted.
     pub fn sever(&self) {
         self.shared.generation.send_modify(|g| *g += 1);
+    }
+
+    /// A network partition: every open connection ends and every new one is closed at once,
+    /// for the rest of the proxy's life.
+    pub fn cut(&self) {
+        self.shared.cut.store(true, Ordering::Release);
+        self.sever();
     }
 
     /// Connections forwarded so far.
