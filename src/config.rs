@@ -51,6 +51,10 @@ pub const RESERVED_ENV: &[&str] = &[
     "GPU_EXTENDER_E2E",
     "GPU_EXTENDER_TRACES",
     "GPU_EXTENDER_GO",
+    "GPU_EXTENDER_CHROMIUM",
+    "GPU_EXTENDER_E2E_KEEP",
+    "GPU_EXTENDER_FAILOVER_RUNS",
+    "GPU_EXTENDER_SERVICEMONITOR_CRD",
 ];
 
 /// Every configuration key, as a dotted path. Each one can be overridden by a flag

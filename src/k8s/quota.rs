@@ -47,9 +47,11 @@ pub fn quota_set<'a>(
     QuotaSet::build(quotas, unreadable, &quota_names(cfg))
 }
 
-/// Whether `error` says the API does not serve `ElasticQuota` (the CRD is not installed).
+/// Whether `error` says the API does not serve `ElasticQuota` (the CRD is not installed). For a
+/// group it does not serve, kube-apiserver answers a plain-text "404 page not found", which
+/// kube-rs turns into a Status with code 404 and no `NotFound` reason, so the code decides.
 fn crd_missing(error: &kube::Error) -> bool {
-    matches!(error, kube::Error::Api(status) if status.is_not_found())
+    matches!(error, kube::Error::Api(status) if status.is_not_found() || status.code == 404)
 }
 
 /// The quotas in the cluster now (the `inspect` and `explain` commands); `None` without the CRD.
@@ -143,6 +145,28 @@ mod tests {
         let mut object = DynamicObject::new(name, &elastic_quota_resource()).within(namespace);
         object.data = json!({ "spec": spec });
         object
+    }
+
+    /// What kube-rs makes of kube-apiserver's answer for an API group it does not serve (seen
+    /// from v1.34.4: plain text "404 page not found"), and of a real NotFound Status.
+    #[test]
+    fn a_group_the_api_does_not_serve_counts_as_a_missing_crd() {
+        let unparsed: kube::core::Status = serde_json::from_value(json!({
+            "status": "Failure", "code": 404, "message": "404 page not found",
+            "reason": "Failed to parse error data"
+        }))
+        .unwrap();
+        assert!(crd_missing(&kube::Error::Api(Box::new(unparsed))));
+        let not_found: kube::core::Status = serde_json::from_value(json!({
+            "status": "Failure", "code": 404, "message": "not found", "reason": "NotFound"
+        }))
+        .unwrap();
+        assert!(crd_missing(&kube::Error::Api(Box::new(not_found))));
+        let forbidden: kube::core::Status = serde_json::from_value(json!({
+            "status": "Failure", "code": 403, "message": "forbidden", "reason": "Forbidden"
+        }))
+        .unwrap();
+        assert!(!crd_missing(&kube::Error::Api(Box::new(forbidden))));
     }
 
     #[test]
