@@ -92,18 +92,17 @@ mod tests {
         )
     }
 
-    /// `islands` with whole GPUs 0, 1, 2, 4, 5 and 6 taken: the free pair 3 + 7 spans both.
-    fn split_free_pair() -> NodeState {
-        let mut node = islands("busy");
+    /// Another pod holds `gpus` of `node` whole.
+    fn take_whole(node: &mut NodeState, gpus: &[u16]) {
         node.add(&PodAllocation {
             node: node.spec.name.clone(),
             cpu: CpuMilli(0),
             memory: MemMiB(0),
             containers: vec![ContainerAllocation {
                 name: "other".into(),
-                gpus: [0, 1, 2, 4, 5, 6]
-                    .into_iter()
-                    .map(|gpu| GpuGrant {
+                gpus: gpus
+                    .iter()
+                    .map(|&gpu| GpuGrant {
                         gpu: GpuIndex(gpu),
                         grant: Grant::Whole,
                     })
@@ -111,6 +110,12 @@ mod tests {
             }],
             init_containers: Vec::new(),
         });
+    }
+
+    /// `islands` with whole GPUs 0, 1, 2, 4, 5 and 6 taken: the free pair 3 + 7 spans both.
+    fn split_free_pair() -> NodeState {
+        let mut node = islands("busy");
+        take_whole(&mut node, &[0, 1, 2, 4, 5, 6]);
         node
     }
 
@@ -161,19 +166,7 @@ mod tests {
     fn preferred_topology_takes_the_best_group_the_node_has() {
         let mut node = islands("n");
         // GPU 0 taken: the pair still fits inside the first island.
-        node.add(&PodAllocation {
-            node: node.spec.name.clone(),
-            cpu: CpuMilli(0),
-            memory: MemMiB(0),
-            containers: vec![ContainerAllocation {
-                name: "other".into(),
-                gpus: vec![GpuGrant {
-                    gpu: GpuIndex(0),
-                    grant: Grant::Whole,
-                }],
-            }],
-            init_containers: Vec::new(),
-        });
+        take_whole(&mut node, &[0]);
         let placed = fit(
             &node,
             &pair(TopologyPreference::Preferred),
