@@ -13,6 +13,7 @@ use tokio::net::TcpListener;
 use tracing::info;
 
 use crate::config::{ConfigFlags, ServeFlags};
+use crate::engine::ScoringPolicy;
 use crate::http::auth::{AdminAuth, KubeReview};
 use crate::http::server::{AppState, admin_router, guarded_admin_router, guarded_router};
 use crate::http::tls;
@@ -74,12 +75,16 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         ))
     });
 
-    let learner = config.policy.typical_pods.learn.then(|| {
+    // Learning, and FGD+'s measure of how scarce each typical class's nodes are, both follow
+    // the cluster.
+    let typical = &config.policy.typical_pods;
+    let learner = (typical.learn || config.policy.scoring == ScoringPolicy::FgdPlus).then(|| {
         tokio::spawn(learn::run(
             cluster.clone(),
             policy.clone(),
             configured.typical.clone(),
-            Duration::from_secs(config.policy.typical_pods.learn_interval_seconds),
+            typical.learn,
+            Duration::from_secs(typical.learn_interval_seconds),
         ))
     });
     let binder = Binder::new(

@@ -115,6 +115,7 @@ impl SimPolicy {
                     "penalty" => tuning.idle_node_penalty = number()?,
                     "quantum" => tuning.quantum = number()?,
                     "reserve" => tuning.reserve = number()?,
+                    "scarce" => tuning.scarce = number()?,
                     "hostby" => {
                         tuning.host_by = match value {
                             "mean" => fgd_plus::HostBy::Mean,
@@ -161,6 +162,7 @@ fn tuning_knobs(tuning: &fgd_plus::Tuning) -> Vec<String> {
         ),
         ("quantum", tuning.quantum, default.quantum),
         ("reserve", tuning.reserve, default.reserve),
+        ("scarce", tuning.scarce, default.scarce),
     ];
     for (key, value, default) in numbers {
         if value != default {
@@ -230,7 +232,7 @@ impl Prepared {
             .iter()
             .map(|node| NodeState::new(node.spec()))
             .collect();
-        let typical = protocol::typical_pods(workload.pods());
+        let typical = protocol::typical_pods(workload.pods()).with_cluster(&nodes);
         let access = nodes.iter().map(|n| typical.access_masks(n)).collect();
         let mut index: HashMap<(u64, u64, u16, u32, &str), usize> = HashMap::new();
         let mut classes = Vec::new();

@@ -73,14 +73,23 @@ pub fn relearn(
     cluster: &ClusterState,
     cell: &PolicyCell,
     configured: &TypicalPods,
+    learn: bool,
 ) -> (usize, u64) {
-    let (learned, counted) = learn_typical(&cluster.read());
+    let table = cluster.read();
+    let (learned, counted) = if learn {
+        learn_typical(&table)
+    } else {
+        (TypicalPods::default(), 0)
+    };
     cell.0.learned_from.store(counted, Ordering::Relaxed);
     let wanted = if counted >= MIN_LEARNED_PODS {
         learned
     } else {
         configured.clone()
     };
+    // FGD+ weighs the classes few nodes can run by how scarce their nodes are in this cluster.
+    let wanted = wanted.with_cluster(table.nodes());
+    drop(table);
     let current = cell.load();
     if current.typical != wanted {
         info!(
@@ -97,20 +106,23 @@ pub fn relearn(
     (current.typical.pods().len(), counted)
 }
 
-/// Relearns every `every` once the initial lists are applied, forever.
+/// Relearns (with `learn`; otherwise only measures the classes' scarcity on the cluster's
+/// nodes) as soon as the initial lists are applied, then every `every`, forever.
 pub async fn run(
     cluster: Arc<ClusterState>,
     cell: PolicyCell,
     configured: TypicalPods,
+    learn: bool,
     every: Duration,
 ) {
+    while !cluster.is_ready() {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        if cluster.is_ready() {
-            relearn(&cluster, &cell, &configured);
-        }
+        relearn(&cluster, &cell, &configured, learn);
     }
 }
 
@@ -168,19 +180,27 @@ mod tests {
             ..Policy::default()
         });
         let few = cluster_with(5);
-        assert_eq!(relearn(&few, &cell, &configured()), (1, 5));
-        assert_eq!(cell.load().typical, configured());
+        assert_eq!(relearn(&few, &cell, &configured(), true), (1, 5));
+        assert_eq!(cell.load().typical.pods(), configured().pods());
 
         let many = cluster_with(30);
-        assert_eq!(relearn(&many, &cell, &configured()), (1, 30));
+        assert_eq!(relearn(&many, &cell, &configured(), true), (1, 30));
         let learned = cell.load();
         // 2 GiB of a 16 GiB card: 125 milli-GPU, every pod alike.
         assert_eq!(learned.typical.pods()[0].milli, 125);
         assert_eq!(learned.typical.pods()[0].cpu, CpuMilli(500));
 
         // Fewer pods again: back to the configured distribution.
-        assert_eq!(relearn(&few, &cell, &configured()), (1, 5));
-        assert_eq!(cell.load().typical, configured());
+        assert_eq!(relearn(&few, &cell, &configured(), true), (1, 5));
+        assert_eq!(cell.load().typical.pods(), configured().pods());
+
+        // Without learning only the classes' scarcity is measured: the configured classes stay.
+        assert_eq!(relearn(&many, &cell, &configured(), false), (1, 0));
+        assert_eq!(cell.load().typical.pods(), configured().pods());
+        assert_eq!(
+            cell.load().typical,
+            configured().with_cluster(many.read().nodes())
+        );
     }
 
     #[test]

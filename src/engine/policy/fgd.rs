@@ -33,6 +33,9 @@ pub struct TypicalPods {
     pods: Vec<TypicalPod>,
     /// [`TypicalPods::sliver_value`] for every free amount 0..=1000, derived once.
     sliver_values: Vec<f64>,
+    /// Per class, how much scarcer than the cluster's GPUs its feasible capacity is
+    /// ([`TypicalPods::with_cluster`]); empty until a cluster is given.
+    excess_scarcity: Vec<f64>,
 }
 
 impl TypicalPods {
@@ -53,7 +56,63 @@ impl TypicalPods {
         Self {
             pods,
             sliver_values,
+            excess_scarcity: Vec::new(),
         }
+    }
+
+    /// The distribution with each class's scarcity measured on `nodes` as they are when empty:
+    /// the cluster's GPU capacity over the capacity of the nodes an empty one of which could run
+    /// the class (enough GPUs of an accepted model, CPU and memory), less one. A class that fits
+    /// every node has none; one that only a twentieth of the GPUs can take has 19. Classes that
+    /// fit no node have none either (no placement can keep room for them).
+    pub fn with_cluster<'a>(mut self, nodes: impl IntoIterator<Item = &'a NodeState>) -> Self {
+        let mut total = 0.0;
+        let mut feasible = vec![0.0; self.pods.len()];
+        for node in nodes {
+            let gpus = node.gpus.len() as f64;
+            total += gpus;
+            for (pod, capacity) in self.pods.iter().zip(feasible.iter_mut()) {
+                if pod.gpus > 0
+                    && node.spec.cpu >= pod.cpu
+                    && node.spec.memory >= pod.memory
+                    && accessible_count(pod, node) >= usize::from(pod.gpus)
+                {
+                    *capacity += gpus;
+                }
+            }
+        }
+        self.excess_scarcity = feasible
+            .into_iter()
+            .map(|capacity| {
+                if capacity > 0.0 {
+                    (total / capacity - 1.0).max(0.0)
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        self
+    }
+
+    /// The expected fragmentation with each class weighted by its excess scarcity (not
+    /// renormalised, so that it adds to the plain measure): free capacity that the classes only
+    /// few nodes can run could not use, in milli-GPU. Zero without a cluster.
+    pub fn scarce_fragmentation(
+        &self,
+        cpu_free: CpuMilli,
+        free_milli: &[u32],
+        access: &[u64],
+    ) -> f64 {
+        let total: u64 = free_milli.iter().map(|&free| u64::from(free)).sum();
+        self.pods
+            .iter()
+            .zip(access)
+            .zip(&self.excess_scarcity)
+            .filter(|(_, excess)| **excess > 0.0)
+            .map(|((pod, &mask), excess)| {
+                pod.weight * excess * lost(pod, cpu_free, free_milli, mask, total) as f64
+            })
+            .sum()
     }
 
     /// The expected final leftover (milli-GPU) of one GPU with `free` milli-GPU free, if pods
@@ -407,6 +466,17 @@ fn lost(pod: &TypicalPod, cpu_free: CpuMilli, free_milli: &[u32], mask: u64, tot
     } else {
         total
     }
+}
+
+/// How many GPUs of `node` accept `pod`'s models.
+fn accessible_count(pod: &TypicalPod, node: &NodeState) -> usize {
+    if pod.models.is_empty() {
+        return node.gpus.len();
+    }
+    node.normalized_models
+        .iter()
+        .filter(|model| pod.models.iter().any(|p| p.matches_normalized(model)))
+        .count()
 }
 
 /// What FGD derives from one node as it stands, computed once per evaluation and shared by the

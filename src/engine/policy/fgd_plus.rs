@@ -43,6 +43,9 @@ pub struct Tuning {
     pub reserve: u32,
     /// How host stranding is measured: against the mean typical pod, or per class.
     pub host_by: HostBy,
+    /// Weight (hundredths) of the scarce classes' fragmentation
+    /// ([`TypicalPods::scarce_fragmentation`]); 0 turns it off.
+    pub scarce: u32,
 }
 
 impl Default for Tuning {
@@ -56,6 +59,7 @@ impl Default for Tuning {
             tie_break: TieBreak::UsedNodes,
             reserve: 0,
             host_by: HostBy::Mean,
+            scarce: 1000,
         }
     }
 }
@@ -122,7 +126,13 @@ pub fn fragmentation(
     } else {
         0.0
     };
-    expected + look + reserve
+    let scarce = if tuning.scarce > 0 {
+        f64::from(tuning.scarce) / 100.0
+            * typical.scarce_fragmentation(cpu_free, free_milli, access)
+    } else {
+        0.0
+    };
+    expected + look + reserve + scarce
 }
 
 /// FGD+'s GPU choice for a share: one GPU at a time, the one whose use leaves the least
@@ -438,6 +448,63 @@ mod tests {
             fragmentation(&plain, &with, CpuMilli(1000), &free, &access),
             fragmentation(&plain, &Tuning::default(), CpuMilli(1000), &free, &access)
         );
+    }
+
+    #[test]
+    fn a_class_few_nodes_can_run_is_weighed_by_how_scarce_they_are() {
+        // One 8-GPU node with 128 cores, three 8-GPU nodes with 64: an 8-GPU pod that needs 120
+        // cores runs on a quarter of the GPUs; a one-GPU pod runs anywhere.
+        let node = |cpu: u64| {
+            NodeState::new(
+                NodeSpec::uniform("n", GpuMode::CoreMem, 8, "G2", MemMiB(0)).with_host(
+                    CpuMilli(cpu),
+                    MemMiB(1 << 30),
+                    1001,
+                ),
+            )
+        };
+        let big = node(128_000);
+        let small = node(64_000);
+        let typical = TypicalPods::new(vec![
+            class(8_000, 0, 1, 1000, 9.0),
+            class(120_000, 0, 8, 1000, 1.0),
+        ]);
+        let cluster = [big.clone(), small.clone(), small.clone(), small.clone()];
+        let scarce = typical.clone().with_cluster(&cluster);
+        let access = [0xFF, 0xFF];
+        let free = [0, 1000, 1000, 1000, 1000, 1000, 1000, 1000];
+        // Excess scarcity 32/8 - 1 = 3 for the big class, none for the small one: the big
+        // class's lost 7000 milli counts 0.1 × 3 × 7000.
+        let measured = scarce.scarce_fragmentation(CpuMilli(128_000), &free, &access);
+        assert!((measured - 0.1 * 3.0 * 7000.0).abs() < 1e-6, "{measured}");
+        assert_eq!(
+            typical.scarce_fragmentation(CpuMilli(128_000), &free, &access),
+            0.0,
+            "no cluster, no scarcity"
+        );
+
+        // Both nodes idle (the idle-node charge is the same on either): a one-GPU pod on the
+        // CPU-rich node would take the only node the big class can run on, which the term
+        // charges; without it, the CPU-rich node looks as good or better.
+        let pod = PodRequest::single(CpuMilli(8_000), MemMiB(0), GpuDemand::Whole { count: 1 });
+        let margin = |scarce_weight: u32| {
+            let policy = Policy {
+                fgd_plus: Tuning {
+                    scarce: scarce_weight,
+                    ..Tuning::default()
+                },
+                ..Policy::scoring(ScoringPolicy::FgdPlus).with_typical(scarce.clone())
+            };
+            policy.evaluate(&small, &pod).unwrap().score
+                - policy.evaluate(&big, &pod).unwrap().score
+        };
+        assert!(
+            margin(1000) > margin(0),
+            "{} vs {}",
+            margin(1000),
+            margin(0)
+        );
+        assert!(margin(1000) > 0.0, "{}", margin(1000));
     }
 
     #[test]
