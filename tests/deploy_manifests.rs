@@ -1944,6 +1944,43 @@ fn helm_chart_schema_names_the_config_keys_the_binary_reads() {
     assert_eq!(in_schema, read, "{path} against src/config.rs KEYS");
 }
 
+/// Every value the schema allows is in the values table of docs/install.md ("Installing with
+/// Helm"), and every value there is one the schema allows.
+#[test]
+fn helm_chart_values_are_documented() {
+    let schema: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(format!("{ROOT}/{CHART}/values.schema.json")).unwrap(),
+    )
+    .unwrap();
+    let docs = std::fs::read_to_string(format!("{ROOT}/docs/install.md")).unwrap();
+    let section = docs
+        .split("\n## ")
+        .find(|s| s.starts_with("Installing with Helm"))
+        .expect("docs/install.md has a section Installing with Helm");
+    // The table's first column: `a.b`, `.c` (a sibling of the previous), `a.b.*`.
+    let mut documented = std::collections::BTreeSet::new();
+    for row in section.lines().filter(|l| l.starts_with("| `")) {
+        let first = row.split(" | ").next().unwrap();
+        for name in first.split('`').skip(1).step_by(2) {
+            let top = name.split('.').next().unwrap_or_default();
+            if !top.is_empty() {
+                documented.insert(top.to_owned());
+            }
+        }
+    }
+    let allowed: std::collections::BTreeSet<String> = schema["properties"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .filter(|k| *k != "global") // Helm's own, shared with subcharts
+        .cloned()
+        .collect();
+    assert_eq!(
+        documented, allowed,
+        "docs/install.md's values table against the schema"
+    );
+}
+
 /// The chart reads the CRD and the dashboard from files of its own (Helm reads no file outside
 /// the chart); they must stay the copies of deploy/'s.
 #[test]
