@@ -29,9 +29,8 @@ log() { printf 'k8s-bins: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
 # --- versions, from the pinned go.mod files (the single source of truth) ----
-mod_version() { # <go.mod> <module path>
-    awk -v m="$2" '($1 == "require" && $2 == m) { print $3; exit } ($1 == m && $2 ~ /^v/) { print $2; exit }' "$1"
-}
+# shellcheck source=scripts/go-lib.sh
+source "$ROOT/scripts/go-lib.sh"
 K8S_VERSION=$(mod_version "$K8S_MOD_DIR/go.mod" k8s.io/kubernetes)
 ETCD_VERSION=$(mod_version "$ETCD_MOD_DIR/go.mod" go.etcd.io/etcd/server/v3)
 [[ -n "$K8S_VERSION" ]] || die "cannot read the k8s.io/kubernetes version from $K8S_MOD_DIR/go.mod"
@@ -65,27 +64,7 @@ if up_to_date; then
 fi
 
 # --- find Go (only needed to build) ----------------------------------------
-GO_CMD=${GO:-}
-if [[ -z "$GO_CMD" ]]; then
-    if command -v go >/dev/null 2>&1; then
-        GO_CMD=$(command -v go)
-    elif [[ -x /usr/local/go/bin/go ]]; then
-        GO_CMD=/usr/local/go/bin/go
-    fi
-fi
-if [[ -z "$GO_CMD" ]] || ! "$GO_CMD" version >/dev/null 2>&1; then
-    if [[ -n "${GO:-}" ]]; then WHY="GO=$GO does not run"; else WHY="no go on PATH, none at /usr/local/go/bin/go"; fi
-    cat >&2 <<EOF
-k8s-bins: error: the Go toolchain is missing ($WHY).
-  kube-apiserver, kube-scheduler, kubectl and etcd are built from source, which needs Go >= 1.24
-  (Kubernetes v1.34's minimum). Install it from https://go.dev/dl/ , e.g.
-    curl -fsSL https://go.dev/dl/go<version>.linux-amd64.tar.gz | tar -C /usr/local -xz
-    export PATH=\$PATH:/usr/local/go/bin
-  or your distribution's golang package if it is >= 1.24, or set GO=/path/to/go.
-  Only the Go module proxy (GOPROXY) is needed to fetch the sources; no binaries are downloaded.
-EOF
-    exit 2
-fi
+find_go k8s-bins
 
 mkdir -p "$VERSION_DIR"
 # One builder at a time per version (parallel test runs may all call this).

@@ -2,13 +2,19 @@
 //! a real kube-apiserver (server-side dry run, then for real), the extender configuration it
 //! ships checked by `gpu-extender check-config`, and the KubeSchedulerConfiguration it ships run
 //! by a real kube-scheduler, which must come up healthy and win its leader election with the
-//! Role `deploy/` gives it.
+//! Role `deploy/` gives it. The Helm chart `deploy/helm/gpu-extender` is held to the same objects
+//! (`helm template` against `kubectl kustomize`), linted, fed bad values, dry-run and installed
+//! against the same kube-apiserver.
 //!
 //! Needs the Kubernetes binaries (`scripts/k8s-bins.sh`): `$GPU_EXTENDER_K8S_BIN`, else
 //! `${GPU_EXTENDER_CACHE:-~/.cache/gpu-extender}/k8s/<version>/bin`. The tests that need them are
 //! `#[ignore]`d (a plain `cargo test` counts them as ignored); `make test` runs them with
 //! `--ignored`, and run without the binaries they fail saying how to get them. The control plane comes from
 //! `scripts/control-plane.sh` (RBAC authorization, static tokens; docs/real-cluster-tooling.md).
+//!
+//! The chart's tests need helm: `$GPU_EXTENDER_HELM` (`scripts/helm.sh` builds it; `make test-e2e`
+//! sets it). Without it they fail under `GPU_EXTENDER_E2E=require` and are skipped, saying so,
+//! otherwise.
 //!
 //! The ServiceMonitor in `deploy/monitoring/` needs the Prometheus Operator CRD, which the test
 //! plane lacks: point `GPU_EXTENDER_SERVICEMONITOR_CRD` at the CRD's YAML
@@ -769,6 +775,57 @@ impl Plane {
         text(&out.stdout)
     }
 
+    /// Installs the Prometheus Operator's ServiceMonitor CRD from the file `crd`
+    /// (`$GPU_EXTENDER_SERVICEMONITOR_CRD`) and waits until it serves.
+    fn install_service_monitor_crd(&self, crd: &str) {
+        self.kubectl_ok(&["apply", "--server-side", "-f", crd], None);
+        self.kubectl_ok(
+            &[
+                "wait",
+                "--for=condition=Established",
+                "--timeout=60s",
+                "crd/servicemonitors.monitoring.coreos.com",
+            ],
+            None,
+        );
+    }
+
+    /// Creates, for real, the object of kind `wanted` among `objects`: a Namespace before a dry
+    /// run of what goes into it (a dry run only pretends to create it, and its objects are then
+    /// refused), a CRD before the objects of its kind.
+    fn apply_one(&self, objects: &[Value], wanted: &str) {
+        let doc = objects
+            .iter()
+            .find(|o| kind(o) == wanted)
+            .map(|o| serde_yaml_ng::to_string(o).unwrap())
+            .unwrap_or_else(|| panic!("no {wanted} to apply"));
+        self.kubectl_ok(&["apply", "-f", "-"], Some(&doc));
+    }
+
+    /// A server-side dry run of `manifests` (`what`, for messages): all of its `count` objects
+    /// accepted, without warnings (which include the namespace's Pod Security level, checked on
+    /// pod templates).
+    fn dry_run_accepts(&self, manifests: &str, count: usize, what: &str) {
+        let out = self.kubectl(&["apply", "--dry-run=server", "-f", "-"], Some(manifests));
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(
+            out.status.success(),
+            "server-side dry run refused {what}:\n{stdout}{stderr}"
+        );
+        assert!(
+            !stderr.contains("Warning"),
+            "the API server warned about {what}:\n{stderr}"
+        );
+        assert_eq!(
+            stdout
+                .lines()
+                .filter(|l| l.contains("(server dry run)"))
+                .count(),
+            count,
+            "every object of {what} should be accepted:\n{stdout}"
+        );
+    }
+
     fn scheduler_log(&self) -> String {
         std::fs::read_to_string(self.dir.join("kube-scheduler.log")).unwrap_or_default()
     }
@@ -937,35 +994,8 @@ fn deploy_applies_to_a_real_api_server_and_its_scheduler_config_runs() {
 
     // 1. Server-side dry run of the whole base. Namespaced objects of a namespace that a dry run
     //    only pretends to create are refused, so the Namespace is created for real first.
-    let namespace_doc = rendered
-        .objects
-        .iter()
-        .find(|o| kind(o) == "Namespace")
-        .map(|o| serde_yaml_ng::to_string(o).unwrap())
-        .expect("deploy/ creates its Namespace");
-    plane.kubectl_ok(&["apply", "-f", "-"], Some(&namespace_doc));
-    let out = plane.kubectl(
-        &["apply", "--dry-run=server", "-f", "-"],
-        Some(&rendered.text),
-    );
-    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
-    assert!(
-        out.status.success(),
-        "server-side dry run refused deploy/:\n{stdout}{stderr}"
-    );
-    // Warnings include the namespace's PodSecurity "restricted" level checked on the template.
-    assert!(
-        !stderr.contains("Warning"),
-        "the API server warned about deploy/:\n{stderr}"
-    );
-    assert_eq!(
-        stdout
-            .lines()
-            .filter(|l| l.contains("(server dry run)"))
-            .count(),
-        rendered.objects.len(),
-        "every object should be accepted:\n{stdout}"
-    );
+    plane.apply_one(&rendered.objects, "Namespace");
+    plane.dry_run_accepts(&rendered.text, rendered.objects.len(), "deploy/");
 
     // 2. The ServiceMonitor: against its CRD when one is given, otherwise parsed only.
     let monitoring = kustomize(&bins, "deploy/monitoring");
@@ -975,16 +1005,7 @@ fn deploy_applies_to_a_real_api_server_and_its_scheduler_config_runs() {
         plane.kubectl_ok(&["apply", "--dry-run=server", "-f", "-"], Some(&monitoring));
     } else if let Some(crd) = std::env::var_os(CRD_ENV) {
         let crd = crd.to_string_lossy().into_owned();
-        plane.kubectl_ok(&["apply", "--server-side", "-f", &crd], None);
-        plane.kubectl_ok(
-            &[
-                "wait",
-                "--for=condition=Established",
-                "--timeout=60s",
-                "crd/servicemonitors.monitoring.coreos.com",
-            ],
-            None,
-        );
+        plane.install_service_monitor_crd(&crd);
         let out = plane.kubectl(&["apply", "--dry-run=server", "-f", "-"], Some(&monitoring));
         assert!(
             out.status.success() && !text(&out.stderr).contains("Warning"),
@@ -1389,28 +1410,8 @@ fn node_agent_applies_and_may_change_only_its_own_node() {
 
     // 1. Into deploy/'s Namespace: a server-side dry run without warnings (the DaemonSet's pod
     //    passes the namespace's "restricted" Pod Security level), then for real.
-    let namespace_doc = base
-        .objects
-        .iter()
-        .find(|o| kind(o) == "Namespace")
-        .map(|o| serde_yaml_ng::to_string(o).unwrap())
-        .unwrap();
-    plane.kubectl_ok(&["apply", "-f", "-"], Some(&namespace_doc));
-    let out = plane.kubectl(&["apply", "--dry-run=server", "-f", "-"], Some(&agent_text));
-    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
-    assert!(
-        out.status.success(),
-        "dry run refused deploy/node-agent:\n{stdout}{stderr}"
-    );
-    assert!(!stderr.contains("Warning"), "warnings:\n{stderr}");
-    assert_eq!(
-        stdout
-            .lines()
-            .filter(|l| l.contains("(server dry run)"))
-            .count(),
-        agent_objects.len(),
-        "{stdout}"
-    );
+    plane.apply_one(&base.objects, "Namespace");
+    plane.dry_run_accepts(&agent_text, agent_objects.len(), "deploy/node-agent");
     plane.kubectl_ok(&["apply", "-f", "-"], Some(&agent_text));
     let daemon_set = find(&agent_objects, "DaemonSet", "gpu-extender-node-agent");
     let pod = &daemon_set["spec"]["template"]["spec"];
@@ -1570,4 +1571,523 @@ fn node_agent_applies_and_may_change_only_its_own_node() {
     let (ok, said) = as_agent(&bound_to_a, &["delete", "node", "agent-node-a"]);
     assert!(!ok && said.contains("forbidden"), "{said}");
     assert_eq!(plane.node_annotation("agent-node-a", "other"), "kept");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The Helm chart (deploy/helm/gpu-extender): the objects of deploy/ with default values, the
+// optional kustomizations behind values, its schema, and the API server's word on what it renders
+
+const CHART: &str = "deploy/helm/gpu-extender";
+const HELM_ENV: &str = "GPU_EXTENDER_HELM";
+/// The values that turn on every optional piece of the chart.
+const EVERY_OPTION: &[&str] = &[
+    "monitoring.serviceMonitor.enabled=true",
+    "monitoring.dashboard.enabled=true",
+    "quota.installCrd=true",
+    "nodeAgent.enabled=true",
+    "inspectReader.enabled=true",
+    "tls.enabled=true",
+];
+/// What Helm adds to deploy/'s objects: its own labels, the pod template's configuration
+/// checksum (kustomize rolls the pods through hashed ConfigMap names instead), and the
+/// Namespace's keep policy.
+const HELM_LABELS: &[&str] = &[
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/instance",
+    "helm.sh/chart",
+];
+const HELM_ANNOTATIONS: &[&str] = &["checksum/config", "helm.sh/resource-policy"];
+
+/// The helm binary from `$GPU_EXTENDER_HELM` (the Makefile's test-e2e sets it from
+/// scripts/helm.sh). Unset: a failure under GPU_EXTENDER_E2E=require, otherwise `None` after
+/// saying the test is skipped.
+fn helm(test: &str) -> Option<Helm> {
+    let Some(bin) = std::env::var_os(HELM_ENV).map(PathBuf::from) else {
+        let how = format!("set {HELM_ENV} to the helm binary (built by scripts/helm.sh)");
+        assert!(
+            std::env::var("GPU_EXTENDER_E2E").as_deref() != Ok("require"),
+            "{test}: needs helm and GPU_EXTENDER_E2E=require: {how}"
+        );
+        eprintln!("{test}: SKIPPED: no helm; {how}");
+        return None;
+    };
+    assert!(
+        bin.is_file(),
+        "{test}: {HELM_ENV}={} is not a file (build helm with scripts/helm.sh)",
+        bin.display()
+    );
+    // Helm's own config, cache and data directories, kept out of $HOME.
+    let home = scratch_dir(&format!("helm-home-{test}"));
+    Some(Helm { bin, home })
+}
+
+struct Helm {
+    bin: PathBuf,
+    home: PathBuf,
+}
+
+impl Helm {
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(&self.bin);
+        command
+            .args(args)
+            .env("HELM_CONFIG_HOME", self.home.join("config"))
+            .env("HELM_CACHE_HOME", self.home.join("cache"))
+            .env("HELM_DATA_HOME", self.home.join("data"));
+        command
+    }
+
+    /// `helm <verb> [release] <chart> --namespace <ns> --set <each of set> [-f <values file>]`.
+    fn on_chart(&self, verb: &str, namespace: &str, set: &[&str], file: Option<&Path>) -> Output {
+        let chart = Path::new(ROOT).join(CHART);
+        let chart = chart.to_str().unwrap();
+        let mut args = vec![verb];
+        if verb != "lint" {
+            args.push("gpu-extender");
+        }
+        args.extend([chart, "--namespace", namespace]);
+        for value in set {
+            args.extend(["--set", value]);
+        }
+        let file = file.map(|f| f.to_str().unwrap().to_owned());
+        if let Some(file) = &file {
+            args.extend(["-f", file]);
+        }
+        run(self.command(&args), None)
+    }
+
+    /// `helm template` of the chart in `namespace`; panics with helm's message when it fails.
+    fn template(&self, namespace: &str, set: &[&str]) -> String {
+        let out = self.on_chart("template", namespace, set, None);
+        assert!(
+            out.status.success(),
+            "helm template --set {set:?} failed:\n{}",
+            text(&out.stderr)
+        );
+        text(&out.stdout)
+    }
+}
+
+impl Drop for Helm {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.home);
+    }
+}
+
+/// The namespace deploy/ installs into.
+fn base_namespace(base: &Rendered) -> String {
+    base.objects
+        .iter()
+        .find(|o| kind(o) == "Namespace")
+        .map(|o| name(o).to_owned())
+        .expect("deploy/ creates its Namespace")
+}
+
+/// kustomize's generated ConfigMaps carry a hash of their content in their names
+/// (`gpu-extender-config-<hash>`); the chart's do not. The text with every such name unhashed.
+fn without_config_map_hashes(rendered: &str) -> String {
+    parse_documents(rendered, "kustomize output")
+        .iter()
+        .filter(|o| kind(o) == "ConfigMap")
+        .filter_map(|o| name(o).rsplit_once('-').map(|(base, _)| (name(o), base)))
+        .fold(rendered.to_owned(), |text, (hashed, base)| {
+            text.replace(hashed, base)
+        })
+}
+
+/// An object as the comparison with deploy/ sees it: Helm's labels and annotations removed
+/// (`HELM_LABELS`, `HELM_ANNOTATIONS`), and the YAML files a ConfigMap holds parsed, so that
+/// comments and layout do not count.
+fn comparable(mut object: Value) -> Value {
+    fn strip(metadata: &mut Value) {
+        for (field, keys) in [("labels", HELM_LABELS), ("annotations", HELM_ANNOTATIONS)] {
+            if let Some(map) = metadata.get_mut(field).and_then(Value::as_mapping_mut) {
+                for key in keys {
+                    map.remove(*key);
+                }
+                if map.is_empty() {
+                    metadata.as_mapping_mut().unwrap().remove(field);
+                }
+            }
+        }
+    }
+    strip(&mut object["metadata"]);
+    if let Some(template) = object
+        .get_mut("spec")
+        .and_then(|s| s.get_mut("template"))
+        .and_then(|t| t.get_mut("metadata"))
+    {
+        strip(template);
+    }
+    if kind(&object) == "ConfigMap"
+        && let Some(data) = object.get_mut("data").and_then(Value::as_mapping_mut)
+    {
+        for (key, value) in data.iter_mut() {
+            let file = key.as_str().unwrap_or_default();
+            if file.ends_with(".yaml") || file.ends_with(".json") {
+                *value = serde_yaml_ng::from_str(value.as_str().unwrap()).unwrap();
+            }
+        }
+    }
+    object
+}
+
+/// Asserts that `chart` holds exactly the objects of `expected` (by kind, namespace and name),
+/// each equal to its counterpart once `comparable`.
+fn assert_same_objects(chart: &[Value], expected: &[Value], what: &str) {
+    let keyed = |objects: &[Value]| -> std::collections::BTreeMap<String, Value> {
+        objects
+            .iter()
+            .map(|o| (describe(o), comparable(o.clone())))
+            .collect()
+    };
+    let (chart, expected) = (keyed(chart), keyed(expected));
+    assert_eq!(
+        chart.keys().collect::<Vec<_>>(),
+        expected.keys().collect::<Vec<_>>(),
+        "the chart renders other objects than {what}"
+    );
+    for (key, want) in &expected {
+        let got = &chart[key];
+        assert!(
+            got == want,
+            "{key} differs between the chart and {what}:\nchart:\n{}\n{what}:\n{}",
+            serde_yaml_ng::to_string(got).unwrap(),
+            serde_yaml_ng::to_string(want).unwrap()
+        );
+    }
+}
+
+fn helm_objects(rendered: &str) -> Vec<Value> {
+    parse_documents(rendered, "helm template")
+}
+
+#[test]
+#[ignore = "needs the Kubernetes binaries and helm; make test runs it, or cargo test --test deploy_manifests -- --ignored"]
+fn helm_chart_renders_the_objects_of_deploy() {
+    let test = "helm_chart_renders_the_objects_of_deploy";
+    let bins = k8s_bins(test);
+    let Some(helm) = helm(test) else { return };
+    let base = Rendered::base(&bins);
+    let ns = base_namespace(&base);
+
+    // 1. Default values: deploy/, object for object.
+    let kustomized = without_config_map_hashes(&base.text);
+    let chart = helm.template(&ns, &[]);
+    assert_same_objects(
+        &helm_objects(&chart),
+        &parse_documents(&kustomized, "kubectl kustomize deploy"),
+        "kubectl kustomize deploy/",
+    );
+
+    // 2. Every option on: deploy/ plus its optional kustomizations and files, the same way; TLS
+    //    changes only the two configurations and the Deployment's volumes, checked below.
+    let mut optional = base.text.clone();
+    for dir in ["deploy/monitoring", "deploy/quota", "deploy/node-agent"] {
+        optional.push_str("\n---\n");
+        optional.push_str(&kustomize(&bins, dir));
+    }
+    let reader =
+        std::fs::read_to_string(format!("{ROOT}/deploy/inspect-reader/clusterrole.yaml")).unwrap();
+    optional.push_str("\n---\n");
+    optional.push_str(&reader);
+    let expected = parse_documents(&without_config_map_hashes(&optional), "deploy/ and options");
+    let every = helm_objects(&helm.template(&ns, EVERY_OPTION));
+    let tls_free = |objects: &[Value]| -> Vec<Value> {
+        objects
+            .iter()
+            .filter(|o| !matches!(kind(o), "Deployment" | "ConfigMap"))
+            .cloned()
+            .collect()
+    };
+    assert_same_objects(
+        &tls_free(&every),
+        &tls_free(&expected),
+        "deploy/ and its options",
+    );
+
+    // The dashboard ConfigMap holds deploy/monitoring/grafana-dashboard.json.
+    let dashboard = find(&every, "ConfigMap", "gpu-extender-dashboard");
+    assert_eq!(label(dashboard, "grafana_dashboard"), Some("1"));
+    let shipped: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(format!("{ROOT}/deploy/monitoring/grafana-dashboard.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let held: serde_json::Value =
+        serde_json::from_str(dashboard["data"]["gpu-extender.json"].as_str().unwrap()).unwrap();
+    assert_eq!(held, shipped);
+
+    // 3. TLS: the extender serves the mounted Secret's pair, kube-scheduler dials https and
+    //    trusts the Secret's ca.crt, and check-config accepts the extender's side.
+    let with_tls = Rendered {
+        text: String::new(),
+        objects: every,
+    };
+    let scratch = scratch_dir("helm-tls");
+    let config = effective_extender_config(&with_tls.extender_config_text(), &scratch);
+    let _ = std::fs::remove_dir_all(&scratch);
+    let cert = config["server"]["tls"]["certFile"].as_str().unwrap();
+    let stanza = &with_tls.scheduler_config()["extenders"][0];
+    assert_eq!(
+        stanza["urlPrefix"].as_str(),
+        Some("https://127.0.0.1:8888/scheduler")
+    );
+    assert_eq!(stanza["enableHTTPS"].as_bool(), Some(true));
+    let ca = stanza["tlsConfig"]["caFile"].as_str().unwrap();
+    let secret_mount = |container: &str, file: &str| {
+        let (dir, _) = file.rsplit_once('/').unwrap();
+        let mount = with_tls.container(container)["volumeMounts"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|m| m["mountPath"].as_str() == Some(dir))
+            .unwrap_or_else(|| panic!("{container}: nothing mounted at {dir}"));
+        let volume = with_tls.pod_spec()["volumes"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == mount["name"])
+            .unwrap();
+        volume["secret"]["secretName"].as_str().unwrap().to_owned()
+    };
+    assert_eq!(secret_mount("gpu-extender", cert), "gpu-extender-tls");
+    assert_eq!(secret_mount("kube-scheduler", ca), "gpu-extender-tls");
+}
+
+#[test]
+#[ignore = "needs helm; make test runs it, or cargo test --test deploy_manifests -- --ignored"]
+fn helm_lint_passes_and_the_schema_refuses_bad_values() {
+    let test = "helm_lint_passes_and_the_schema_refuses_bad_values";
+    let Some(helm) = helm(test) else { return };
+    for set in [&[][..], EVERY_OPTION] {
+        let out = helm.on_chart("lint", "gpu-extender", set, None);
+        let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+        assert!(
+            out.status.success() && said.contains("0 chart(s) failed"),
+            "helm lint --set {set:?}:\n{said}"
+        );
+        assert!(
+            !said.contains("[WARNING]"),
+            "helm lint --set {set:?}:\n{said}"
+        );
+    }
+
+    // Each bad values file is refused by lint and template, naming what is wrong.
+    let scratch = scratch_dir("helm-bad-values");
+    let bad = [
+        (
+            "config:\n  policy:\n    scoring: binpak\n",
+            "'/config/policy/scoring': value must be one of 'binpack', 'spread', 'fgd', 'fgd-plus'",
+        ),
+        (
+            "replica: 3\n",
+            "additional properties 'replica' not allowed",
+        ),
+        ("replicas: 0\n", "'/replicas': minimum: got 0, want 1"),
+        (
+            "config:\n  policy:\n    scorng: spread\n",
+            "'/config/policy': additional properties 'scorng' not allowed",
+        ),
+        (
+            "config:\n  server:\n    listen: localhost\n",
+            "'/config/server/listen': 'localhost' does not match pattern",
+        ),
+        // Two replicas (the default) without leader election.
+        (
+            "leaderElection:\n  enabled: false\n",
+            "'/leaderElection/enabled': value must be true",
+        ),
+    ];
+    for (values, says) in bad {
+        let file = scratch.join("values.yaml");
+        std::fs::write(&file, values).unwrap();
+        for verb in ["lint", "template"] {
+            let out = helm.on_chart(verb, "gpu-extender", &[], Some(&file));
+            let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+            assert!(
+                !out.status.success() && said.contains(says),
+                "helm {verb} with\n{values}should fail saying {says:?}:\n{said}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(scratch);
+}
+
+/// The chart's schema names the configuration keys the binary reads, section by section, and
+/// no other (a typo in `config:` fails `helm install`, not the pod's start).
+#[test]
+fn helm_chart_schema_names_the_config_keys_the_binary_reads() {
+    let path = format!("{ROOT}/{CHART}/values.schema.json");
+    let schema: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let config = &schema["properties"]["config"];
+    assert_eq!(
+        config["additionalProperties"],
+        serde_json::Value::Bool(false)
+    );
+    let mut in_schema = std::collections::BTreeSet::new();
+    for (section, keys) in config["properties"].as_object().unwrap() {
+        assert_eq!(
+            keys["additionalProperties"],
+            serde_json::Value::Bool(false),
+            "config.{section} should refuse unknown keys"
+        );
+        for key in keys["properties"].as_object().unwrap().keys() {
+            in_schema.insert(format!("{section}.{key}"));
+        }
+    }
+    let read: std::collections::BTreeSet<String> = gpu_extender::config::KEYS
+        .iter()
+        .map(|key| key.split('.').take(2).collect::<Vec<_>>().join("."))
+        .collect();
+    assert_eq!(in_schema, read, "{path} against src/config.rs KEYS");
+}
+
+/// Every value the schema allows is in the values table of docs/install.md ("Installing with
+/// Helm"), and every value there is one the schema allows.
+#[test]
+fn helm_chart_values_are_documented() {
+    let schema: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(format!("{ROOT}/{CHART}/values.schema.json")).unwrap(),
+    )
+    .unwrap();
+    let docs = std::fs::read_to_string(format!("{ROOT}/docs/install.md")).unwrap();
+    let section = docs
+        .split("\n## ")
+        .find(|s| s.starts_with("Installing with Helm"))
+        .expect("docs/install.md has a section Installing with Helm");
+    // The table's first column: `a.b`, `.c` (a sibling of the previous), `a.b.*`.
+    let mut documented = std::collections::BTreeSet::new();
+    for row in section.lines().filter(|l| l.starts_with("| `")) {
+        let first = row.split(" | ").next().unwrap();
+        for name in first.split('`').skip(1).step_by(2) {
+            let top = name.split('.').next().unwrap_or_default();
+            if !top.is_empty() {
+                documented.insert(top.to_owned());
+            }
+        }
+    }
+    let allowed: std::collections::BTreeSet<String> = schema["properties"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .filter(|k| *k != "global") // Helm's own, shared with subcharts
+        .cloned()
+        .collect();
+    assert_eq!(
+        documented, allowed,
+        "docs/install.md's values table against the schema"
+    );
+}
+
+/// The chart reads the CRD and the dashboard from files of its own (Helm reads no file outside
+/// the chart); they must stay the copies of deploy/'s.
+#[test]
+fn helm_chart_files_are_copies_of_deploy() {
+    for (copy, original) in [
+        (
+            "files/elasticquota-crd.yaml",
+            "deploy/quota/elasticquota-crd.yaml",
+        ),
+        (
+            "files/grafana-dashboard.json",
+            "deploy/monitoring/grafana-dashboard.json",
+        ),
+    ] {
+        let copy_path = format!("{ROOT}/{CHART}/{copy}");
+        assert!(
+            std::fs::read(&copy_path).unwrap()
+                == std::fs::read(format!("{ROOT}/{original}")).unwrap(),
+            "{copy_path} differs from {original}: cp {original} {CHART}/{copy}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs the Kubernetes binaries and helm; make test runs it, or cargo test --test deploy_manifests -- --ignored"]
+fn helm_chart_applies_to_a_real_api_server() {
+    let test = "helm_chart_applies_to_a_real_api_server";
+    let bins = k8s_bins(test);
+    let Some(helm) = helm(test) else { return };
+    let _serial = serial();
+    let ns = base_namespace(&Rendered::base(&bins));
+    // Everything on; the ServiceMonitor only when its CRD is given (GPU_EXTENDER_SERVICEMONITOR_CRD):
+    // the plane has no Prometheus Operator. It is deploy/monitoring's object either way
+    // (helm_chart_renders_the_objects_of_deploy).
+    let service_monitor_crd = std::env::var(CRD_ENV).ok();
+    let set: Vec<&str> = EVERY_OPTION
+        .iter()
+        .copied()
+        .filter(|v| service_monitor_crd.is_some() || !v.starts_with("monitoring.serviceMonitor."))
+        .collect();
+    let rendered = helm.template(&ns, &set);
+    let objects = helm_objects(&rendered);
+    let plane = Plane::start(&bins);
+    match &service_monitor_crd {
+        Some(crd) => plane.install_service_monitor_crd(crd),
+        None => eprintln!(
+            "{test}: the ServiceMonitor CRD is not installed; the chart was dry-run without its \
+             ServiceMonitor (set {CRD_ENV} to the CRD file to include it)"
+        ),
+    }
+
+    // 1. Created for real first: the Namespace and the CRD.
+    plane.apply_one(&objects, "Namespace");
+    plane.apply_one(&objects, "CustomResourceDefinition");
+
+    // 2. A server-side dry run of everything: accepted without warnings (those include the
+    //    namespace's restricted Pod Security level, checked on the pod templates).
+    plane.dry_run_accepts(&rendered, objects.len(), "the chart");
+
+    // 3. helm install as docs/install.md says, into the Namespace that exists, then uninstall;
+    //    the Namespace stays (the release's record lives there).
+    let kubeconfig = plane.dir.join("kubeconfig");
+    let kubeconfig = kubeconfig.to_str().unwrap();
+    let chart = format!("{ROOT}/{CHART}");
+    let helm_ok = |args: &[&str]| {
+        let mut command = helm.command(args);
+        command.env("KUBECONFIG", kubeconfig);
+        let out = run(command, None);
+        assert!(
+            out.status.success(),
+            "helm {}:\n{}{}",
+            args.join(" "),
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        text(&out.stdout)
+    };
+    helm_ok(&[
+        "install",
+        "gpu-extender",
+        &chart,
+        "--namespace",
+        &ns,
+        "--create-namespace",
+        "--take-ownership",
+    ]);
+    let deployed = plane.kubectl_ok(
+        &[
+            "-n",
+            &ns,
+            "get",
+            "deployment,configmap,serviceaccount",
+            "-o",
+            "name",
+        ],
+        None,
+    );
+    for object in [
+        "deployment.apps/gpu-scheduler",
+        "configmap/gpu-extender-config",
+        "configmap/gpu-scheduler-config",
+        "serviceaccount/gpu-scheduler",
+    ] {
+        assert!(deployed.contains(object), "{object} missing:\n{deployed}");
+    }
+    helm_ok(&["uninstall", "gpu-extender", "--namespace", &ns]);
+    let left = plane.kubectl_ok(&["-n", &ns, "get", "deployment", "-o", "name"], None);
+    assert!(left.trim().is_empty(), "left after uninstall: {left}");
+    plane.kubectl_ok(&["get", "namespace", &ns], None);
 }

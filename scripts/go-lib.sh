@@ -1,0 +1,33 @@
+# Shared by the scripts that build test tooling from pinned Go modules (k8s-bins.sh, helm.sh);
+# sourced, not run. Defines:
+#   mod_version <go.mod> <module path>   the version a go.mod requires
+#   find_go <tool name>                  sets GO_CMD to a working go, or explains and exits 2
+# The caller sets `log` (progress to stderr) before calling find_go.
+
+mod_version() {
+    awk -v m="$2" '($1 == "require" && $2 == m) { print $3; exit } ($1 == m && $2 ~ /^v/) { print $2; exit }' "$1"
+}
+
+find_go() {
+    local what=$1 why
+    GO_CMD=${GO:-}
+    if [[ -z "$GO_CMD" ]]; then
+        if command -v go >/dev/null 2>&1; then
+            GO_CMD=$(command -v go)
+        elif [[ -x /usr/local/go/bin/go ]]; then
+            GO_CMD=/usr/local/go/bin/go
+        fi
+    fi
+    if [[ -n "$GO_CMD" ]] && "$GO_CMD" version >/dev/null 2>&1; then return 0; fi
+    if [[ -n "${GO:-}" ]]; then why="GO=$GO does not run"; else why="no go on PATH, none at /usr/local/go/bin/go"; fi
+    cat >&2 <<MSG
+$what: error: the Go toolchain is missing ($why).
+  The test tooling is built from source, which needs Go >= 1.24 (Kubernetes v1.34's minimum).
+  Install it from https://go.dev/dl/ , e.g.
+    curl -fsSL https://go.dev/dl/go<version>.linux-amd64.tar.gz | tar -C /usr/local -xz
+    export PATH=\$PATH:/usr/local/go/bin
+  or your distribution's golang package if it is >= 1.24, or set GO=/path/to/go.
+  Only the Go module proxy (GOPROXY) is needed to fetch the sources; no binaries are downloaded.
+MSG
+    exit 2
+}
