@@ -33,22 +33,32 @@ pub struct TypicalPods {
     pods: Vec<TypicalPod>,
     /// [`TypicalPods::sliver_value`] for every free amount 0..=1000, derived once.
     sliver_values: Vec<f64>,
-    /// Per class, how much scarcer than the cluster's GPUs its feasible capacity is
-    /// ([`TypicalPods::with_cluster`]); empty until a cluster is given.
-    excess_scarcity: Vec<f64>,
+    /// The classes past the coverage cut ([`TypicalPods::from_counts`]), weighted on the same
+    /// scale as `pods`: FGD's measure ignores them, but the rarest classes are often the ones
+    /// few nodes can run, which [`TypicalPods::with_cluster`] weighs.
+    rare: Vec<TypicalPod>,
+    /// The classes, typical or rare, that only part of the cluster can run, each with its
+    /// weight times its excess scarcity ([`TypicalPods::with_cluster`]); empty until a cluster
+    /// is given. Their access masks follow the typical classes' in
+    /// [`TypicalPods::access_masks`].
+    scarce: Vec<(TypicalPod, f64)>,
 }
 
 impl TypicalPods {
     /// A distribution from weighted classes; weights are renormalised to sum to 1 and classes
     /// with no weight are dropped.
     pub fn new(pods: Vec<TypicalPod>) -> Self {
-        let mut pods: Vec<TypicalPod> = pods
-            .into_iter()
-            .filter(|pod| pod.weight.is_finite() && pod.weight > 0.0)
-            .collect();
+        Self::with_rare(pods, Vec::new())
+    }
+
+    /// [`TypicalPods::new`] with classes past a coverage cut, weighted on the same scale.
+    fn with_rare(pods: Vec<TypicalPod>, rare: Vec<TypicalPod>) -> Self {
+        let usable = |pod: &TypicalPod| pod.weight.is_finite() && pod.weight > 0.0;
+        let mut pods: Vec<TypicalPod> = pods.into_iter().filter(usable).collect();
+        let mut rare: Vec<TypicalPod> = rare.into_iter().filter(usable).collect();
         let total: f64 = pods.iter().map(|pod| pod.weight).sum();
         if total > 0.0 {
-            for pod in &mut pods {
+            for pod in pods.iter_mut().chain(rare.iter_mut()) {
                 pod.weight /= total;
             }
         }
@@ -56,7 +66,8 @@ impl TypicalPods {
         Self {
             pods,
             sliver_values,
-            excess_scarcity: Vec::new(),
+            rare,
+            scarce: Vec::new(),
         }
     }
 
@@ -64,14 +75,16 @@ impl TypicalPods {
     /// the cluster's GPU capacity over the capacity of the nodes an empty one of which could run
     /// the class (enough GPUs of an accepted model, CPU and memory), less one. A class that fits
     /// every node has none; one that only a twentieth of the GPUs can take has 19. Classes that
-    /// fit no node have none either (no placement can keep room for them).
+    /// fit no node have none either (no placement can keep room for them). The rare classes
+    /// count too.
     pub fn with_cluster<'a>(mut self, nodes: impl IntoIterator<Item = &'a NodeState>) -> Self {
+        let classes: Vec<&TypicalPod> = self.pods.iter().chain(&self.rare).collect();
         let mut total = 0.0;
-        let mut feasible = vec![0.0; self.pods.len()];
+        let mut feasible = vec![0.0; classes.len()];
         for node in nodes {
             let gpus = node.gpus.len() as f64;
             total += gpus;
-            for (pod, capacity) in self.pods.iter().zip(feasible.iter_mut()) {
+            for (pod, capacity) in classes.iter().zip(feasible.iter_mut()) {
                 if pod.gpus > 0
                     && node.spec.cpu >= pod.cpu
                     && node.spec.memory >= pod.memory
@@ -81,22 +94,26 @@ impl TypicalPods {
                 }
             }
         }
-        self.excess_scarcity = feasible
+        let scarce = classes
             .into_iter()
-            .map(|capacity| {
-                if capacity > 0.0 {
+            .zip(feasible)
+            .filter_map(|(pod, capacity)| {
+                let excess = if capacity > 0.0 {
                     (total / capacity - 1.0).max(0.0)
                 } else {
                     0.0
-                }
+                };
+                (excess > 0.0).then(|| (pod.clone(), pod.weight * excess))
             })
             .collect();
+        self.scarce = scarce;
         self
     }
 
     /// The expected fragmentation with each class weighted by its excess scarcity (not
     /// renormalised, so that it adds to the plain measure): free capacity that the classes only
-    /// few nodes can run could not use, in milli-GPU. Zero without a cluster.
+    /// few nodes can run could not use, in milli-GPU. Zero without a cluster. `access` is
+    /// [`TypicalPods::access_masks`]'s.
     pub fn scarce_fragmentation(
         &self,
         cpu_free: CpuMilli,
@@ -104,13 +121,12 @@ impl TypicalPods {
         access: &[u64],
     ) -> f64 {
         let total: u64 = free_milli.iter().map(|&free| u64::from(free)).sum();
-        self.pods
+        let masks = access.get(self.pods.len()..).unwrap_or_default();
+        self.scarce
             .iter()
-            .zip(access)
-            .zip(&self.excess_scarcity)
-            .filter(|(_, excess)| **excess > 0.0)
-            .map(|((pod, &mask), excess)| {
-                pod.weight * excess * lost(pod, cpu_free, free_milli, mask, total) as f64
+            .zip(masks)
+            .map(|((pod, weight), &mask)| {
+                weight * lost(pod, cpu_free, free_milli, mask, total) as f64
             })
             .sum()
     }
@@ -154,16 +170,18 @@ impl TypicalPods {
     pub fn from_counts(classes: Vec<(TypicalPod, u64)>, coverage: f64) -> Self {
         let total: u64 = classes.iter().map(|(_, count)| count).sum();
         let mut kept = Vec::new();
+        let mut rare = Vec::new();
         let mut covered = 0u64;
         for (mut pod, count) in classes {
+            pod.weight = count as f64;
             if total == 0 || covered as f64 >= coverage * total as f64 {
-                break;
+                rare.push(pod);
+                continue;
             }
             covered += count;
-            pod.weight = count as f64;
             kept.push(pod);
         }
-        Self::new(kept)
+        Self::with_rare(kept, rare)
     }
 
     /// The classes.
@@ -176,7 +194,8 @@ impl TypicalPods {
         self.pods.is_empty()
     }
 
-    /// For each class, the GPU positions of `node` whose model it accepts.
+    /// For each class, the GPU positions of `node` whose model it accepts: the typical classes,
+    /// then the scarce ones ([`TypicalPods::with_cluster`]).
     pub fn access_masks(&self, node: &NodeState) -> Vec<u64> {
         // Patterns are matched once per distinct model of the node (nodes rarely mix models),
         // and classes that name no model accept every GPU without matching anything.
@@ -186,6 +205,7 @@ impl TypicalPods {
             .fold(0u64, |mask, (_, positions)| mask | positions);
         self.pods
             .iter()
+            .chain(self.scarce.iter().map(|(pod, _)| pod))
             .map(|pod| {
                 if pod.models.is_empty() {
                     return all;

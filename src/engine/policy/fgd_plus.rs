@@ -471,7 +471,12 @@ mod tests {
         ]);
         let cluster = [big.clone(), small.clone(), small.clone(), small.clone()];
         let scarce = typical.clone().with_cluster(&cluster);
-        let access = [0xFF, 0xFF];
+        let access = scarce.access_masks(&big);
+        assert_eq!(
+            access,
+            [0xFF, 0xFF, 0xFF],
+            "two typical classes, one scarce"
+        );
         let free = [0, 1000, 1000, 1000, 1000, 1000, 1000, 1000];
         // Excess scarcity 32/8 - 1 = 3 for the big class, none for the small one: the big
         // class's lost 7000 milli counts 0.1 × 3 × 7000.
@@ -505,6 +510,23 @@ mod tests {
             margin(0)
         );
         assert!(margin(1000) > 0.0, "{}", margin(1000));
+
+        // A class too rare for FGD's 95% coverage is still weighed: FGD's measure leaves it
+        // out, the scarce measure does not.
+        let cut = TypicalPods::from_counts(
+            vec![
+                (class(8_000, 0, 1, 1000, 0.0), 99),
+                (class(120_000, 0, 8, 1000, 0.0), 1),
+            ],
+            0.95,
+        );
+        assert_eq!(cut.pods().len(), 1);
+        let cut = cut.with_cluster(&cluster);
+        let access = cut.access_masks(&big);
+        assert_eq!(access.len(), 2, "the typical class, then the scarce one");
+        let measured = cut.scarce_fragmentation(CpuMilli(128_000), &free, &access);
+        // Weight 1/99 on the kept classes' scale, excess 3, 7000 lost.
+        assert!((measured - 3.0 * 7000.0 / 99.0).abs() < 1e-6, "{measured}");
     }
 
     #[test]
