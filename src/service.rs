@@ -20,6 +20,7 @@ use crate::k8s::api::{KubeApi, kube_client};
 use crate::k8s::bind::{Binder, MeteredBinder};
 use crate::k8s::events::KubeEvents;
 use crate::k8s::quota;
+use crate::k8s::reclaim::{self, Reclaimer};
 use crate::k8s::requeue;
 use crate::k8s::watch::{self, Feed};
 use crate::state::{ClusterState, PolicyCell, policy as learn};
@@ -72,6 +73,16 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             metrics.clone(),
             epoch,
         ))
+    });
+    let reclaimer = config.quota.reclaim.enabled.then(|| {
+        let reclaimer = Reclaimer::new(
+            cluster.clone(),
+            config.clone(),
+            policy.clone(),
+            KubeApi::new(client.clone()),
+            KubeEvents::new(client.clone(), metrics.clone()),
+        );
+        tokio::spawn(reclaim::run(reclaimer, metrics.clone(), epoch))
     });
 
     let learner = config.policy.typical_pods.learn.then(|| {
@@ -164,6 +175,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     if let Some(requeuer) = requeuer {
         requeuer.abort();
+    }
+    if let Some(reclaimer) = reclaimer {
+        reclaimer.abort();
     }
     servers.await??;
     info!("stopped");

@@ -1,6 +1,7 @@
-//! The Kubernetes API writes and reads of the binder and the requeue task, behind two small
-//! traits that tests script ([`PodApi`], [`PodTouch`]), with [`KubeApi`] implementing both over
-//! a kube client; and the moment of a bind ([`BindTime`]), the one read of the wall clock.
+//! The Kubernetes API writes and reads of the binder, the requeue task and the quota reclaimer,
+//! behind small traits that tests script ([`PodApi`], [`PodTouch`], [`PodEvict`]), with
+//! [`KubeApi`] implementing them over a kube client; and the moment of a bind ([`BindTime`]),
+//! the one read of the wall clock.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -10,7 +11,7 @@ use anyhow::Context;
 use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, EvictParams, Patch, PatchParams, PostParams};
 
 use crate::state::{ApiError, monotonic_ms};
 
@@ -83,6 +84,19 @@ pub trait PodTouch: Send + Sync {
     ) -> impl Future<Output = Result<(), ApiError>> + Send;
 }
 
+/// The one write reclaiming needs: evict a pod through the Eviction API (`pods/eviction`), so
+/// PodDisruptionBudgets are respected: a budget that forbids it answers 429.
+pub trait PodEvict: Send + Sync {
+    /// Evicts `namespace/name`. With `dry_run` the API server checks everything, budgets
+    /// included, and changes nothing.
+    fn evict_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        dry_run: bool,
+    ) -> impl Future<Output = Result<(), ApiError>> + Send;
+}
+
 /// [`PodApi`] over a kube client.
 #[derive(Clone)]
 pub struct KubeApi {
@@ -151,6 +165,26 @@ impl PodTouch for KubeApi {
         let patch = serde_json::json!({ "metadata": { "annotations": { annotation: value } } });
         Api::<Pod>::namespaced(self.client.clone(), namespace)
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(|_| ())
+            .map_err(api_error)
+    }
+}
+
+impl PodEvict for KubeApi {
+    async fn evict_pod(&self, namespace: &str, name: &str, dry_run: bool) -> Result<(), ApiError> {
+        let params = EvictParams {
+            delete_options: Some(DeleteParams {
+                dry_run,
+                ..DeleteParams::default()
+            }),
+            post_options: PostParams {
+                dry_run,
+                ..PostParams::default()
+            },
+        };
+        Api::<Pod>::namespaced(self.client.clone(), namespace)
+            .evict(name, &params)
             .await
             .map(|_| ())
             .map_err(api_error)
