@@ -16,7 +16,7 @@ use crate::config::{ConfigFlags, ServeFlags};
 use crate::http::auth::{AdminAuth, KubeReview};
 use crate::http::server::{AppState, admin_router, guarded_admin_router, guarded_router};
 use crate::http::tls;
-use crate::k8s::api::{KubeApi, kube_client};
+use crate::k8s::api::{KubeApi, kube_client, kube_client_without_retries};
 use crate::k8s::bind::{Binder, MeteredBinder};
 use crate::k8s::events::KubeEvents;
 use crate::k8s::quota;
@@ -74,16 +74,24 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             epoch,
         ))
     });
-    let reclaimer = config.quota.reclaim.enabled.then(|| {
+    let reclaimer = if config.quota.reclaim.enabled {
+        // A budget's 429 is an answer for the reclaimer, not a failure to retry.
+        let evictions = kube_client_without_retries(args.kubeconfig.as_deref()).await?;
         let reclaimer = Reclaimer::new(
             cluster.clone(),
             config.clone(),
             policy.clone(),
-            KubeApi::new(client.clone()),
+            KubeApi::new(evictions),
             KubeEvents::new(client.clone(), metrics.clone()),
         );
-        tokio::spawn(reclaim::run(reclaimer, metrics.clone(), epoch))
-    });
+        Some(tokio::spawn(reclaim::run(
+            reclaimer,
+            metrics.clone(),
+            epoch,
+        )))
+    } else {
+        None
+    };
 
     let learner = config.policy.typical_pods.learn.then(|| {
         tokio::spawn(learn::run(

@@ -538,8 +538,10 @@ pub struct Claimant<'a> {
 /// where kube-scheduler cannot propose it (borrowers of equal or higher priority are never
 /// offered to an extender as victims):
 ///
-/// - only for a pod whose team has a quota and stays within its `min` with the pod, and that fits
-///   no node as the table stands (if it fits, kube-scheduler will place it);
+/// - only for a pod whose team has a quota and stays within its `min` with the pod (the caller
+///   asks for pods kube-scheduler found no node for);
+/// - never on a node where the pod fits already: there, what keeps it away is not GPUs (a node
+///   selector, a taint), and evicting would free nothing it can use;
 /// - victims are pods of other teams whose quota borrows (uses above its `min`); namespaces
 ///   without a quota are never evicted for a quota;
 /// - on one node, not in `excluded` (where a PodDisruptionBudget refused lately), the fewest
@@ -561,16 +563,10 @@ pub fn choose_reclaim<O: Ord>(
     if asked.is_zero() || !own.within_min(&own.used(&used), &asked) {
         return None;
     }
-    if table
-        .nodes()
-        .any(|node| fit(node, claimant.request, policy).is_ok())
-    {
-        return None;
-    }
     let mut best: Option<(usize, O, Reclaim)> = None;
     for node in table.nodes() {
         let name = &node.spec.name;
-        if excluded.contains(name) {
+        if excluded.contains(name) || fit(node, claimant.request, policy).is_ok() {
             continue;
         }
         let mut candidates: Vec<(O, &PodKey, &PodAllocation)> = table
@@ -959,28 +955,26 @@ mod tests {
     }
 
     #[test]
-    fn no_reclaim_while_the_pod_fits_somewhere() {
+    fn no_reclaim_on_a_node_the_pod_fits_already() {
         let set = QuotaSet::build(
             vec![quota("a", "qa", 4, None), quota("b", "qb", 0, None)],
             Vec::new(),
             &names(),
         );
-        let table = cluster(&["n1", "n2"], &[("n1", "b", "p", 4)]);
+        // n1: a borrower holds 2 of 4; the pod asking 2 fits there, and not on n2.
+        let table = cluster(&["n1", "n2"], &[("n1", "b", "p", 2), ("n2", "b", "q", 4)]);
         let request = whole(2);
         let claimant = Claimant {
             namespace: "a",
             request: &request,
         };
         let rank = |_: &PodKey| Some(0);
+        let policy = Policy::default();
+        let chosen = choose_reclaim(&table, &set, claimant, &policy, &BTreeSet::new(), rank);
+        assert_eq!(chosen.map(|r| r.node.to_string()), Some("n2".to_owned()));
+        let n2 = BTreeSet::from([NodeName::new("n2")]);
         assert_eq!(
-            choose_reclaim(
-                &table,
-                &set,
-                claimant,
-                &Policy::default(),
-                &BTreeSet::new(),
-                rank
-            ),
+            choose_reclaim(&table, &set, claimant, &policy, &n2, rank),
             None
         );
     }
