@@ -330,18 +330,26 @@ mod tests {
     use crate::objects::translate::pod_request;
     use crate::state::VictimRank;
 
-    /// Evictions asked, as (pod, dry run); pods in `refuse` answer 429 as a PDB would.
+    /// Evictions asked, as (pod, dry run); pods in `refuse` answer 429 as a PDB would; nodes in
+    /// `tainted` carry a taint the waiting pod does not tolerate.
     #[derive(Default)]
     struct Api {
         calls: Mutex<Vec<(String, bool)>>,
         refuse: Vec<&'static str>,
+        tainted: Vec<&'static str>,
     }
 
     impl PodEvict for Arc<Api> {
         async fn get_node(&self, name: &str) -> Result<Option<Node>, ApiError> {
+            let taints = if self.tainted.contains(&name) {
+                json!([{"key": "dedicated", "value": "infer", "effect": "NoSchedule"}])
+            } else {
+                json!([])
+            };
             Ok(Some(
                 serde_json::from_value(json!({
                     "metadata": {"name": name},
+                    "spec": {"taints": taints},
                     "status": {"allocatable": {"nvidia.com/gpu": "4"}}
                 }))
                 .unwrap(),
@@ -497,5 +505,36 @@ mod tests {
         );
         assert_eq!(evicted.label(), Some("evicted"));
         assert_eq!(blocked.label(), Some("pdb_blocked"));
+    }
+    /// A node the waiting pod may not go to (a taint it does not tolerate) is never evicted on,
+    /// however good its victims; the round moves on to the next node.
+    #[tokio::test]
+    async fn a_node_the_pod_may_not_go_to_is_left_out() {
+        let cfg = Arc::new(Config::default());
+        let state = cluster(&cfg);
+        let api = Arc::new(Api {
+            tainted: vec!["n1"],
+            ..Api::default()
+        });
+        let events = Arc::new(Events::default());
+        let policy = PolicyCell::from(Arc::new(Policy::default()));
+        let mut reclaimer = Reclaimer::new(state, cfg, policy, api.clone(), events);
+        let outcome = reclaimer.round(1_000).await;
+        assert_eq!(
+            outcome,
+            Outcome::Evicted {
+                pod: PodKey::new("a", "w"),
+                node: NodeName::new("n2"),
+                victims: vec![PodKey::new("b", "y2")],
+            }
+        );
+        assert!(
+            api.calls
+                .lock()
+                .unwrap()
+                .iter()
+                .all(|(pod, _)| pod.starts_with("b/y")),
+            "nothing evicted on the tainted node"
+        );
     }
 }
