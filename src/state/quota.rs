@@ -142,5 +142,24 @@ mod tests {
             text.contains("Ignored: ElasticQuota x/y: no spec"),
             "{text}"
         );
+        // A quota over a group: admitted and reported over its namespaces together.
+        state.set_quotas(QuotaSet::build(
+            vec![Quota {
+                name: "qg".into(),
+                namespace: "g".into(),
+                min,
+                max: [Some(4), None, None],
+                also: vec!["a".into()],
+            }],
+            Vec::new(),
+            &names(),
+        ));
+        let reason = state.quota_admit("g", &whole(2), &names()).unwrap_err();
+        assert!(reason.contains("namespaces g,a would exceed"), "{reason}");
+        let report = state.report();
+        assert_eq!(report.quotas[0].also, ["a"]);
+        assert_eq!(report.quotas[0].resources[0].used, 3.0);
+        let text = report.to_text(false);
+        assert!(text.contains("g,a "), "{text}");
     }
 }

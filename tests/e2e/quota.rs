@@ -392,6 +392,25 @@ fn quotas_reclaim_by_eviction_respecting_budgets_and_group_quotas() {
         // The evicted pod's event names the pod it went for, and a1's the evicted pod.
         reclaim_event(&c.client, "team-b", "team-a/a1").await?;
         reclaim_event(&c.client, "team-a", "team-b/b1").await?;
+        // The API calls of the reclaim, as kube-apiserver counts them (only the extender evicts
+        // here): a dry run refused by the budget, then a dry run and the eviction.
+        let served = c.kubectl(&["get", "--raw", "/metrics"]).await?;
+        let evictions: Vec<&str> = served
+            .lines()
+            .filter(|l| {
+                l.starts_with("apiserver_request_total{") && l.contains(r#"subresource="eviction""#)
+            })
+            .collect();
+        eprintln!("  evictions served: {evictions:#?}");
+        let posts = metric_sum(
+            &served,
+            "apiserver_request_total",
+            &[("subresource", "eviction"), ("verb", "POST")],
+        );
+        ensure!(
+            posts == 3.0,
+            "three eviction requests (two dry runs, one eviction): {evictions:?}"
+        );
 
         let report = c.inspect().await?;
         let group = report["quotas"]
