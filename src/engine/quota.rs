@@ -534,7 +534,9 @@ pub struct Claimant<'a> {
     pub request: &'a PodRequest,
 }
 
-/// The borrowers' pods to evict for `claimant`, the capacity-scheduling plugin's reclaim done
+/// The borrowers' pods to evict for `claimant`, given what each namespace uses (`used`, from
+/// [`usage`] of `table`, computed once for many claimants), the capacity-scheduling plugin's
+/// reclaim done
 /// where kube-scheduler cannot propose it (borrowers of equal or higher priority are never
 /// offered to an extender as victims):
 ///
@@ -552,15 +554,15 @@ pub struct Claimant<'a> {
 pub fn choose_reclaim<O: Ord>(
     table: &Table,
     quotas: &QuotaSet,
+    used: &BTreeMap<String, Amounts>,
     claimant: Claimant<'_>,
     policy: &Policy,
     excluded: &BTreeSet<NodeName>,
     rank: impl Fn(&PodKey) -> Option<O>,
 ) -> Option<Reclaim> {
     let own = quotas.get(claimant.namespace)?;
-    let used = usage(table);
     let asked = Amounts::requested_by(claimant.request);
-    if asked.is_zero() || !own.within_min(&own.used(&used), &asked) {
+    if asked.is_zero() || !own.within_min(&own.used(used), &asked) {
         return None;
     }
     let mut best: Option<(usize, O, Reclaim)> = None;
@@ -575,7 +577,7 @@ pub fn choose_reclaim<O: Ord>(
                 let namespace = namespace_of(pod);
                 entry.allocation.has_gpus()
                     && !own.covers(namespace)
-                    && quotas.borrows(&used, namespace)
+                    && quotas.borrows(used, namespace)
             })
             .filter_map(|(pod, entry)| Some((rank(pod)?, pod, &entry.allocation)))
             .collect();
@@ -909,7 +911,8 @@ mod tests {
         };
         let policy = Policy::default();
         let none = BTreeSet::new();
-        let chosen = choose_reclaim(&table, &set, claimant, &policy, &none, rank).unwrap();
+        let chosen =
+            choose_reclaim(&table, &set, &usage(&table), claimant, &policy, &none, rank).unwrap();
         // One victim either way; n1's lowest-ranked borrower is newer than "old": "new" goes.
         assert_eq!(chosen.node.as_str(), "n1");
         assert_eq!(chosen.victims, [PodKey::new("b", "new")]);
@@ -919,23 +922,34 @@ mod tests {
             namespace: "a",
             request: &request,
         };
-        let chosen = choose_reclaim(&table, &set, claimant, &policy, &none, rank).unwrap();
+        let chosen =
+            choose_reclaim(&table, &set, &usage(&table), claimant, &policy, &none, rank).unwrap();
         assert_eq!(chosen.node.as_str(), "n2", "one victim beats two");
         assert_eq!(chosen.victims, [PodKey::new("b", "big")]);
         // n2 refused (a PodDisruptionBudget): n1, both borrowers.
         let refused = BTreeSet::from([NodeName::new("n2")]);
-        let chosen = choose_reclaim(&table, &set, claimant, &policy, &refused, rank).unwrap();
+        let chosen = choose_reclaim(
+            &table,
+            &set,
+            &usage(&table),
+            claimant,
+            &policy,
+            &refused,
+            rank,
+        )
+        .unwrap();
         assert_eq!(chosen.victims.len(), 2);
         // A pod already being evicted is not chosen again.
         let busy = |pod: &PodKey| (pod.as_str() != "b/big").then(|| rank(pod)).flatten();
-        let chosen = choose_reclaim(&table, &set, claimant, &policy, &none, busy).unwrap();
+        let chosen =
+            choose_reclaim(&table, &set, &usage(&table), claimant, &policy, &none, busy).unwrap();
         assert_eq!(chosen.node.as_str(), "n1");
         // d is within its min too, but asks past it: no reclaim. b borrows: none for it either.
         let four = whole(4);
         for (namespace, request) in [("d", &four), ("b", &request), ("c", &request)] {
             let claimant = Claimant { namespace, request };
             assert_eq!(
-                choose_reclaim(&table, &set, claimant, &policy, &none, rank),
+                choose_reclaim(&table, &set, &usage(&table), claimant, &policy, &none, rank),
                 None,
                 "{namespace}"
             );
@@ -947,7 +961,7 @@ mod tests {
             request: &three,
         };
         assert_eq!(
-            choose_reclaim(&table, &set, claimant, &policy, &none, rank)
+            choose_reclaim(&table, &set, &usage(&table), claimant, &policy, &none, rank)
                 .map(|r| r.node.to_string()),
             Some("n2".to_owned()),
             "n2: big (3) frees 3 with the 0 free"
@@ -970,11 +984,19 @@ mod tests {
         };
         let rank = |_: &PodKey| Some(0);
         let policy = Policy::default();
-        let chosen = choose_reclaim(&table, &set, claimant, &policy, &BTreeSet::new(), rank);
+        let chosen = choose_reclaim(
+            &table,
+            &set,
+            &usage(&table),
+            claimant,
+            &policy,
+            &BTreeSet::new(),
+            rank,
+        );
         assert_eq!(chosen.map(|r| r.node.to_string()), Some("n2".to_owned()));
         let n2 = BTreeSet::from([NodeName::new("n2")]);
         assert_eq!(
-            choose_reclaim(&table, &set, claimant, &policy, &n2, rank),
+            choose_reclaim(&table, &set, &usage(&table), claimant, &policy, &n2, rank),
             None
         );
     }
@@ -1012,7 +1034,8 @@ mod tests {
             let policy = Policy::default();
             let rank = |pod: &PodKey| Some(pod.clone());
             let used = usage(&table);
-            if let Some(reclaim) = choose_reclaim(&table, &set, claimant, &policy, &BTreeSet::new(), rank) {
+            let none = BTreeSet::new();
+            if let Some(reclaim) = choose_reclaim(&table, &set, &used, claimant, &policy, &none, rank) {
                 let qa = set.get("a").unwrap();
                 prop_assert!(qa.within_min(&qa.used(&used), &Amounts::requested_by(&request)));
                 let mut node = table.node(&reclaim.node).unwrap().clone();

@@ -31,7 +31,7 @@ use super::events::ReclaimEvents;
 use super::requeue::{Waiting, waiting_pod};
 use super::watch::is_unschedulable;
 use crate::config::Config;
-use crate::engine::quota::{Claimant, Reclaim, choose_reclaim, namespace_of};
+use crate::engine::quota::{Claimant, Reclaim, choose_reclaim, namespace_of, usage};
 use crate::engine::{NodeName, PodKey};
 use crate::objects::admission::node_refusal;
 use crate::state::{ApiError, ClusterState, PolicyCell, monotonic_ms};
@@ -155,6 +155,9 @@ impl<A: PodEvict, E: ReclaimEvents> Reclaimer<A, E> {
         }
         waiting.sort_by(|a, b| (a.0.created, &a.0.key).cmp(&(b.0.created, &b.0.key)));
         let policy = self.policy.load();
+        // Once per round: what each namespace uses moves only with binds and ends, and a round
+        // starts one reclaim at most.
+        let used = usage(&self.state.read());
         for (pod, object) in &waiting {
             let namespace = namespace_of(&pod.key);
             let Some(quota) = quotas.get(namespace).map(|quota| quota.full_name()) else {
@@ -179,7 +182,7 @@ impl<A: PodEvict, E: ReclaimEvents> Reclaimer<A, E> {
                         (!self.evicted.contains_key(victim))
                             .then(|| self.state.rank(victim).unwrap_or_default().eviction_order())
                     };
-                    choose_reclaim(&table, &quotas, claimant, &policy, &excluded, rank)
+                    choose_reclaim(&table, &quotas, &used, claimant, &policy, &excluded, rank)
                 };
                 debug!(pod = %pod.key, ?chosen, ?excluded, "GPU quota reclaim: victims chosen");
                 let Some(reclaim) = chosen else {
