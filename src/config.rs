@@ -108,6 +108,9 @@ pub const KEYS: &[&str] = &[
     "requeue.enabled",
     "requeue.maxPodsPerNode",
     "requeue.minIntervalSeconds",
+    "quota.reclaim.enabled",
+    "quota.reclaim.intervalSeconds",
+    "quota.reclaim.coolDownSeconds",
     "limits.maxConcurrentRequests",
 ];
 
@@ -156,6 +159,7 @@ pub struct Config {
     pub server: ServerConfig,
     pub bind: BindConfig,
     pub requeue: RequeueConfig,
+    pub quota: QuotaConfig,
     pub limits: Limits,
 }
 
@@ -503,6 +507,36 @@ impl Default for RequeueConfig {
             enabled: true,
             max_pods_per_node: 4,
             min_interval_seconds: 10,
+        }
+    }
+}
+
+/// GPU quotas (`ElasticQuota`s are watched whenever their CRD is installed; nothing to switch on).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct QuotaConfig {
+    pub reclaim: ReclaimConfig,
+}
+
+/// Evicting borrowers' pods for a team under its `min` whose pod waits (`src/k8s/reclaim.rs`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct ReclaimConfig {
+    /// Evict borrowers through the Eviction API where kube-scheduler cannot preempt them.
+    pub enabled: bool,
+    /// How often waiting pods are looked at; at most one reclaim starts per round.
+    pub interval_seconds: u64,
+    /// After a reclaim for a pod, or a PodDisruptionBudget refusing one on a node, this long
+    /// before that pod is reclaimed for again (or that node tried again for it).
+    pub cool_down_seconds: u64,
+}
+
+impl Default for ReclaimConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval_seconds: 5,
+            cool_down_seconds: 60,
         }
     }
 }
@@ -866,6 +900,22 @@ impl Config {
             format!(
                 "{} is out of range 1..=3600",
                 self.requeue.min_interval_seconds
+            ),
+        );
+        check(
+            (1..=3600).contains(&self.quota.reclaim.interval_seconds),
+            "quota.reclaim.intervalSeconds",
+            format!(
+                "{} is out of range 1..=3600",
+                self.quota.reclaim.interval_seconds
+            ),
+        );
+        check(
+            (1..=86400).contains(&self.quota.reclaim.cool_down_seconds),
+            "quota.reclaim.coolDownSeconds",
+            format!(
+                "{} is out of range 1..=86400",
+                self.quota.reclaim.cool_down_seconds
             ),
         );
         check(

@@ -34,6 +34,9 @@ pub struct QuotaReport {
     pub namespace: String,
     /// The `ElasticQuota`'s name.
     pub name: String,
+    /// The other namespaces the quota covers (a group), whose use `resources` counts too.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub also: Vec<String>,
     pub resources: Vec<QuotaLine>,
 }
 
@@ -51,19 +54,20 @@ pub struct QuotaLine {
     pub borrowed: f64,
 }
 
-/// The quota part of a report: every quota of `quotas` with what `usage` says its namespace
-/// holds.
+/// The quota part of a report: every quota of `quotas` with what `usage` says its namespaces
+/// hold together.
 pub fn quota_reports(quotas: &QuotaSet, usage: &BTreeMap<String, Amounts>) -> Vec<QuotaReport> {
     let names = &quotas.names;
     quotas
         .quotas()
         .map(|quota| {
-            let used = usage.get(&quota.namespace).copied().unwrap_or_default();
+            let used = quota.used(usage);
             let borrowed = quota.borrowed(&used);
             let units = QuotaNames::in_user_units;
             QuotaReport {
                 namespace: quota.namespace.clone(),
                 name: quota.name.clone(),
+                also: quota.also.clone(),
                 resources: QuotaResource::ALL
                     .iter()
                     .map(|&r| QuotaLine {
@@ -335,8 +339,13 @@ impl ClusterReport {
             ];
             for quota in &self.quotas {
                 for line in &quota.resources {
+                    let namespaces = std::iter::once(&quota.namespace)
+                        .chain(&quota.also)
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(",");
                     rows.push(vec![
-                        quota.namespace.clone(),
+                        namespaces,
                         quota.name.clone(),
                         line.resource.clone(),
                         number(line.used),

@@ -17,10 +17,11 @@ use crate::engine::ScoringPolicy;
 use crate::http::auth::{AdminAuth, KubeReview};
 use crate::http::server::{AppState, admin_router, guarded_admin_router, guarded_router};
 use crate::http::tls;
-use crate::k8s::api::{KubeApi, kube_client};
+use crate::k8s::api::{KubeApi, kube_client, kube_client_without_retries};
 use crate::k8s::bind::{Binder, MeteredBinder};
 use crate::k8s::events::KubeEvents;
 use crate::k8s::quota;
+use crate::k8s::reclaim::{self, Reclaimer};
 use crate::k8s::requeue;
 use crate::k8s::watch::{self, Feed};
 use crate::state::{ClusterState, PolicyCell, policy as learn};
@@ -74,6 +75,24 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             epoch,
         ))
     });
+    let reclaimer = if config.quota.reclaim.enabled {
+        // A budget's 429 is an answer for the reclaimer, not a failure to retry.
+        let evictions = kube_client_without_retries(args.kubeconfig.as_deref()).await?;
+        let reclaimer = Reclaimer::new(
+            cluster.clone(),
+            config.clone(),
+            policy.clone(),
+            KubeApi::new(evictions),
+            KubeEvents::new(client.clone(), metrics.clone()),
+        );
+        Some(tokio::spawn(reclaim::run(
+            reclaimer,
+            metrics.clone(),
+            epoch,
+        )))
+    } else {
+        None
+    };
 
     // Learning, and FGD+'s measure of how scarce each typical class's nodes are, both follow
     // the cluster.
@@ -169,6 +188,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     if let Some(requeuer) = requeuer {
         requeuer.abort();
+    }
+    if let Some(reclaimer) = reclaimer {
+        reclaimer.abort();
     }
     servers.await??;
     info!("stopped");

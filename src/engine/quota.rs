@@ -1,16 +1,20 @@
-//! GPU quotas per namespace, the accounting of scheduler-plugins' `ElasticQuota`: each team
-//! (namespace) has a guaranteed `min` and a ceiling `max` in whole GPUs, GPU memory and GPU
-//! compute; what it uses is summed from the allocation table (bound pods and binds in flight).
-//! A pod that would take its team past `max` is refused; use above `min` is borrowing, allowed
-//! while GPUs are idle and reclaimed by teams under their `min`. Pure: quotas and tables in,
-//! amounts and verdicts out.
+//! GPU quotas per team, the accounting of scheduler-plugins' `ElasticQuota`: each team (a
+//! namespace, or a group of namespaces) has a guaranteed `min` and a ceiling `max` in whole GPUs,
+//! GPU memory and GPU compute; what it uses is summed from the allocation table (bound pods and
+//! binds in flight). A pod that would take its team past `max` is refused; use above `min` is
+//! borrowing, allowed while GPUs are idle and reclaimed by teams under their `min`
+//! ([`choose_reclaim`] picks the borrowers' pods to evict). Pure: quotas and tables in, amounts
+//! and verdicts out.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use super::allocation::PodAllocation;
-use super::model::PodKey;
+use super::fit::fit;
+use super::model::{NodeName, PodKey};
+use super::policy::Policy;
 use super::request::{GpuDemand, PodRequest};
+use super::state::NodeState;
 use super::table::Table;
 
 /// What a quota counts. The names users write for them are configuration
@@ -162,7 +166,8 @@ impl Amounts {
 }
 
 /// One team's quota: guaranteed `min`, ceiling `max` (a resource absent from `max` is not
-/// limited), as an `ElasticQuota` in its namespace says.
+/// limited), as an `ElasticQuota` in its namespace says. It covers its own namespace and the
+/// namespaces in `also` (a group), whose pods it counts together.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Quota {
     /// The `ElasticQuota` object's name.
@@ -170,9 +175,48 @@ pub struct Quota {
     pub namespace: String,
     pub min: Amounts,
     pub max: [Option<u64>; 3],
+    /// Further namespaces the quota covers, beside its own (none for a plain `ElasticQuota`).
+    pub also: Vec<String>,
 }
 
 impl Quota {
+    /// Every namespace the quota covers: its own first, then the group's others.
+    pub fn namespaces(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.namespace.as_str()).chain(self.also.iter().map(String::as_str))
+    }
+
+    /// Whether the quota covers `namespace`.
+    pub fn covers(&self, namespace: &str) -> bool {
+        self.namespaces().any(|covered| covered == namespace)
+    }
+
+    /// What the quota's namespaces use together, from per-namespace `usage` ([`usage`]).
+    pub fn used(&self, usage: &BTreeMap<String, Amounts>) -> Amounts {
+        let mut used = Amounts::default();
+        for namespace in self.namespaces() {
+            if let Some(amounts) = usage.get(namespace) {
+                used.add(amounts);
+            }
+        }
+        used
+    }
+
+    /// What the quota's namespaces hold in `table`.
+    pub fn used_in(&self, table: &Table) -> Amounts {
+        let mut used = Amounts::default();
+        for (pod, entry) in table.pods() {
+            if entry.allocation.has_gpus() && self.covers(namespace_of(pod)) {
+                used.add(&Amounts::held_by(&entry.allocation));
+            }
+        }
+        used
+    }
+
+    /// `namespace/name`, how messages name the quota.
+    pub fn full_name(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
     /// The ceiling for `resource`, `None` when unlimited.
     pub fn max(&self, resource: QuotaResource) -> Option<u64> {
         self.max[resource.index()]
@@ -226,9 +270,17 @@ impl Quota {
             };
             let have = used.get(resource);
             if want > 0 && have.saturating_add(want) > max {
+                let whom = if self.also.is_empty() {
+                    format!("namespace {}", self.namespace)
+                } else {
+                    format!(
+                        "namespaces {}",
+                        self.namespaces().collect::<Vec<_>>().join(",")
+                    )
+                };
                 return Err(format!(
-                    "GPU quota: namespace {} would exceed its ElasticQuota {} max ({}: {} used + {} requested > {})",
-                    self.namespace,
+                    "GPU quota: {whom} would exceed {} ElasticQuota {} max ({}: {} used + {} requested > {})",
+                    if self.also.is_empty() { "its" } else { "their" },
                     self.name,
                     names.name(resource),
                     QuotaNames::show(resource, have),
@@ -261,10 +313,13 @@ pub enum QuotaError {
     },
 }
 
-/// The quotas in force, one per namespace, and those ignored with their reasons.
+/// The quotas in force, at most one per namespace, and those ignored with their reasons.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct QuotaSet {
-    by_namespace: BTreeMap<String, Quota>,
+    /// In force, by their own namespace and name.
+    in_force: Vec<Quota>,
+    /// Each covered namespace's quota, as a position in `in_force`.
+    by_namespace: BTreeMap<String, usize>,
     /// Reasons quotas were ignored (invalid or overlapping), for logs and `inspect`.
     pub problems: Vec<String>,
     /// The names the quotas were written in.
@@ -273,41 +328,61 @@ pub struct QuotaSet {
 
 impl QuotaSet {
     /// The quotas in force from `quotas` (every `ElasticQuota` seen): invalid ones and every
-    /// quota of a namespace that has more than one are left out, with their reasons in
-    /// `problems`, along with `unreadable` (quotas that could not be read at all).
+    /// quota covering a namespace another quota covers too (its own or in a group) are left out,
+    /// with their reasons in `problems`, along with `unreadable` (quotas that could not be read
+    /// at all).
     pub fn build(quotas: Vec<Quota>, unreadable: Vec<String>, names: &QuotaNames) -> Self {
         let mut problems = unreadable;
-        let mut grouped: BTreeMap<String, Vec<Quota>> = BTreeMap::new();
+        let mut valid: Vec<Quota> = Vec::new();
         for quota in quotas {
             match quota.check(names) {
-                Ok(()) => grouped
-                    .entry(quota.namespace.clone())
-                    .or_default()
-                    .push(quota),
+                Ok(()) => valid.push(quota),
                 Err(error) => problems.push(error.to_string()),
             }
         }
-        let mut by_namespace = BTreeMap::new();
-        for (namespace, mut quotas) in grouped {
-            if quotas.len() == 1 {
-                if let Some(quota) = quotas.pop() {
-                    by_namespace.insert(namespace, quota);
-                }
-                continue;
+        valid.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        let mut claims: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        for (index, quota) in valid.iter().enumerate() {
+            for namespace in quota.namespaces().collect::<BTreeSet<_>>() {
+                claims.entry(namespace).or_default().push(index);
             }
-            quotas.sort_by(|a, b| a.name.cmp(&b.name));
-            for pair in quotas.windows(2) {
+        }
+        let mut overlapping: BTreeSet<usize> = BTreeSet::new();
+        for (namespace, claimants) in &claims {
+            for pair in claimants.windows(2) {
+                let (first, second) = (&valid[pair[0]], &valid[pair[1]]);
+                let other = if first.namespace == second.namespace {
+                    first.name.clone()
+                } else {
+                    first.full_name()
+                };
                 problems.push(
                     QuotaError::Overlap {
-                        quota: format!("{namespace}/{}", pair[1].name),
-                        namespace: namespace.clone(),
-                        other: pair[0].name.clone(),
+                        quota: second.full_name(),
+                        namespace: (*namespace).to_owned(),
+                        other,
                     }
                     .to_string(),
                 );
             }
+            if claimants.len() > 1 {
+                overlapping.extend(claimants.iter().copied());
+            }
+        }
+        let in_force: Vec<Quota> = valid
+            .into_iter()
+            .enumerate()
+            .filter(|(index, _)| !overlapping.contains(index))
+            .map(|(_, quota)| quota)
+            .collect();
+        let mut by_namespace = BTreeMap::new();
+        for (index, quota) in in_force.iter().enumerate() {
+            for namespace in quota.namespaces() {
+                by_namespace.insert(namespace.to_owned(), index);
+            }
         }
         Self {
+            in_force,
             by_namespace,
             problems,
             names: names.clone(),
@@ -316,17 +391,25 @@ impl QuotaSet {
 
     /// The quota of `namespace`, if any.
     pub fn get(&self, namespace: &str) -> Option<&Quota> {
-        self.by_namespace.get(namespace)
+        self.by_namespace
+            .get(namespace)
+            .and_then(|&index| self.in_force.get(index))
     }
 
-    /// Every quota in force, by namespace.
+    /// Every quota in force, by its own namespace.
     pub fn quotas(&self) -> impl Iterator<Item = &Quota> {
-        self.by_namespace.values()
+        self.in_force.iter()
     }
 
     /// Whether no quota is in force.
     pub fn is_empty(&self) -> bool {
-        self.by_namespace.is_empty()
+        self.in_force.is_empty()
+    }
+
+    /// Whether `namespace` is under a quota that borrows (uses more than its `min`) in `usage`.
+    pub fn borrows(&self, usage: &BTreeMap<String, Amounts>, namespace: &str) -> bool {
+        self.get(namespace)
+            .is_some_and(|quota| quota.borrows(&quota.used(usage)))
     }
 }
 
@@ -354,22 +437,12 @@ pub fn usage(table: &Table) -> BTreeMap<String, Amounts> {
     used
 }
 
-/// What `namespace` holds in `table` (see [`usage`]).
-pub fn usage_of(table: &Table, namespace: &str) -> Amounts {
-    let mut used = Amounts::default();
-    for (pod, entry) in table.pods() {
-        if namespace_of(pod) == namespace && entry.allocation.has_gpus() {
-            used.add(&Amounts::held_by(&entry.allocation));
-        }
-    }
-    used
-}
-
 /// Whether a pod of `victim_namespace` may be preempted for a pod of `preemptor_namespace`
 /// asking `asked`, as the capacity-scheduling plugin decides: a team claiming its guarantee
 /// (within its `min` after the pod) may take from teams that borrow (above their `min`) and
 /// from namespaces without a quota; a team at or above its `min` may only preempt its own
-/// pods. Namespaces without a quota preempt as kube-scheduler proposes.
+/// pods (those of any namespace its quota covers). Namespaces without a quota preempt as
+/// kube-scheduler proposes.
 pub fn may_preempt(
     quotas: &QuotaSet,
     usage: &BTreeMap<String, Amounts>,
@@ -380,18 +453,170 @@ pub fn may_preempt(
     let Some(own) = quotas.get(preemptor_namespace) else {
         return true;
     };
-    if victim_namespace == preemptor_namespace {
+    if own.covers(victim_namespace) {
         return true;
     }
-    let zero = Amounts::default();
-    let used = usage.get(preemptor_namespace).unwrap_or(&zero);
-    if !own.within_min(used, asked) {
+    if !own.within_min(&own.used(usage), asked) {
         return false;
     }
-    match quotas.get(victim_namespace) {
-        None => true,
-        Some(theirs) => theirs.borrows(usage.get(victim_namespace).unwrap_or(&zero)),
+    quotas.get(victim_namespace).is_none() || quotas.borrows(usage, victim_namespace)
+}
+
+/// Whether preempting victims that hold `freed` brings a team asking `asked` back within its
+/// `max` (capacity-scheduling's last check on a node: a team still past its `max` after its
+/// victims go gains nothing from preempting). Victims of other teams free nothing of its own,
+/// so `freed` counts only the team's own victims.
+pub fn back_within_max(
+    quota: &Quota,
+    used: &Amounts,
+    freed: &Amounts,
+    asked: &Amounts,
+    names: &QuotaNames,
+) -> bool {
+    let mut after = *used;
+    after.sub(freed);
+    quota.admit(&after, asked, names).is_ok()
+}
+
+/// The fewest of `victims` (in the order given) whose removal from `node` lets `request` fit
+/// and satisfies `enough` (told the victims removed), or `None` when even all of them do not.
+/// Victims are spared from the end of the list: the caller lists the ones it would rather keep
+/// last.
+pub fn victims_needed<'a>(
+    node: &NodeState,
+    victims: &'a [PodAllocation],
+    request: &PodRequest,
+    policy: &Policy,
+    enough: impl Fn(&[&PodAllocation]) -> bool,
+) -> Option<Vec<&'a PodAllocation>> {
+    let mut freed = node.clone();
+    for victim in victims {
+        freed.remove(victim);
     }
+    let mut kept: Vec<bool> = vec![true; victims.len()];
+    let chosen = |kept: &[bool]| -> Vec<&'a PodAllocation> {
+        victims
+            .iter()
+            .zip(kept)
+            .filter(|(_, keep)| **keep)
+            .map(|(victim, _)| victim)
+            .collect()
+    };
+    if fit(&freed, request, policy).is_err() || !enough(&chosen(&kept)) {
+        return None;
+    }
+    for index in (0..victims.len()).rev() {
+        let mut trial = freed.clone();
+        trial.add(&victims[index]);
+        kept[index] = false;
+        if fit(&trial, request, policy).is_ok() && enough(&chosen(&kept)) {
+            freed = trial;
+        } else {
+            kept[index] = true;
+        }
+    }
+    Some(chosen(&kept))
+}
+
+/// Pods to evict so that a pod of a team under its guarantee gets GPUs that borrowers hold,
+/// all on one node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reclaim {
+    pub node: NodeName,
+    /// In eviction order: lowest priority, then newest, first.
+    pub victims: Vec<PodKey>,
+}
+
+/// What [`choose_reclaim`] needs to know of the waiting pod.
+#[derive(Clone, Copy, Debug)]
+pub struct Claimant<'a> {
+    pub namespace: &'a str,
+    pub request: &'a PodRequest,
+}
+
+/// The borrowers' pods to evict for `claimant`, given what each namespace uses (`used`, from
+/// [`usage`] of `table`, computed once for many claimants), the capacity-scheduling plugin's
+/// reclaim done
+/// where kube-scheduler cannot propose it (borrowers of equal or higher priority are never
+/// offered to an extender as victims):
+///
+/// - only for a pod whose team has a quota and stays within its `min` with the pod (the caller
+///   asks for pods kube-scheduler found no node for);
+/// - never on a node where the pod fits already: there, what keeps it away is not GPUs (a node
+///   selector, a taint), and evicting would free nothing it can use;
+/// - victims are pods of other teams whose quota borrows (uses above its `min`); namespaces
+///   without a quota are never evicted for a quota;
+/// - on one node, not in `excluded` (where a PodDisruptionBudget refused lately), the fewest
+///   victims, taken lowest priority then newest first (`rank`, smaller goes first; `None` for a
+///   pod not to be chosen, one already being evicted), whose removal makes the pod fit by the
+///   engine's own [`fit`];
+/// - among nodes: fewest victims, then the lowest highest-ranked victim, then node name.
+pub fn choose_reclaim<O: Ord>(
+    table: &Table,
+    quotas: &QuotaSet,
+    used: &BTreeMap<String, Amounts>,
+    claimant: Claimant<'_>,
+    policy: &Policy,
+    excluded: &BTreeSet<NodeName>,
+    rank: impl Fn(&PodKey) -> Option<O>,
+) -> Option<Reclaim> {
+    let own = quotas.get(claimant.namespace)?;
+    let asked = Amounts::requested_by(claimant.request);
+    if asked.is_zero() || !own.within_min(&own.used(used), &asked) {
+        return None;
+    }
+    let mut best: Option<(usize, O, Reclaim)> = None;
+    for node in table.nodes() {
+        let name = &node.spec.name;
+        if excluded.contains(name) || fit(node, claimant.request, policy).is_ok() {
+            continue;
+        }
+        let mut candidates: Vec<(O, &PodKey, &PodAllocation)> = table
+            .pods_on(name)
+            .filter(|(pod, entry)| {
+                let namespace = namespace_of(pod);
+                entry.allocation.has_gpus()
+                    && !own.covers(namespace)
+                    && quotas.borrows(used, namespace)
+            })
+            .filter_map(|(pod, entry)| Some((rank(pod)?, pod, &entry.allocation)))
+            .collect();
+        if candidates.is_empty() {
+            continue;
+        }
+        candidates.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(b.1)));
+        let allocations: Vec<PodAllocation> =
+            candidates.iter().map(|(_, _, a)| (*a).clone()).collect();
+        let Some(needed) = victims_needed(node, &allocations, claimant.request, policy, |_| true)
+        else {
+            continue;
+        };
+        let mut victims = Vec::new();
+        let mut highest = None;
+        for ((rank, pod, _), allocation) in candidates.into_iter().zip(&allocations) {
+            if needed.iter().any(|n| std::ptr::eq(*n, allocation)) {
+                victims.push(pod.clone());
+                highest = Some(rank);
+            }
+        }
+        let Some(highest) = highest else {
+            continue;
+        };
+        let better = best
+            .as_ref()
+            .is_none_or(|(count, rank, _)| (victims.len(), &highest) < (*count, rank));
+        if better {
+            best = Some((
+                victims.len(),
+                highest,
+                Reclaim {
+                    node: name.clone(),
+                    victims,
+                },
+            ));
+        }
+    }
+    best.map(|(_, _, reclaim)| reclaim)
 }
 
 impl fmt::Display for QuotaResource {
@@ -427,6 +652,7 @@ mod tests {
             namespace: ns.into(),
             min: amounts,
             max: [max, None, None],
+            also: Vec::new(),
         }
     }
 
@@ -465,8 +691,8 @@ mod tests {
         let used = usage(&table);
         assert_eq!(used["a"].get(QuotaResource::WholeGpus), 3);
         assert_eq!(used["b"].get(QuotaResource::WholeGpus), 1);
-        assert_eq!(usage_of(&table, "a"), used["a"]);
-        assert!(usage_of(&table, "c").is_zero());
+        assert_eq!(quota("a", "q", 0, None).used_in(&table), used["a"]);
+        assert!(quota("c", "q", 0, None).used_in(&table).is_zero());
     }
 
     #[test]
@@ -567,7 +793,269 @@ mod tests {
         assert!(may_preempt(&set, &light, "none", &two, "a"));
     }
 
+    /// A table of 4-GPU exclusive nodes with `pods` (node, namespace, name, GPUs) placed.
+    fn cluster(nodes: &[&str], pods: &[(&str, &str, &str, u64)]) -> Table {
+        let mut table = Table::rebuild(
+            20,
+            nodes.iter().map(|name| {
+                NodeSpec::uniform(name, GpuMode::Exclusive, 4, "A100", MemMiB(80 * 1024))
+            }),
+            [],
+        );
+        for (node, ns, name, n) in pods {
+            let placed = fit(
+                table.node_by_str(node).unwrap(),
+                &whole(*n),
+                &Policy::default(),
+            )
+            .unwrap();
+            table.reserve(PodKey::new(ns, name), placed, 1).unwrap();
+        }
+        table
+    }
+
+    fn grouped(ns: &str, name: &str, also: &[&str], min: u64, max: Option<u64>) -> Quota {
+        Quota {
+            also: also.iter().map(|s| (*s).to_owned()).collect(),
+            ..quota(ns, name, min, max)
+        }
+    }
+
+    #[test]
+    fn a_group_counts_its_namespaces_together_and_may_not_overlap() {
+        let set = QuotaSet::build(
+            vec![
+                grouped("a", "qa", &["a2", "a3"], 1, Some(3)),
+                quota("b", "qb", 0, None),
+                grouped("c", "qc", &["b"], 0, None),
+            ],
+            Vec::new(),
+            &names(),
+        );
+        assert_eq!(set.get("a2").map(|q| q.name.as_str()), Some("qa"));
+        assert!(set.get("b").is_none() && set.get("c").is_none());
+        assert_eq!(
+            set.problems,
+            [
+                "ElasticQuota c/qc: namespace b already has ElasticQuota b/qb; both ignored until one is removed"
+            ]
+        );
+        let table = table_with(&[("a", 1), ("a2", 1), ("x", 2)]);
+        let qa = set.get("a3").unwrap();
+        assert_eq!(qa.used_in(&table).get(QuotaResource::WholeGpus), 2);
+        assert_eq!(qa.used(&usage(&table)), qa.used_in(&table));
+        let reason = qa
+            .admit(
+                &qa.used_in(&table),
+                &Amounts::requested_by(&whole(2)),
+                &names(),
+            )
+            .unwrap_err();
+        assert_eq!(
+            reason,
+            "GPU quota: namespaces a,a2,a3 would exceed their ElasticQuota qa max (nvidia.com/gpu: 2 used + 2 requested > 3)"
+        );
+        // Pods of the group are its own: a3 may preempt a2's pods, like a namespace its own.
+        let two = Amounts::requested_by(&whole(2));
+        assert!(may_preempt(&set, &usage(&table), "a3", &two, "a2"));
+        assert!(!may_preempt(&set, &usage(&table), "a3", &two, "x"));
+    }
+
+    #[test]
+    fn past_max_only_own_victims_that_bring_the_team_back_within_max_count() {
+        let q = quota("a", "qa", 0, Some(4));
+        let mut used = Amounts::default();
+        used.set(QuotaResource::WholeGpus, 4);
+        let two = Amounts::requested_by(&whole(2));
+        let mut freed = Amounts::default();
+        freed.set(QuotaResource::WholeGpus, 1);
+        assert!(!back_within_max(&q, &used, &freed, &two, &names()));
+        freed.set(QuotaResource::WholeGpus, 2);
+        assert!(back_within_max(&q, &used, &freed, &two, &names()));
+    }
+
+    #[test]
+    fn reclaim_takes_borrowers_lowest_priority_then_newest_on_one_node() {
+        // a: min 4, uses 0. b: min 1, uses 5 (borrows). c: no quota. d: min 4, uses 1 (within).
+        let set = QuotaSet::build(
+            vec![
+                quota("a", "qa", 4, Some(8)),
+                quota("b", "qb", 1, Some(8)),
+                quota("d", "qd", 4, Some(8)),
+            ],
+            Vec::new(),
+            &names(),
+        );
+        let table = cluster(
+            &["n1", "n2"],
+            &[
+                ("n1", "b", "old", 1),
+                ("n1", "b", "new", 1),
+                ("n1", "c", "free-rider", 1),
+                ("n1", "d", "guaranteed", 1),
+                ("n2", "b", "big", 3),
+                ("n2", "c", "other", 1),
+            ],
+        );
+        let ages: BTreeMap<&str, (i32, std::cmp::Reverse<i64>)> = [
+            ("b/old", (0, std::cmp::Reverse(1))),
+            ("b/new", (0, std::cmp::Reverse(2))),
+            ("b/big", (5, std::cmp::Reverse(0))),
+        ]
+        .into();
+        let rank = |pod: &PodKey| Some(ages.get(pod.as_str()).copied().unwrap_or_default());
+        let request = whole(1);
+        let claimant = Claimant {
+            namespace: "a",
+            request: &request,
+        };
+        let policy = Policy::default();
+        let none = BTreeSet::new();
+        let chosen =
+            choose_reclaim(&table, &set, &usage(&table), claimant, &policy, &none, rank).unwrap();
+        // One victim either way; n1's lowest-ranked borrower is newer than "old": "new" goes.
+        assert_eq!(chosen.node.as_str(), "n1");
+        assert_eq!(chosen.victims, [PodKey::new("b", "new")]);
+        // Two GPUs: n1 holds only two borrowers' GPUs... and so does n2's one pod of three.
+        let request = whole(2);
+        let claimant = Claimant {
+            namespace: "a",
+            request: &request,
+        };
+        let chosen =
+            choose_reclaim(&table, &set, &usage(&table), claimant, &policy, &none, rank).unwrap();
+        assert_eq!(chosen.node.as_str(), "n2", "one victim beats two");
+        assert_eq!(chosen.victims, [PodKey::new("b", "big")]);
+        // n2 refused (a PodDisruptionBudget): n1, both borrowers.
+        let refused = BTreeSet::from([NodeName::new("n2")]);
+        let chosen = choose_reclaim(
+            &table,
+            &set,
+            &usage(&table),
+            claimant,
+            &policy,
+            &refused,
+            rank,
+        )
+        .unwrap();
+        assert_eq!(chosen.victims.len(), 2);
+        // A pod already being evicted is not chosen again.
+        let busy = |pod: &PodKey| (pod.as_str() != "b/big").then(|| rank(pod)).flatten();
+        let chosen =
+            choose_reclaim(&table, &set, &usage(&table), claimant, &policy, &none, busy).unwrap();
+        assert_eq!(chosen.node.as_str(), "n1");
+        // d is within its min too, but asks past it: no reclaim. b borrows: none for it either.
+        let four = whole(4);
+        for (namespace, request) in [("d", &four), ("b", &request), ("c", &request)] {
+            let claimant = Claimant { namespace, request };
+            assert_eq!(
+                choose_reclaim(&table, &set, &usage(&table), claimant, &policy, &none, rank),
+                None,
+                "{namespace}"
+            );
+        }
+        // Three GPUs for a: no node frees that much from borrowers alone.
+        let three = whole(3);
+        let claimant = Claimant {
+            namespace: "a",
+            request: &three,
+        };
+        assert_eq!(
+            choose_reclaim(&table, &set, &usage(&table), claimant, &policy, &none, rank)
+                .map(|r| r.node.to_string()),
+            Some("n2".to_owned()),
+            "n2: big (3) frees 3 with the 0 free"
+        );
+    }
+
+    #[test]
+    fn no_reclaim_on_a_node_the_pod_fits_already() {
+        let set = QuotaSet::build(
+            vec![quota("a", "qa", 4, None), quota("b", "qb", 0, None)],
+            Vec::new(),
+            &names(),
+        );
+        // n1: a borrower holds 2 of 4; the pod asking 2 fits there, and not on n2.
+        let table = cluster(&["n1", "n2"], &[("n1", "b", "p", 2), ("n2", "b", "q", 4)]);
+        let request = whole(2);
+        let claimant = Claimant {
+            namespace: "a",
+            request: &request,
+        };
+        let rank = |_: &PodKey| Some(0);
+        let policy = Policy::default();
+        let chosen = choose_reclaim(
+            &table,
+            &set,
+            &usage(&table),
+            claimant,
+            &policy,
+            &BTreeSet::new(),
+            rank,
+        );
+        assert_eq!(chosen.map(|r| r.node.to_string()), Some("n2".to_owned()));
+        let n2 = BTreeSet::from([NodeName::new("n2")]);
+        assert_eq!(
+            choose_reclaim(&table, &set, &usage(&table), claimant, &policy, &n2, rank),
+            None
+        );
+    }
+
     proptest! {
+        /// Whatever the mix, a reclaim's victims are all borrowers outside the claimant's team,
+        /// on one node, and evicting them really makes the pod fit there; none of them could be
+        /// spared.
+        #[test]
+        fn reclaims_free_room_from_borrowers_only(
+            pods in proptest::collection::vec((0usize..2, 0usize..3, 1u64..3), 0..8),
+            mins in proptest::collection::vec(0u64..5, 3),
+            ask in 1u64..5,
+        ) {
+            let namespaces = ["a", "b", "c"];
+            let nodes = ["n1", "n2"];
+            let mut free = [4u64, 4];
+            let mut placed = Vec::new();
+            for (i, (node, ns, n)) in pods.into_iter().enumerate() {
+                if free[node] >= n {
+                    free[node] -= n;
+                    placed.push((nodes[node], namespaces[ns], format!("p{i}"), n));
+                }
+            }
+            let rows: Vec<(&str, &str, &str, u64)> =
+                placed.iter().map(|(a, b, c, d)| (*a, *b, c.as_str(), *d)).collect();
+            let table = cluster(&nodes, &rows);
+            let set = QuotaSet::build(
+                namespaces.iter().zip(&mins).map(|(ns, min)| quota(ns, "q", *min, None)).collect(),
+                Vec::new(),
+                &names(),
+            );
+            let request = whole(ask);
+            let claimant = Claimant { namespace: "a", request: &request };
+            let policy = Policy::default();
+            let rank = |pod: &PodKey| Some(pod.clone());
+            let used = usage(&table);
+            let none = BTreeSet::new();
+            if let Some(reclaim) = choose_reclaim(&table, &set, &used, claimant, &policy, &none, rank) {
+                let qa = set.get("a").unwrap();
+                prop_assert!(qa.within_min(&qa.used(&used), &Amounts::requested_by(&request)));
+                let mut node = table.node(&reclaim.node).unwrap().clone();
+                prop_assert!(fit(&node, &request, &policy).is_err());
+                for victim in &reclaim.victims {
+                    let entry = table.pod(victim).unwrap();
+                    prop_assert_eq!(&entry.allocation.node, &reclaim.node);
+                    prop_assert!(namespace_of(victim) != "a");
+                    prop_assert!(set.borrows(&used, namespace_of(victim)));
+                    node.remove(&entry.allocation);
+                }
+                prop_assert!(fit(&node, &request, &policy).is_ok());
+                for victim in &reclaim.victims {
+                    let mut spared = node.clone();
+                    spared.add(&table.pod(victim).unwrap().allocation);
+                    prop_assert!(fit(&spared, &request, &policy).is_err(), "{} was not needed", victim);
+                }
+            }
+        }
+
         /// Usage is the sum of what each pod holds, whatever the mix, and admitting a pod
         /// never lets a namespace pass its max.
         #[test]
@@ -591,10 +1079,10 @@ mod tests {
             prop_assert_eq!(sum, total);
             for ns in namespaces {
                 let expected: u64 = placed.iter().filter(|p| p.0 == ns).map(|p| p.1).sum();
-                prop_assert_eq!(usage_of(&table, ns).get(QuotaResource::WholeGpus), expected);
                 let q = quota(ns, "q", 0, Some(max));
+                prop_assert_eq!(q.used_in(&table).get(QuotaResource::WholeGpus), expected);
                 let asked = Amounts::requested_by(&whole(ask));
-                let admitted = q.admit(&usage_of(&table, ns), &asked, &names()).is_ok();
+                let admitted = q.admit(&q.used_in(&table), &asked, &names()).is_ok();
                 prop_assert_eq!(admitted, expected + ask <= max);
             }
         }

@@ -871,6 +871,7 @@ mod tests {
             "gpus",
             "team-a",
             Some(&serde_json::json!({"min": {"nvidia.com/gpu": 1}, "max": {"nvidia.com/gpu": 3}})),
+            None,
             &config,
         )
         .unwrap();

@@ -1,16 +1,17 @@
-//! The Kubernetes API writes and reads of the binder and the requeue task, behind two small
-//! traits that tests script ([`PodApi`], [`PodTouch`]), with [`KubeApi`] implementing both over
-//! a kube client; and the moment of a bind ([`BindTime`]), the one read of the wall clock.
+//! The Kubernetes API writes and reads of the binder, the requeue task and the quota reclaimer,
+//! behind small traits that tests script ([`PodApi`], [`PodTouch`], [`PodEvict`]), with
+//! [`KubeApi`] implementing them over a kube client; and the moment of a bind ([`BindTime`]),
+//! the one read of the wall clock.
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, EvictParams, Patch, PatchParams, PostParams};
 
 use crate::state::{ApiError, monotonic_ms};
 
@@ -80,6 +81,23 @@ pub trait PodTouch: Send + Sync {
         name: &str,
         annotation: &str,
         value: &str,
+    ) -> impl Future<Output = Result<(), ApiError>> + Send;
+}
+
+/// What reclaiming needs: evict a pod through the Eviction API (`pods/eviction`), so
+/// PodDisruptionBudgets are respected (a budget that forbids it answers 429), and read the node
+/// it would free, to check the waiting pod may go there at all.
+pub trait PodEvict: Send + Sync {
+    /// Reads a node; `Ok(None)` when it does not exist.
+    fn get_node(&self, name: &str) -> impl Future<Output = Result<Option<Node>, ApiError>> + Send;
+
+    /// Evicts `namespace/name`. With `dry_run` the API server checks everything, budgets
+    /// included, and changes nothing.
+    fn evict_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        dry_run: bool,
     ) -> impl Future<Output = Result<(), ApiError>> + Send;
 }
 
@@ -157,6 +175,33 @@ impl PodTouch for KubeApi {
     }
 }
 
+impl PodEvict for KubeApi {
+    async fn get_node(&self, name: &str) -> Result<Option<Node>, ApiError> {
+        Api::<Node>::all(self.client.clone())
+            .get_opt(name)
+            .await
+            .map_err(api_error)
+    }
+
+    async fn evict_pod(&self, namespace: &str, name: &str, dry_run: bool) -> Result<(), ApiError> {
+        let params = EvictParams {
+            delete_options: Some(DeleteParams {
+                dry_run,
+                ..DeleteParams::default()
+            }),
+            post_options: PostParams {
+                dry_run,
+                ..PostParams::default()
+            },
+        };
+        Api::<Pod>::namespaced(self.client.clone(), namespace)
+            .evict(name, &params)
+            .await
+            .map(|_| ())
+            .map_err(api_error)
+    }
+}
+
 fn api_error(error: kube::Error) -> ApiError {
     match error {
         kube::Error::Api(status) => match status.code {
@@ -178,6 +223,22 @@ fn api_error(error: kube::Error) -> ApiError {
 /// `~/.kube/config`, else the pod's service account). A kubeconfig that cannot be read is one
 /// line naming its path (kube's own message repeats the cause and quotes the path twice).
 pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    kube::Client::try_from(kube_config(kubeconfig).await?).context("building the API client")
+}
+
+/// A client as [`kube_client`] builds it, without kube's retries of 429, 503 and 504: for the
+/// Eviction API, whose 429 means a PodDisruptionBudget refuses, an answer to act on at once
+/// (kube would retry it, honouring `Retry-After`, for minutes).
+pub async fn kube_client_without_retries(
+    kubeconfig: Option<&std::path::Path>,
+) -> anyhow::Result<kube::Client> {
+    let mut config = kube_config(kubeconfig).await?;
+    config.default_retry = false;
+    kube::Client::try_from(config).context("building the API client")
+}
+
+/// The client configuration [`kube_client`] uses.
+async fn kube_config(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Config> {
     let config = match kubeconfig {
         Some(path) => {
             readable_kubeconfig(path, "--kubeconfig")?;
@@ -215,7 +276,7 @@ pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result
                 .map_err(|error| anyhow::anyhow!("finding a kubeconfig: {error}"))?
         }
     };
-    kube::Client::try_from(config).context("building the API client")
+    Ok(config)
 }
 
 /// Fails with one line when the kubeconfig at `path` (named by `source`) cannot be read.

@@ -8,7 +8,7 @@
 //! [`MeteredBinder`] is the service's [`Bind`]: it reads the clock, keeps the bind within its
 //! time budget, counts outcomes and publishes the bind's Event.
 
-use crate::engine::quota::{Amounts, namespace_of, usage_of};
+use crate::engine::quota::{Amounts, namespace_of};
 use crate::objects::quota::quota_names;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -189,7 +189,7 @@ impl<A: PodApi> Binder<A> {
             let quotas = self.state.quotas();
             let namespace = namespace_of(key);
             if let Some(quota) = quotas.get(namespace) {
-                let used = usage_of(&table, namespace);
+                let used = quota.used_in(&table);
                 quota
                     .admit(
                         &used,

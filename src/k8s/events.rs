@@ -1,18 +1,30 @@
 //! Kubernetes Events on pods for bind decisions, so `kubectl describe pod` says which GPUs a pod
-//! got. Published in the background: an event is a courtesy, and a failure to publish one (no
-//! RBAC, a busy API server) must never fail or delay the bind that caused it.
+//! got, and for quota reclaims, on the evicted pods and the pod they were evicted for. Published
+//! in the background: an event is a courtesy, and a failure to publish one (no RBAC, a busy API
+//! server) must never fail or delay the bind or eviction that caused it.
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder};
 use tracing::warn;
 
-use crate::engine::PodAllocation;
+use crate::engine::{NodeName, PodAllocation, PodKey};
 use crate::explain::describe_allocation;
 use crate::state::BindRequest;
 use crate::telemetry::Metrics;
 
 /// The `reason` of the event recorded after a bind.
 pub const BOUND_REASON: &str = "GpusAllocated";
+
+/// The `reason` of the events recorded when a quota reclaims GPUs.
+pub const RECLAIM_REASON: &str = "GpuQuotaReclaim";
+
+/// Receives quota reclaims worth an event.
+pub trait ReclaimEvents: Send + Sync + 'static {
+    /// `victim` was evicted from `node` for `beneficiary`. Returns at once.
+    fn evicted(&self, victim: &PodKey, beneficiary: &PodKey, node: &NodeName);
+    /// `victims` were evicted from `node` for `beneficiary`. Returns at once.
+    fn reclaimed(&self, beneficiary: &PodKey, victims: &[PodKey], node: &NodeName);
+}
 
 /// Receives bind decisions worth an event.
 pub trait BindEvents: Send + Sync + 'static {
@@ -53,6 +65,82 @@ pub fn bound_note(request: &BindRequest, allocation: &PodAllocation) -> String {
     )
 }
 
+impl KubeEvents {
+    /// Publishes `event` on `reference` in the background, counting the result.
+    fn publish(&self, event: Event, reference: ObjectReference) {
+        let recorder = self.recorder.clone();
+        let metrics = self.metrics.clone();
+        tokio::spawn(async move {
+            let result = match recorder.publish(&event, &reference).await {
+                Ok(()) => "sent",
+                Err(error) => {
+                    let pod = format!(
+                        "{}/{}",
+                        reference.namespace.unwrap_or_default(),
+                        reference.name.unwrap_or_default()
+                    );
+                    warn!(%pod, %error, reason = %event.reason, "could not record an event on the pod");
+                    "error"
+                }
+            };
+            metrics.pod_events.with_label_values(&[result]).inc();
+        });
+    }
+}
+
+/// The reference an event names a pod by, from its key (no UID: the reclaimer knows pods by key).
+fn pod_reference(pod: &PodKey) -> ObjectReference {
+    let (namespace, name) = pod.as_str().split_once('/').unwrap_or(("", pod.as_str()));
+    ObjectReference {
+        api_version: Some("v1".to_owned()),
+        kind: Some("Pod".to_owned()),
+        namespace: Some(namespace.to_owned()),
+        name: Some(name.to_owned()),
+        ..ObjectReference::default()
+    }
+}
+
+/// The event note on a pod evicted for a quota.
+pub fn evicted_note(beneficiary: &PodKey, node: &NodeName) -> String {
+    format!(
+        "evicted from node {node}: its ElasticQuota borrows above its min, and {beneficiary}, under its own min, needs the GPUs"
+    )
+}
+
+/// The event note on the pod a quota reclaimed GPUs for.
+pub fn reclaimed_note(victims: &[PodKey], node: &NodeName) -> String {
+    let names: Vec<&str> = victims.iter().map(PodKey::as_str).collect();
+    format!(
+        "evicted {} borrowing pod(s) on node {node} to give this pod its ElasticQuota's guaranteed GPUs: {}",
+        victims.len(),
+        names.join(", ")
+    )
+}
+
+impl ReclaimEvents for KubeEvents {
+    fn evicted(&self, victim: &PodKey, beneficiary: &PodKey, node: &NodeName) {
+        let event = Event {
+            type_: EventType::Warning,
+            reason: RECLAIM_REASON.to_owned(),
+            note: Some(evicted_note(beneficiary, node)),
+            action: "Evict".to_owned(),
+            secondary: Some(pod_reference(beneficiary)),
+        };
+        self.publish(event, pod_reference(victim));
+    }
+
+    fn reclaimed(&self, beneficiary: &PodKey, victims: &[PodKey], node: &NodeName) {
+        let event = Event {
+            type_: EventType::Normal,
+            reason: RECLAIM_REASON.to_owned(),
+            note: Some(reclaimed_note(victims, node)),
+            action: "Reclaim".to_owned(),
+            secondary: None,
+        };
+        self.publish(event, pod_reference(beneficiary));
+    }
+}
+
 impl BindEvents for KubeEvents {
     fn bound(&self, request: &BindRequest, allocation: &PodAllocation) {
         let reference = ObjectReference {
@@ -70,19 +158,7 @@ impl BindEvents for KubeEvents {
             action: "Bind".to_owned(),
             secondary: None,
         };
-        let recorder = self.recorder.clone();
-        let metrics = self.metrics.clone();
-        let pod = format!("{}/{}", request.namespace, request.name);
-        tokio::spawn(async move {
-            let result = match recorder.publish(&event, &reference).await {
-                Ok(()) => "sent",
-                Err(error) => {
-                    warn!(%pod, %error, "could not record the bind event on the pod");
-                    "error"
-                }
-            };
-            metrics.pod_events.with_label_values(&[result]).inc();
-        });
+        self.publish(event, reference);
     }
 }
 

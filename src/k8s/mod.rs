@@ -1,13 +1,15 @@
 //! The Kubernetes side of the service: the watch feed that keeps the shared state's table equal
 //! to the cluster, the binder, the `ElasticQuota` watcher (GPU quotas),
 //! the requeue task that asks kube-scheduler to retry waiting pods
-//! once capacity frees, and the modules that write to the API (api: Bindings and requeue's
-//! metadata touch; events: the bind's Event on the pod). Objects are read through
+//! once capacity frees, the quota reclaimer that evicts borrowers for a team under its `min`, and
+//! the modules that write to the API (api: Bindings, requeue's metadata touch, evictions;
+//! events: the Events on pods for binds and reclaims). Objects are read through
 //! [`crate::objects`]; what is shared with the HTTP layer lives in [`crate::state`].
 
 pub mod api;
 pub mod bind;
 pub mod events;
 pub mod quota;
+pub mod reclaim;
 pub mod requeue;
 pub mod watch;

@@ -15,7 +15,7 @@ use tracing::{info, warn};
 
 use crate::config::Config;
 use crate::engine::quota::QuotaSet;
-use crate::objects::quota::{quota_names, read_quota};
+use crate::objects::quota::{GROUP_ANNOTATION, quota_names, read_quota};
 use crate::state::ClusterState;
 
 /// The API group of `ElasticQuota`.
@@ -38,12 +38,18 @@ pub fn quota_set<'a>(
     let mut unreadable = Vec::new();
     for object in objects {
         let namespace = object.namespace().unwrap_or_default();
-        match read_quota(&object.name_any(), &namespace, object.data.get("spec"), cfg) {
+        let group = object.annotations().get(GROUP_ANNOTATION);
+        match read_quota(
+            &object.name_any(),
+            &namespace,
+            object.data.get("spec"),
+            group.map(String::as_str),
+            cfg,
+        ) {
             Ok(quota) => quotas.push(quota),
             Err(problem) => unreadable.push(problem),
         }
     }
-    quotas.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     QuotaSet::build(quotas, unreadable, &quota_names(cfg))
 }
 

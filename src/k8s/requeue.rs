@@ -131,7 +131,7 @@ pub async fn run<A: PodTouch>(
 }
 
 /// The pod's request, if it asks for GPUs in a form the extender reads.
-fn waiting_pod(key: PodKey, pod: &Pod, cfg: &Config) -> Option<Waiting> {
+pub fn waiting_pod(key: PodKey, pod: &Pod, cfg: &Config) -> Option<Waiting> {
     let request = pod_request(pod, cfg).ok().flatten()?;
     let created = pod
         .metadata

@@ -2,13 +2,19 @@
 //! [`Quota`]s: `spec.min` and `spec.max` as resource lists in the names pods request GPUs by
 //! (whole GPUs as a count, GPU memory in GiB, compute in percent of one GPU). `cpu` and
 //! `memory` are accepted and not enforced here; any other name makes the quota unreadable, with a
-//! message naming it.
+//! message naming it. A quota may cover a group of namespaces, listed in Koordinator's
+//! [`GROUP_ANNOTATION`].
 
 use serde_json::Value;
 
 use super::quantity::Quantity;
 use crate::config::Config;
 use crate::engine::quota::{Amounts, Quota, QuotaNames, QuotaResource};
+
+/// The `ElasticQuota` annotation listing further namespaces the quota covers, as a JSON array of
+/// names (`["team-a-dev", "team-a-ci"]`): Koordinator's, so quotas written for it group the same
+/// way here. scheduler-plugins itself has no groups; its quotas carry no such annotation.
+pub const GROUP_ANNOTATION: &str = "quota.scheduling.koordinator.sh/namespaces";
 
 /// Resource names an `ElasticQuota` may carry that the extender does not enforce.
 pub const NOT_ENFORCED: [&str; 2] = ["cpu", "memory"];
@@ -22,14 +28,22 @@ pub fn quota_names(cfg: &Config) -> QuotaNames {
     }
 }
 
-/// Reads one `ElasticQuota` (its name, namespace and `spec`). `Err` says why it is ignored.
+/// Reads one `ElasticQuota` (its name, namespace, `spec` and the [`GROUP_ANNOTATION`]'s value).
+/// `Err` says why it is ignored.
 pub fn read_quota(
     name: &str,
     namespace: &str,
     spec: Option<&Value>,
+    group: Option<&str>,
     cfg: &Config,
 ) -> Result<Quota, String> {
     let whom = format!("ElasticQuota {namespace}/{name}");
+    let also = match group {
+        None => Vec::new(),
+        Some(text) => read_group(text, namespace).map_err(|problem| {
+            format!("{whom}: annotation {GROUP_ANNOTATION} {problem}; quota ignored")
+        })?,
+    };
     let spec = match spec {
         Some(Value::Object(spec)) => spec,
         None | Some(Value::Null) => return Err(format!("{whom}: no spec; quota ignored")),
@@ -107,7 +121,25 @@ pub fn read_quota(
         namespace: namespace.to_owned(),
         min: guaranteed,
         max,
+        also,
     })
+}
+
+/// The namespaces a [`GROUP_ANNOTATION`] value lists beside `own`, once each, in its order.
+fn read_group(text: &str, own: &str) -> Result<Vec<String>, String> {
+    let listed: Vec<String> = serde_json::from_str(text).map_err(|_| {
+        format!("{text:?} is not a JSON array of namespace names (like [\"team-a-dev\"])")
+    })?;
+    let mut also: Vec<String> = Vec::new();
+    for namespace in listed {
+        if namespace.is_empty() {
+            return Err(format!("{text:?} lists an empty namespace name"));
+        }
+        if namespace != own && !also.contains(&namespace) {
+            also.push(namespace);
+        }
+    }
+    Ok(also)
 }
 
 #[cfg(test)]
@@ -117,7 +149,38 @@ mod tests {
     use serde_json::json;
 
     fn read(spec: Value) -> Result<Quota, String> {
-        read_quota("q", "team-a", Some(&spec), &Config::default())
+        read_quota("q", "team-a", Some(&spec), None, &Config::default())
+    }
+
+    #[test]
+    fn the_group_annotation_lists_further_namespaces() {
+        let spec = json!({"max": {"nvidia.com/gpu": 4}});
+        let group = r#"["team-a2", "team-a", "team-a3", "team-a2"]"#;
+        let quota =
+            read_quota("q", "team-a", Some(&spec), Some(group), &Config::default()).unwrap();
+        assert_eq!(quota.also, ["team-a2", "team-a3"]);
+        assert!(quota.covers("team-a3") && quota.covers("team-a") && !quota.covers("b"));
+        let error = read_quota(
+            "q",
+            "team-a",
+            Some(&spec),
+            Some("team-a2"),
+            &Config::default(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            error,
+            "ElasticQuota team-a/q: annotation quota.scheduling.koordinator.sh/namespaces \"team-a2\" is not a JSON array of namespace names (like [\"team-a-dev\"]); quota ignored"
+        );
+        let error = read_quota(
+            "q",
+            "team-a",
+            Some(&spec),
+            Some(r#"[""]"#),
+            &Config::default(),
+        )
+        .unwrap_err();
+        assert!(error.contains("lists an empty namespace name"), "{error}");
     }
 
     #[test]
@@ -150,7 +213,7 @@ mod tests {
         assert!(error.contains("spec.min is not a resource list"));
         let error = read(json!({"min": {"nvidia.com/gpu": 1, "aliyun.com/gpu": 1}})).unwrap_err();
         assert!(error.contains("whole GPUs twice"));
-        let error = read_quota("q", "ns", None, &Config::default()).unwrap_err();
+        let error = read_quota("q", "ns", None, None, &Config::default()).unwrap_err();
         assert_eq!(error, "ElasticQuota ns/q: no spec; quota ignored");
     }
 }

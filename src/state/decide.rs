@@ -4,8 +4,10 @@
 //! HTTP here: the handlers decode, ask these, and encode.
 
 use super::cluster::ClusterState;
-use crate::engine::quota::{Amounts, may_preempt, namespace_of, usage};
-use crate::engine::{NodeState, PodAllocation, PodRequest, Policy, RejectReason, fit};
+use crate::engine::quota::{
+    Amounts, back_within_max, may_preempt, namespace_of, usage, victims_needed,
+};
+use crate::engine::{NodeState, PodAllocation, PodRequest, Policy, RejectReason};
 
 /// The reason given for a candidate the extender has not seen yet (its watch may lag the
 /// scheduler's); resolvable, because it will be known shortly.
@@ -128,42 +130,6 @@ fn to_extender_score(score: Option<f64>, low: f64, high: f64) -> i64 {
     }
 }
 
-/// Whether evicting `victims` from `node` really makes room for `request`: the check that
-/// kube-scheduler's own preemption cannot do, because it does not see per-GPU state.
-/// Returns the smallest prefix-preserving subset of victims that still makes room (victims not
-/// needed are spared), or `None` if even all of them are not enough.
-pub fn victims_needed<'a>(
-    node: &NodeState,
-    victims: &'a [PodAllocation],
-    request: &PodRequest,
-    policy: &Policy,
-) -> Option<Vec<&'a PodAllocation>> {
-    let mut freed = node.clone();
-    for victim in victims {
-        freed.remove(victim);
-    }
-    fit(&freed, request, policy).ok()?;
-    // Spare each victim whose eviction turns out unnecessary, trying the latest first (the
-    // scheduler lists victims by ascending priority, so later ones matter more to keep).
-    let mut kept: Vec<bool> = vec![true; victims.len()];
-    for index in (0..victims.len()).rev() {
-        let mut trial = freed.clone();
-        trial.add(&victims[index]);
-        if fit(&trial, request, policy).is_ok() {
-            freed = trial;
-            kept[index] = false;
-        }
-    }
-    Some(
-        victims
-            .iter()
-            .zip(kept)
-            .filter(|(_, keep)| *keep)
-            .map(|(victim, _)| victim)
-            .collect(),
-    )
-}
-
 /// The table is not synced yet: deciding now could hand out capacity that is in use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{}", self.message())]
@@ -235,7 +201,9 @@ impl ClusterState {
     /// With GPU quotas (`namespace` is the preemptor's), GPU victims are limited as the
     /// capacity-scheduling plugin limits them ([`may_preempt`]): a team within its `min` takes
     /// its guarantee back from borrowers only, a team above its `min` preempts only its own pods;
-    /// a node whose allowed victims do not free room is dropped.
+    /// a node whose allowed victims do not free room is dropped. A pod its quota's `max` refuses
+    /// (as filter does) keeps a node only where evicting its own team's pods there brings the
+    /// team back within `max`, the capacity-scheduling plugin's rule.
     pub fn preempt(
         &self,
         proposals: Vec<Proposal>,
@@ -246,9 +214,13 @@ impl ClusterState {
         let quotas = self.quotas();
         let table = self.read();
         let guarded = match (namespace, request) {
-            (Some(namespace), Some(request)) if quotas.get(namespace).is_some() => {
-                Some((namespace, Amounts::requested_by(request), usage(&table)))
-            }
+            (Some(namespace), Some(request)) => quotas.get(namespace).map(|quota| {
+                let used = usage(&table);
+                let asked = Amounts::requested_by(request);
+                let own = quota.used(&used);
+                let over_max = quota.admit(&own, &asked, &quotas.names).is_err();
+                (namespace, quota, asked, used, own, over_max)
+            }),
             _ => None,
         };
         let mut kept = Vec::with_capacity(proposals.len());
@@ -265,7 +237,7 @@ impl ClusterState {
                     .and_then(|key| table.pod(&key).cloned().map(|entry| (key, entry)));
                 match entry {
                     Some((key, entry)) if entry.allocation.node.as_str() == proposal.node => {
-                        let allowed = guarded.as_ref().is_none_or(|(own, asked, used)| {
+                        let allowed = guarded.as_ref().is_none_or(|(own, _, asked, used, ..)| {
                             may_preempt(&quotas, used, own, asked, namespace_of(&key))
                         });
                         if allowed {
@@ -286,7 +258,19 @@ impl ClusterState {
                 });
             }
             let allocations: Vec<PodAllocation> = tracked.iter().map(|(_, a)| a.clone()).collect();
-            let Some(needed) = victims_needed(node, &allocations, request, policy) else {
+            // Past its max, a team's victims are its own pods (`may_preempt` allowed no others):
+            // they must free enough of the quota as well as room on the node.
+            let enough = |evicted: &[&PodAllocation]| match &guarded {
+                Some((_, quota, asked, _, own, true)) => {
+                    let mut freed = Amounts::default();
+                    for victim in evicted {
+                        freed.add(&Amounts::held_by(victim));
+                    }
+                    back_within_max(quota, own, &freed, asked, &quotas.names)
+                }
+                _ => true,
+            };
+            let Some(needed) = victims_needed(node, &allocations, request, policy, enough) else {
                 continue;
             };
             let mut victims = untracked;
@@ -309,7 +293,7 @@ impl ClusterState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::{CpuMilli, GpuDemand, GpuMode, MemMiB, NodeSpec, PodKey, Table};
+    use crate::engine::{CpuMilli, GpuDemand, GpuMode, MemMiB, NodeSpec, PodKey, Table, fit};
 
     fn table() -> Table {
         Table::rebuild(
@@ -466,9 +450,9 @@ mod tests {
         let second = crate::engine::fit(&node, &share(12), &policy).unwrap();
         node.add(&second);
         let victims = vec![first.clone(), second.clone()];
-        let needed = victims_needed(&node, &victims, &share(8), &policy).unwrap();
+        let needed = victims_needed(&node, &victims, &share(8), &policy, |_| true).unwrap();
         assert_eq!(needed.len(), 1, "one freed GPU is enough for 8 GiB");
-        assert!(victims_needed(&node, &victims, &share(20), &policy).is_none());
+        assert!(victims_needed(&node, &victims, &share(20), &policy, |_| true).is_none());
     }
 
     /// Reclaim: a team under its min takes GPUs back from a borrower only (lowest priority, then
@@ -514,6 +498,7 @@ mod tests {
                 namespace: ns.into(),
                 min: amounts,
                 max: [None; 3],
+                also: Vec::new(),
             }
         };
         state.set_quotas(QuotaSet::build(
@@ -567,5 +552,83 @@ mod tests {
         // A namespace without a quota preempts as kube-scheduler proposes (needed victims only).
         let free = state.preempt(proposals, Some(&whole(1)), Some("none"), &policy);
         assert_eq!(free.len(), 2);
+    }
+    /// A pod past its quota's max (filter refuses it) gets victims only among its own team's
+    /// pods, and only on a node where evicting them brings the team back within max: the
+    /// capacity-scheduling plugin's rule, so preempt agrees with filter.
+    #[test]
+    fn preemption_past_max_takes_only_what_brings_the_team_back_within_max() {
+        use crate::engine::quota::{Amounts, Quota, QuotaNames, QuotaSet};
+        let policy = Policy::default();
+        let whole = |n| PodRequest::single(CpuMilli(1), MemMiB(1), GpuDemand::whole(n).unwrap());
+        let mut table = Table::rebuild(
+            20,
+            [NodeSpec::uniform(
+                "n1",
+                GpuMode::Exclusive,
+                4,
+                "A100",
+                MemMiB(80 * 1024),
+            )],
+            [],
+        );
+        let pods = [("a", "a1"), ("a", "a2"), ("b", "b1"), ("b", "b2")];
+        for (ns, name) in pods {
+            let placed = fit(table.node_by_str("n1").unwrap(), &whole(1), &policy).unwrap();
+            table.reserve(PodKey::new(ns, name), placed, 1).unwrap();
+        }
+        let state = ClusterState::with_table(table);
+        for (ns, name) in pods {
+            state.note_gpu_pod(PodKey::new(ns, name), name, None);
+        }
+        state.set_quotas(QuotaSet::build(
+            vec![Quota {
+                name: "q".into(),
+                namespace: "a".into(),
+                min: Amounts::default(),
+                max: [Some(2), None, None],
+                also: Vec::new(),
+            }],
+            Vec::new(),
+            &QuotaNames::default(),
+        ));
+        let proposal = |victims: &[&str]| Proposal {
+            node: "n1".into(),
+            victims: victims.iter().map(|v| (*v).to_owned()).collect(),
+            pdb_violations: 0,
+        };
+        // Team a holds 2 of its max 2. Another team's pods free room on the node, but not on
+        // the quota: nothing.
+        let kept = state.preempt(
+            vec![proposal(&["b1", "b2"])],
+            Some(&whole(1)),
+            Some("a"),
+            &policy,
+        );
+        assert!(kept.is_empty(), "{kept:?}");
+        // One of its own pods brings it back to 1 + 1 <= 2.
+        let kept = state.preempt(
+            vec![proposal(&["a1", "a2", "b1"])],
+            Some(&whole(1)),
+            Some("a"),
+            &policy,
+        );
+        assert_eq!(kept, vec![proposal(&["a1"])]);
+        // Asking 2, it needs both of its own pods gone, though one would free room enough.
+        let kept = state.preempt(
+            vec![proposal(&["a1", "a2", "b1"])],
+            Some(&whole(2)),
+            Some("a"),
+            &policy,
+        );
+        assert_eq!(kept, vec![proposal(&["a1", "a2"])]);
+        // Asking 3 it can never get back within its max of 2: nothing.
+        let kept = state.preempt(
+            vec![proposal(&["a1", "a2"])],
+            Some(&whole(3)),
+            Some("a"),
+            &policy,
+        );
+        assert!(kept.is_empty(), "{kept:?}");
     }
 }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use crate::engine::PodRequest;
-use crate::engine::quota::{Amounts, QuotaNames, QuotaSet, usage, usage_of};
+use crate::engine::quota::{Amounts, QuotaNames, QuotaSet, usage};
 use crate::inspect::{self, ClusterReport, QuotaReport};
 
 use super::cluster::ClusterState;
@@ -23,7 +23,8 @@ impl ClusterState {
     }
 
     /// `Err` with the reason when placing `request` would take `namespace` past its quota's
-    /// max; `Ok` when it stays within, or the namespace has no quota.
+    /// max (counting every namespace the quota covers); `Ok` when it stays within, or the
+    /// namespace has no quota.
     pub fn quota_admit(
         &self,
         namespace: &str,
@@ -34,7 +35,7 @@ impl ClusterState {
         let Some(quota) = quotas.get(namespace) else {
             return Ok(());
         };
-        let used = usage_of(&self.read(), namespace);
+        let used = quota.used_in(&self.read());
         quota.admit(&used, &Amounts::requested_by(request), names)
     }
 
@@ -116,6 +117,7 @@ mod tests {
                 namespace: "a".into(),
                 min,
                 max: [Some(4), None, None],
+                also: Vec::new(),
             }],
             vec!["ElasticQuota x/y: no spec; quota ignored".into()],
             &names(),
@@ -140,5 +142,24 @@ mod tests {
             text.contains("Ignored: ElasticQuota x/y: no spec"),
             "{text}"
         );
+        // A quota over a group: admitted and reported over its namespaces together.
+        state.set_quotas(QuotaSet::build(
+            vec![Quota {
+                name: "qg".into(),
+                namespace: "g".into(),
+                min,
+                max: [Some(4), None, None],
+                also: vec!["a".into()],
+            }],
+            Vec::new(),
+            &names(),
+        ));
+        let reason = state.quota_admit("g", &whole(2), &names()).unwrap_err();
+        assert!(reason.contains("namespaces g,a would exceed"), "{reason}");
+        let report = state.report();
+        assert_eq!(report.quotas[0].also, ["a"]);
+        assert_eq!(report.quotas[0].resources[0].used, 3.0);
+        let text = report.to_text(false);
+        assert!(text.contains("g,a "), "{text}");
     }
 }

@@ -42,8 +42,13 @@ pub struct Metrics {
     /// Waiting pods touched so kube-scheduler retries them after capacity was freed, by result
     /// (`touched`, `gone`, `error`).
     pub requeue_touches: IntCounterVec,
-    /// Kubernetes Events published on pods for bind decisions, by result (`sent`, `error`).
+    /// Kubernetes Events published on pods for bind decisions and quota reclaims, by result
+    /// (`sent`, `error`).
     pub pod_events: IntCounterVec,
+    /// Quota reclaims through the Eviction API, by result (`evicted`, `pdb_blocked`, `error`).
+    pub quota_reclaims: IntCounterVec,
+    /// Pods evicted by quota reclaims.
+    pub quota_evictions: IntCounter,
     /// Every family's name, in registration order.
     names: Arc<Vec<String>>,
 }
@@ -123,10 +128,23 @@ impl Metrics {
         let pod_events = IntCounterVec::new(
             Opts::new(
                 "gpu_extender_pod_events_total",
-                "Kubernetes Events published on pods for bind decisions, by result.",
+                "Kubernetes Events published on pods for bind decisions and quota reclaims, by result.",
             ),
             &["result"],
         )?;
+        let quota_reclaims = IntCounterVec::new(
+            Opts::new(
+                "gpu_extender_quota_reclaims_total",
+                "Reclaims of GPUs borrowers hold for a pod of a team under its ElasticQuota min, through the Eviction API, by result.",
+            ),
+            &["result"],
+        )?;
+        let quota_evictions = IntCounter::new(
+            "gpu_extender_quota_evictions_total",
+            "Pods evicted through the Eviction API by quota reclaims.",
+        )?;
+        register(&registry, &mut names, quota_reclaims.clone())?;
+        register(&registry, &mut names, quota_evictions.clone())?;
         register(&registry, &mut names, pod_events.clone())?;
         register(&registry, &mut names, requeue_touches.clone())?;
         register(&registry, &mut names, request_duration.clone())?;
@@ -150,6 +168,9 @@ impl Metrics {
         for result in ["sent", "error"] {
             pod_events.with_label_values(&[result]);
         }
+        for result in ["evicted", "pdb_blocked", "error"] {
+            quota_reclaims.with_label_values(&[result]);
+        }
         names.extend(state_collector::family_names().map(str::to_owned));
         Ok(Self {
             registry,
@@ -164,6 +185,8 @@ impl Metrics {
             requests_shed,
             requeue_touches,
             pod_events,
+            quota_reclaims,
+            quota_evictions,
         })
     }
 

@@ -581,6 +581,7 @@ mod tests {
             "gpus",
             &namespace,
             Some(&serde_json::json!({"min": {"aliyun.com/gpu-mem": 2}, "max": {"aliyun.com/gpu-mem": 8}})),
+            None,
             &config,
         )
         .unwrap();

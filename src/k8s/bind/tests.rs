@@ -1008,6 +1008,7 @@ async fn a_bind_past_the_teams_quota_is_refused() {
         "gpus",
         "ns",
         Some(&json!({"max": {"aliyun.com/gpu-mem": 12}})),
+        None,
         &cfg,
     )
     .unwrap();
