@@ -27,6 +27,12 @@ pub struct TypicalPod {
     pub weight: f64,
 }
 
+/// The least excess scarcity ([`TypicalPods::with_cluster`]) that makes a class scarce: at most
+/// half of the cluster's GPUs can run it. Below that, many mildly constrained classes (a CPU-heavy
+/// pod only the larger hosts take) pulled against the host-stranding term and cost gains at full
+/// load on CPU-heavy workloads (`cpu25` in docs/policies.md), without protecting anyone.
+const MIN_EXCESS_SCARCITY: f64 = 1.0;
+
 /// The workload distribution fragmentation is measured against.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TypicalPods {
@@ -76,7 +82,7 @@ impl TypicalPods {
     /// the class (enough GPUs of an accepted model, CPU and memory), less one. A class that fits
     /// every node has none; one that only a twentieth of the GPUs can take has 19. Classes that
     /// fit no node have none either (no placement can keep room for them). The rare classes
-    /// count too.
+    /// count too; only classes with at least [`MIN_EXCESS_SCARCITY`] are kept.
     pub fn with_cluster<'a>(mut self, nodes: impl IntoIterator<Item = &'a NodeState>) -> Self {
         let classes: Vec<&TypicalPod> = self.pods.iter().chain(&self.rare).collect();
         let mut total = 0.0;
@@ -103,7 +109,7 @@ impl TypicalPods {
                 } else {
                     0.0
                 };
-                (excess > 0.0).then(|| (pod.clone(), pod.weight * excess))
+                (excess >= MIN_EXCESS_SCARCITY).then(|| (pod.clone(), pod.weight * excess))
             })
             .collect();
         self.scarce = scarce;
