@@ -54,26 +54,10 @@ if up_to_date; then
     exit 0
 fi
 
-GO_CMD=${GO:-}
-if [[ -z "$GO_CMD" ]]; then
-    if command -v go >/dev/null 2>&1; then
-        GO_CMD=$(command -v go)
-    elif [[ -x /usr/local/go/bin/go ]]; then
-        GO_CMD=/usr/local/go/bin/go
-    fi
-fi
-if [[ -z "$GO_CMD" ]] || ! "$GO_CMD" version >/dev/null 2>&1; then
-    log "error: the Go toolchain (>= 1.24) is missing; see scripts/k8s-bins.sh for how to install it"
-    exit 2
-fi
-
-mkdir -p "$VERSION_DIR"
-# One builder at a time (parallel test runs may all call this).
-exec 9>"$VERSION_DIR/.lock"
-if ! flock -n 9; then
-    log "waiting for another build of these binaries to finish (it holds $VERSION_DIR/.lock)"
-    flock 9
-fi
+# shellcheck source=scripts/go-build-lib.sh
+. "$ROOT/scripts/go-build-lib.sh"
+find_go "kwok and test-autoscaler are"
+lock_build_dir "$VERSION_DIR"
 if up_to_date; then
     log "cached in $BIN_DIR"
     printf '%s\n' "$BIN_DIR"

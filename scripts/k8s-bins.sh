@@ -64,36 +64,10 @@ if up_to_date; then
     exit 0
 fi
 
-# --- find Go (only needed to build) ----------------------------------------
-GO_CMD=${GO:-}
-if [[ -z "$GO_CMD" ]]; then
-    if command -v go >/dev/null 2>&1; then
-        GO_CMD=$(command -v go)
-    elif [[ -x /usr/local/go/bin/go ]]; then
-        GO_CMD=/usr/local/go/bin/go
-    fi
-fi
-if [[ -z "$GO_CMD" ]] || ! "$GO_CMD" version >/dev/null 2>&1; then
-    if [[ -n "${GO:-}" ]]; then WHY="GO=$GO does not run"; else WHY="no go on PATH, none at /usr/local/go/bin/go"; fi
-    cat >&2 <<EOF
-k8s-bins: error: the Go toolchain is missing ($WHY).
-  kube-apiserver, kube-scheduler, kubectl and etcd are built from source, which needs Go >= 1.24
-  (Kubernetes v1.34's minimum). Install it from https://go.dev/dl/ , e.g.
-    curl -fsSL https://go.dev/dl/go<version>.linux-amd64.tar.gz | tar -C /usr/local -xz
-    export PATH=\$PATH:/usr/local/go/bin
-  or your distribution's golang package if it is >= 1.24, or set GO=/path/to/go.
-  Only the Go module proxy (GOPROXY) is needed to fetch the sources; no binaries are downloaded.
-EOF
-    exit 2
-fi
-
-mkdir -p "$VERSION_DIR"
-# One builder at a time per version (parallel test runs may all call this).
-exec 9>"$VERSION_DIR/.lock"
-if ! flock -n 9; then
-    log "waiting for another build of these binaries to finish (it holds $VERSION_DIR/.lock)"
-    flock 9
-fi
+# shellcheck source=scripts/go-build-lib.sh
+. "$ROOT/scripts/go-build-lib.sh"
+find_go "kube-apiserver, kube-scheduler, kubectl and etcd are"
+lock_build_dir "$VERSION_DIR"
 if up_to_date; then # someone else built it while we waited
     log "kubernetes $K8S_VERSION, etcd $ETCD_VERSION: cached in $BIN_DIR"
     printf '%s\n' "$BIN_DIR"

@@ -258,7 +258,9 @@ func (a *autoscaler) scaleUp(ctx context.Context, nodes []*v1.Node, placed, pend
 				continue
 			}
 			candidate := a.fromTemplate(g, a.added+1)
-			if a.fits(ctx, pod, append(nodes, candidate), placed, []*v1.Node{candidate}) == "" {
+			// A copy: appending to nodes could write into the array `nodes` shares.
+			withCandidate := append(append(make([]*v1.Node, 0, len(nodes)+1), nodes...), candidate)
+			if a.fits(ctx, pod, withCandidate, placed, []*v1.Node{candidate}) == "" {
 				continue
 			}
 			created, err := a.client.CoreV1().Nodes().Create(ctx, candidate, metav1.CreateOptions{})
