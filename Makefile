@@ -5,7 +5,7 @@ export GPU_EXTENDER_CACHE ?= $(HOME)/.cache/gpu-extender
 export CARGO_TARGET_DIR ?= $(GPU_EXTENDER_CACHE)/target
 CARGO ?= cargo
 
-.PHONY: demo test test-e2e test-traces test-go lint unit e2e k8s-bins build bench fuzz fuzz-smoke
+.PHONY: demo test test-e2e test-traces test-go lint unit e2e k8s-bins autoscaler-bins build bench fuzz fuzz-smoke
 
 ## demo: local control plane + extender + kube-scheduler + sample GPU pods; prints placements and
 ## what each pod shows. scripts/demo.sh builds the extender and the Kubernetes binaries itself.
@@ -22,7 +22,7 @@ demo:
 export GPU_EXTENDER_E2E ?= require
 TRACES := ../shared/traces/openb
 GO ?= $(shell command -v go || { test -x /usr/local/go/bin/go && echo /usr/local/go/bin/go; })
-test: lint k8s-bins
+test: lint k8s-bins autoscaler-bins
 	$(CARGO) test --locked --all-targets
 	$(CARGO) test --locked --doc
 	$(MAKE) test-e2e test-traces test-go
@@ -37,6 +37,7 @@ test-e2e:
 		echo "make: end-to-end tier SKIPPED (GPU_EXTENDER_E2E=skip)"; \
 	else \
 		set -x; GPU_EXTENDER_K8S_BIN="$${GPU_EXTENDER_K8S_BIN:-$$(scripts/k8s-bins.sh | tail -n1)}" \
+			GPU_EXTENDER_AUTOSCALER_BIN="$${GPU_EXTENDER_AUTOSCALER_BIN:-$$(scripts/autoscaler-bins.sh | tail -n1)}" \
 			GPU_EXTENDER_CHROMIUM="$${GPU_EXTENDER_CHROMIUM:-$$(scripts/chromium.sh | tail -n1)}" \
 			GPU_EXTENDER_HELM="$${GPU_EXTENDER_HELM:-$$(scripts/helm.sh | tail -n1)/helm}" \
 			$(CARGO) test --locked --test e2e --test deploy_manifests -- --ignored \
@@ -83,6 +84,10 @@ build:
 
 k8s-bins:
 	scripts/k8s-bins.sh >/dev/null
+
+## autoscaler-bins: kwok and test-autoscaler for the autoscaling scenarios (tests/autoscaler/)
+autoscaler-bins:
+	scripts/autoscaler-bins.sh >/dev/null
 
 bench:
 	$(CARGO) bench --locked

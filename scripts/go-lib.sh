@@ -1,8 +1,9 @@
-# Shared by the scripts that build test tooling from pinned Go modules (k8s-bins.sh, helm.sh);
-# sourced, not run. Defines:
+# Shared by the scripts that build test tooling from pinned Go modules (k8s-bins.sh, helm.sh,
+# autoscaler-bins.sh); sourced, not run. Defines:
 #   mod_version <go.mod> <module path>   the version a go.mod requires
 #   find_go <tool name>                  sets GO_CMD to a working go, or explains and exits 2
-# The caller sets `log` (progress to stderr) before calling find_go.
+#   lock_build_dir <dir>                 takes <dir>/.lock on fd 9, waiting for another builder
+# The caller sets `log` (progress to stderr) before calling find_go or lock_build_dir.
 
 mod_version() {
     awk -v m="$2" '($1 == "require" && $2 == m) { print $3; exit } ($1 == m && $2 ~ /^v/) { print $2; exit }' "$1"
@@ -30,4 +31,14 @@ $what: error: the Go toolchain is missing ($why).
   Only the Go module proxy (GOPROXY) is needed to fetch the sources; no binaries are downloaded.
 MSG
     exit 2
+}
+
+# One builder at a time per cache folder: parallel test runs may all call the build scripts.
+lock_build_dir() {
+    mkdir -p "$1"
+    exec 9>"$1/.lock"
+    if ! flock -n 9; then
+        log "waiting for another build of these binaries to finish (it holds $1/.lock)"
+        flock 9
+    fi
 }

@@ -65,14 +65,7 @@ fi
 
 # --- find Go (only needed to build) ----------------------------------------
 find_go k8s-bins
-
-mkdir -p "$VERSION_DIR"
-# One builder at a time per version (parallel test runs may all call this).
-exec 9>"$VERSION_DIR/.lock"
-if ! flock -n 9; then
-    log "waiting for another build of these binaries to finish (it holds $VERSION_DIR/.lock)"
-    flock 9
-fi
+lock_build_dir "$VERSION_DIR"
 if up_to_date; then # someone else built it while we waited
     log "kubernetes $K8S_VERSION, etcd $ETCD_VERSION: cached in $BIN_DIR"
     printf '%s\n' "$BIN_DIR"

@@ -48,6 +48,7 @@ pub const RESERVED_ENV: &[&str] = &[
     // Build and test tooling (Makefile, scripts/, tests/), inherited by the processes it starts.
     "GPU_EXTENDER_CACHE",
     "GPU_EXTENDER_K8S_BIN",
+    "GPU_EXTENDER_AUTOSCALER_BIN",
     "GPU_EXTENDER_E2E",
     "GPU_EXTENDER_TRACES",
     "GPU_EXTENDER_GO",

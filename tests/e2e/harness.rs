@@ -31,6 +31,9 @@ pub const GPU_SCHEDULER: &str = "gpu-scheduler";
 
 /// Environment variable: directory with etcd, kube-apiserver, kube-scheduler and kubectl.
 pub const BIN_ENV: &str = "GPU_EXTENDER_K8S_BIN";
+/// Environment variable: directory with kwok and test-autoscaler (`scripts/autoscaler-bins.sh`
+/// builds them; asked for when unset).
+pub const AUTOSCALER_BIN_ENV: &str = "GPU_EXTENDER_AUTOSCALER_BIN";
 /// Environment variable: `1` keeps each scenario's directory (logs, configs) after it ends.
 pub const KEEP_ENV: &str = "GPU_EXTENDER_E2E_KEEP";
 
@@ -109,48 +112,66 @@ enum Bins {
 fn k8s_bins() -> &'static Bins {
     static BINS: OnceLock<Bins> = OnceLock::new();
     BINS.get_or_init(|| {
-        let dir = match std::env::var_os(BIN_ENV) {
-            Some(dir) => PathBuf::from(dir),
-            None => {
-                eprintln!(
-                    "e2e: {BIN_ENV} is not set; asking scripts/k8s-bins.sh for the Kubernetes \
-                     binaries (a first build takes several minutes)"
-                );
-                let output = Command::new(Path::new(ROOT).join("scripts/k8s-bins.sh"))
-                    .stdin(Stdio::null())
-                    .stderr(Stdio::inherit())
-                    .output();
-                match output {
-                    Ok(output) if output.status.success() => {
-                        let stdout = String::from_utf8_lossy(&output.stdout);
-                        PathBuf::from(stdout.lines().last().unwrap_or_default().trim())
-                    }
-                    Ok(output) => {
-                        return Bins::Missing(format!(
-                            "scripts/k8s-bins.sh failed ({}); see its message above",
-                            output.status
-                        ));
-                    }
-                    Err(error) => {
-                        return Bins::Missing(format!("cannot run scripts/k8s-bins.sh: {error}"));
-                    }
-                }
-            }
-        };
-        let missing: Vec<&str> = ["etcd", "kube-apiserver", "kube-scheduler", "kubectl"]
-            .into_iter()
-            .filter(|b| !dir.join(b).is_file())
-            .collect();
-        if missing.is_empty() {
-            Bins::Ready(dir)
-        } else {
-            Bins::Missing(format!(
-                "{} missing in {}",
-                missing.join(", "),
-                dir.display()
-            ))
-        }
+        find_bins(
+            BIN_ENV,
+            "scripts/k8s-bins.sh",
+            &["etcd", "kube-apiserver", "kube-scheduler", "kubectl"],
+        )
     })
+}
+
+/// The autoscaling components' directory (kwok, test-autoscaler), found once per test process.
+fn autoscaler_bins() -> &'static Bins {
+    static BINS: OnceLock<Bins> = OnceLock::new();
+    BINS.get_or_init(|| {
+        find_bins(
+            AUTOSCALER_BIN_ENV,
+            "scripts/autoscaler-bins.sh",
+            &["kwok", "test-autoscaler"],
+        )
+    })
+}
+
+/// The directory `env` names, else the one `script` prints last (building the binaries); ready
+/// when every one of `names` is in it.
+fn find_bins(env: &str, script: &str, names: &[&str]) -> Bins {
+    let dir = match std::env::var_os(env) {
+        Some(dir) => PathBuf::from(dir),
+        None => {
+            eprintln!("e2e: {env} is not set; asking {script} (a first build takes minutes)");
+            let output = Command::new(Path::new(ROOT).join(script))
+                .stdin(Stdio::null())
+                .stderr(Stdio::inherit())
+                .output();
+            match output {
+                Ok(output) if output.status.success() => {
+                    let stdout = String::from_utf8_lossy(&output.stdout);
+                    PathBuf::from(stdout.lines().last().unwrap_or_default().trim())
+                }
+                Ok(output) => {
+                    return Bins::Missing(format!(
+                        "{script} failed ({}); see its message above",
+                        output.status
+                    ));
+                }
+                Err(error) => return Bins::Missing(format!("cannot run {script}: {error}")),
+            }
+        }
+    };
+    let missing: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|b| !dir.join(b).is_file())
+        .collect();
+    if missing.is_empty() {
+        Bins::Ready(dir)
+    } else {
+        Bins::Missing(format!(
+            "{} missing in {}",
+            missing.join(", "),
+            dir.display()
+        ))
+    }
 }
 
 /// The Kubernetes binaries, or a failure saying how to get them: a scenario that was asked to
@@ -545,6 +566,55 @@ impl Cluster {
         Ok(())
     }
 
+    /// Starts kwok (`control-plane.sh kwok`): nodes annotated `kwok.x-k8s.io/node=fake` become
+    /// Ready and keep heartbeating, their pods Running, and deleted pods go.
+    pub async fn start_kwok(&self) -> Result<()> {
+        let bins = self.autoscaler_bins()?;
+        self.control_plane_with_env(&["kwok"], &[("AUTOSCALER_BIN_DIR", &bins)])
+            .await
+    }
+
+    /// Starts test-autoscaler (`control-plane.sh autoscaler`) with `templates` (a v1 `List` of
+    /// node templates, one node group each) and extra flags (its intervals).
+    pub async fn start_autoscaler(
+        &self,
+        templates: &serde_json::Value,
+        flags: &[&str],
+    ) -> Result<()> {
+        let bins = self.autoscaler_bins()?;
+        let path = self.dir.join("node-templates.yaml");
+        std::fs::write(&path, serde_yaml_ng::to_string(templates)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        self.control_plane_with_env(
+            &["autoscaler", &path.to_string_lossy()],
+            &[
+                ("AUTOSCALER_BIN_DIR", &bins),
+                ("CP_AUTOSCALER_EXTRA_ARGS", &flags.join(" ")),
+            ],
+        )
+        .await
+    }
+
+    /// The lines of test-autoscaler's log that contain `needle`.
+    pub fn autoscaler_log(&self, needle: &str) -> Vec<String> {
+        std::fs::read_to_string(self.dir.join("autoscaler.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|line| line.contains(needle))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn autoscaler_bins(&self) -> Result<String> {
+        match autoscaler_bins() {
+            Bins::Ready(dir) => Ok(dir.to_string_lossy().into_owned()),
+            Bins::Missing(why) => bail!(
+                "no autoscaler components ({why}): run `make test`, or set {AUTOSCALER_BIN_ENV} \
+                 to a directory with kwok and test-autoscaler (scripts/autoscaler-bins.sh builds them)"
+            ),
+        }
+    }
+
     /// Stops kube-scheduler only.
     pub async fn stop_scheduler(&self) -> Result<()> {
         self.control_plane(&["scheduler-stop"]).await
@@ -624,6 +694,8 @@ impl Cluster {
         for (file, lines) in [
             ("extender.log", 60),
             ("kube-scheduler.log", 40),
+            ("autoscaler.log", 30),
+            ("kwok.log", 10),
             ("kube-apiserver.log", 15),
         ] {
             let path = self.dir.join(file);

@@ -12,6 +12,7 @@ mod proxy;
 mod record;
 
 mod admin_auth;
+mod autoscaling;
 mod burst;
 mod configs;
 mod failover;

@@ -13,6 +13,9 @@ use serde_json::{Value, json};
 
 use crate::harness::GPU_SCHEDULER;
 
+/// The well-known label of a node's instance type (a node group of the kwok provider is the set
+/// of nodes of one instance type).
+pub const INSTANCE_TYPE: &str = "node.kubernetes.io/instance-type";
 /// Whole GPUs (exclusive nodes).
 pub const NVIDIA_GPU: &str = "nvidia.com/gpu";
 /// GPU memory in GiB (sharing nodes).
@@ -125,6 +128,30 @@ impl GpuNode {
         labels
     }
 
+    /// This node as a node-group template of an autoscaler's kwok provider: labels (the instance
+    /// type among them, no hostname), `taints`, and capacity and allocatable in the status, as a
+    /// new node of the group will report them; `max` nodes at most in the group.
+    pub fn template(&self, instance_type: &str, max: u32, taints: &[(&str, &str)]) -> Value {
+        let mut labels = self.node_labels();
+        labels.remove("kubernetes.io/hostname");
+        labels.insert(INSTANCE_TYPE.to_owned(), instance_type.to_owned());
+        let capacity = self.capacity();
+        json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "labels": labels,
+                "annotations": { "cluster-autoscaler.kwok.nodegroup/max-count": max.to_string() },
+            },
+            "spec": {
+                "taints": taints.iter().map(|(key, value)| json!({
+                    "key": key, "value": value, "effect": "NoSchedule",
+                })).collect::<Vec<_>>(),
+            },
+            "status": { "capacity": capacity, "allocatable": capacity },
+        })
+    }
+
     /// What the device plugins would advertise, plus host resources.
     pub fn capacity(&self) -> BTreeMap<String, String> {
         let gpus = u64::from(self.gpus);
@@ -227,6 +254,7 @@ pub struct PodSpec {
     pub annotations: BTreeMap<String, String>,
     pub node_selector: BTreeMap<String, String>,
     pub affinity: Option<Value>,
+    pub tolerations: Vec<Value>,
     pub priority_class: Option<String>,
 }
 
@@ -247,6 +275,7 @@ impl PodSpec {
             annotations: BTreeMap::new(),
             node_selector: BTreeMap::new(),
             affinity: None,
+            tolerations: Vec::new(),
             priority_class: None,
         }
     }
@@ -292,6 +321,14 @@ impl PodSpec {
         self
     }
 
+    /// Tolerates the `NoSchedule` taint `key=value` (a GPU node pool's taint).
+    pub fn tolerate(mut self, key: &str, value: &str) -> Self {
+        self.tolerations.push(json!({
+            "key": key, "operator": "Equal", "value": value, "effect": "NoSchedule",
+        }));
+        self
+    }
+
     /// Sets `priorityClassName`.
     pub fn priority(mut self, class: &str) -> Self {
         self.priority_class = Some(class.to_owned());
@@ -330,6 +367,9 @@ impl PodSpec {
         }
         if let Some(affinity) = &self.affinity {
             spec["affinity"] = affinity.clone();
+        }
+        if !self.tolerations.is_empty() {
+            spec["tolerations"] = json!(self.tolerations);
         }
         if let Some(class) = &self.priority_class {
             spec["priorityClassName"] = json!(class);

@@ -1,7 +1,7 @@
 //! What a user sees when a GPU pod cannot be placed: a FailedScheduling event with the extender's
-//! reason, and `PodScheduled` reason `Unschedulable` (what cluster-autoscaler acts on), never
-//! `SchedulerError`. Malformed requests get a message that says what is wrong, and the extender
-//! keeps serving.
+//! reason, and `PodScheduled` reason `Unschedulable` (the pods cluster-autoscaler simulates for a
+//! scale-up), never `SchedulerError`. Malformed requests get a message that says what is wrong,
+//! and the extender keeps serving.
 
 use std::time::Duration;
 
