@@ -64,12 +64,7 @@ if up_to_date; then
     exit 0
 fi
 
-STAGE=$(mktemp -d "$VERSION_DIR/.build.XXXXXX")
-trap 'rm -rf "$STAGE"' EXIT
-# As scripts/k8s-bins.sh: go.sum may be completed from the proxy; not this repository's VCS.
-export GOFLAGS="-mod=mod -buildvcs=false"
-export GOWORK=off
-export CGO_ENABLED=0
+start_go_build "$VERSION_DIR"
 GO_BUILD=("$GO_CMD" build -p "${K8S_BINS_JOBS:-2}" -trimpath -ldflags "-s -w")
 
 log "go: $("$GO_CMD" version)"

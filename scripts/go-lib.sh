@@ -3,6 +3,8 @@
 #   mod_version <go.mod> <module path>   the version a go.mod requires
 #   find_go <tool name>                  sets GO_CMD to a working go, or explains and exits 2
 #   lock_build_dir <dir>                 takes <dir>/.lock on fd 9, waiting for another builder
+#   start_go_build <dir>                 sets STAGE to a scratch folder in <dir> (removed on exit)
+#                                        and the Go environment every build here uses
 # The caller sets `log` (progress to stderr) before calling find_go or lock_build_dir.
 
 mod_version() {
@@ -41,4 +43,15 @@ lock_build_dir() {
         log "waiting for another build of these binaries to finish (it holds $1/.lock)"
         flock 9
     fi
+}
+
+# The scratch folder the binaries are built into before they are moved into place, and the
+# environment of every build: -mod=mod lets go.sum be completed from the proxy instead of failing;
+# -buildvcs=false because this is the gpu-extender repository, not the built module's; no cgo.
+start_go_build() {
+    STAGE=$(mktemp -d "$1/.build.XXXXXX")
+    trap 'rm -rf "$STAGE"' EXIT
+    export GOFLAGS="-mod=mod -buildvcs=false"
+    export GOWORK=off
+    export CGO_ENABLED=0
 }

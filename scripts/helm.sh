@@ -67,23 +67,10 @@ if up_to_date; then cached; fi
 
 find_go helm-bin
 
-mkdir -p "$VERSION_DIR"
-# One builder at a time per version (parallel test runs may all call this).
-exec 9>"$VERSION_DIR/.lock"
-if ! flock -n 9; then
-    log "waiting for another build of helm to finish (it holds $VERSION_DIR/.lock)"
-    flock 9
-fi
+lock_build_dir "$VERSION_DIR"
 if up_to_date; then cached; fi # someone else built it while we waited
 
-STAGE=$(mktemp -d "$VERSION_DIR/.build.XXXXXX")
-trap 'rm -rf "$STAGE"' EXIT
-
-# -mod=mod: go.sum may be completed from the proxy instead of failing.
-# -buildvcs=false: this is the gpu-extender repository, not helm's.
-export GOFLAGS="-mod=mod -buildvcs=false"
-export GOWORK=off
-export CGO_ENABLED=0
+start_go_build "$VERSION_DIR"
 
 log "go: $("$GO_CMD" version)"
 log "building helm $HELM_VERSION into $BIN_DIR (a cold build takes a few minutes on 2 cores)"

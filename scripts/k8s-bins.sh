@@ -72,15 +72,8 @@ if up_to_date; then # someone else built it while we waited
     exit 0
 fi
 
-STAGE=$(mktemp -d "$VERSION_DIR/.build.XXXXXX")
-trap 'rm -rf "$STAGE"' EXIT
-
-# -mod=mod: go.sum may be completed from the proxy instead of failing.
-# -buildvcs=false: this is the gpu-extender repository, not kubernetes'.
+start_go_build "$VERSION_DIR"
 # -p 2: two packages at a time (the box has 2 cores; more only costs memory).
-export GOFLAGS="-mod=mod -buildvcs=false"
-export GOWORK=off
-export CGO_ENABLED=0
 GO_BUILD=("$GO_CMD" build -p "${K8S_BINS_JOBS:-2}" -trimpath)
 
 # Version stamps, as kubernetes' hack/lib/version.sh sets them, so the binaries

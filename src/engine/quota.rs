@@ -180,6 +180,21 @@ pub struct Quota {
 }
 
 impl Quota {
+    /// A quota `q` on `namespace` guaranteeing `min` whole GPUs with no maximum: what the
+    /// reclaim and preemption tests build teams from.
+    #[cfg(test)]
+    pub(crate) fn whole_gpus_min(namespace: &str, min: u64) -> Self {
+        let mut amounts = Amounts::default();
+        amounts.set(QuotaResource::WholeGpus, min);
+        Self {
+            name: "q".into(),
+            namespace: namespace.into(),
+            min: amounts,
+            max: [None; 3],
+            also: Vec::new(),
+        }
+    }
+
     /// Every namespace the quota covers: its own first, then the group's others.
     pub fn namespaces(&self) -> impl Iterator<Item = &str> {
         std::iter::once(self.namespace.as_str()).chain(self.also.iter().map(String::as_str))

@@ -327,7 +327,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::engine::quota::{Amounts, Quota, QuotaResource, QuotaSet};
+    use crate::engine::quota::{Quota, QuotaSet};
     use crate::engine::{GpuMode, MemMiB, NodeSpec, Policy, Table, fit};
     use crate::objects::quota::quota_names;
     use crate::objects::translate::pod_request;
@@ -434,17 +434,7 @@ mod tests {
             };
             state.note_rank(&PodKey::new("b", name), rank);
         }
-        let quota = |ns: &str, min: u64| {
-            let mut amounts = Amounts::default();
-            amounts.set(QuotaResource::WholeGpus, min);
-            Quota {
-                name: "q".into(),
-                namespace: ns.into(),
-                min: amounts,
-                max: [None; 3],
-                also: Vec::new(),
-            }
-        };
+        let quota = Quota::whole_gpus_min;
         state.set_quotas(QuotaSet::build(
             vec![quota("a", 4), quota("b", 0)],
             Vec::new(),

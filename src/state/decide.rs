@@ -460,7 +460,7 @@ mod tests {
     /// such victims would free room is dropped. A team above its min preempts nobody else.
     #[test]
     fn preemption_for_quotas_takes_from_borrowers_only() {
-        use crate::engine::quota::{Amounts, Quota, QuotaNames, QuotaResource, QuotaSet};
+        use crate::engine::quota::{Quota, QuotaNames, QuotaSet};
         let policy = Policy::default();
         let whole = |n| PodRequest::single(CpuMilli(1), MemMiB(1), GpuDemand::whole(n).unwrap());
         let mut table = Table::rebuild(
@@ -490,17 +490,7 @@ mod tests {
             };
             state.note_rank(&PodKey::new(ns, name), rank);
         }
-        let quota = |ns: &str, min: u64| {
-            let mut amounts = Amounts::default();
-            amounts.set(QuotaResource::WholeGpus, min);
-            Quota {
-                name: "q".into(),
-                namespace: ns.into(),
-                min: amounts,
-                max: [None; 3],
-                also: Vec::new(),
-            }
-        };
+        let quota = Quota::whole_gpus_min;
         state.set_quotas(QuotaSet::build(
             vec![quota("a", 2), quota("b", 0), quota("c", 2)],
             Vec::new(),
