@@ -1,0 +1,173 @@
+//! How many more copies of one pod a set of nodes can hold: each node takes copies one after
+//! another, placed by [`fit`] exactly as bind would place them, until the next one no longer
+//! fits. What a multi-cluster scheduler asks a member cluster (Karmada's scheduler-estimator,
+//! served by `crate::estimator`).
+//!
+//! Copies placed on one node change no other node, so the count over a set of nodes is the sum
+//! of the nodes' own counts, whatever order the copies arrive in and whichever node the policy
+//! picks for each. Nodes of the same shape (the same spec apart from names, the same usage)
+//! answer alike, so each shape is counted once: a 5,000-node cluster of a few node types costs
+//! a few placements per type, not per node.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hash, Hasher};
+
+use super::fit::fit;
+use super::policy::Policy;
+use super::request::PodRequest;
+use super::state::NodeState;
+
+/// How many copies of `request` `node` takes one after another, at most `limit`.
+pub fn replicas_on(node: &NodeState, request: &PodRequest, policy: &Policy, limit: u64) -> u64 {
+    let mut node_after = None::<NodeState>;
+    let mut placed = 0;
+    while placed < limit {
+        let current = node_after.as_ref().unwrap_or(node);
+        let Ok(allocation) = fit(current, request, policy) else {
+            break;
+        };
+        node_after
+            .get_or_insert_with(|| node.clone())
+            .add(&allocation);
+        placed += 1;
+    }
+    placed
+}
+
+/// How many copies of `request` the `nodes` take together, each node filled one copy after
+/// another ([`replicas_on`]); at most `limit`. The caller passes only the nodes the pod may use
+/// at all (its node selector, affinity and tolerations already applied).
+pub fn max_replicas<'a>(
+    nodes: impl IntoIterator<Item = &'a NodeState>,
+    request: &PodRequest,
+    policy: &Policy,
+    limit: u64,
+) -> u64 {
+    // Shapes seen, by hash; equal hashes are compared in full, so a collision costs a
+    // placement run, never a wrong count. Each count is capped at `limit` alike, so a cached
+    // count is exactly what a fresh run would give.
+    let hasher = foldhash::fast::RandomState::default();
+    let mut counted: HashMap<u64, Vec<(&'a NodeState, u64)>> = HashMap::new();
+    let mut total: u64 = 0;
+    for node in nodes {
+        if total >= limit {
+            break;
+        }
+        let mut state = hasher.build_hasher();
+        hash_shape(node, &mut state);
+        let same = counted.entry(state.finish()).or_default();
+        let count = match same.iter().find(|(seen, _)| same_shape(seen, node)) {
+            Some(&(_, count)) => count,
+            None => {
+                let count = replicas_on(node, request, policy, limit);
+                same.push((node, count));
+                count
+            }
+        };
+        total = total.saturating_add(count);
+    }
+    total.min(limit)
+}
+
+/// Hashes what [`same_shape`] compares.
+fn hash_shape(node: &NodeState, state: &mut impl Hasher) {
+    let spec = &node.spec;
+    spec.cpu.hash(state);
+    spec.memory.hash(state);
+    spec.max_pods.hash(state);
+    spec.mode.hash(state);
+    spec.placement.hash(state);
+    for gpu in &spec.gpus {
+        gpu.index.hash(state);
+        gpu.model.hash(state);
+        gpu.memory.hash(state);
+        gpu.numa.hash(state);
+        gpu.healthy.hash(state);
+    }
+    spec.links.hash(state);
+    node.gpus.hash(state);
+    node.cpu_used.hash(state);
+    node.mem_used.hash(state);
+    node.pods.hash(state);
+    node.dangling_holds.hash(state);
+}
+
+/// Whether placement treats the two nodes alike: everything of the spec but the node's name and
+/// its GPUs' UUIDs (placement reads neither), and the same usage.
+fn same_shape(a: &NodeState, b: &NodeState) -> bool {
+    let (x, y) = (&a.spec, &b.spec);
+    x.cpu == y.cpu
+        && x.memory == y.memory
+        && x.max_pods == y.max_pods
+        && x.mode == y.mode
+        && x.placement == y.placement
+        && x.gpus.len() == y.gpus.len()
+        && x.gpus.iter().zip(&y.gpus).all(|(g, h)| {
+            g.index == h.index
+                && g.model == h.model
+                && g.memory == h.memory
+                && g.numa == h.numa
+                && g.healthy == h.healthy
+        })
+        && x.links == y.links
+        && *a.gpus == *b.gpus
+        && a.cpu_used == b.cpu_used
+        && a.mem_used == b.mem_used
+        && a.pods == b.pods
+        && a.dangling_holds == b.dangling_holds
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests fail loudly on a broken fixture")]
+
+    use super::*;
+    use crate::engine::model::{CpuMilli, GpuMode, MemMiB, NodeSpec};
+    use crate::engine::request::GpuDemand;
+
+    fn t4(name: &str, gpus: u16) -> NodeState {
+        NodeState::new(
+            NodeSpec::uniform(name, GpuMode::ShareMemory, gpus, "T4", MemMiB(16_384)).with_host(
+                CpuMilli(64_000),
+                MemMiB(256 * 1024),
+                110,
+            ),
+        )
+    }
+
+    #[test]
+    fn a_share_pod_counts_per_gpu_not_per_summed_memory() {
+        // 10 GiB of a 16 GiB GPU: one per GPU, although the node's 4 GPUs sum to 64 GiB (six
+        // such pods by sum).
+        let pod = PodRequest::single(
+            CpuMilli(100),
+            MemMiB(128),
+            GpuDemand::share(10, 1, None).unwrap(),
+        );
+        let node = t4("a", 4);
+        assert_eq!(replicas_on(&node, &pod, &Policy::default(), u64::MAX), 4);
+    }
+
+    #[test]
+    fn nodes_of_one_shape_are_counted_alike_and_the_limit_caps_the_sum() {
+        let pod = PodRequest::single(CpuMilli(0), MemMiB(0), GpuDemand::whole(1).unwrap());
+        let nodes: Vec<NodeState> = (0..50).map(|i| t4(&format!("n{i}"), 2)).collect();
+        let policy = Policy::default();
+        assert_eq!(max_replicas(&nodes, &pod, &policy, u64::MAX), 100);
+        assert_eq!(max_replicas(&nodes, &pod, &policy, 7), 7);
+        assert_eq!(replicas_on(&nodes[0], &pod, &policy, 1), 1);
+    }
+
+    #[test]
+    fn the_host_pod_limit_stops_a_pod_that_asks_nothing() {
+        let node = NodeState::new(
+            NodeSpec::uniform("a", GpuMode::Exclusive, 1, "T4", MemMiB(16_384)).with_host(
+                CpuMilli(1000),
+                MemMiB(1024),
+                3,
+            ),
+        );
+        let pod = PodRequest::single(CpuMilli(0), MemMiB(0), GpuDemand::None);
+        assert_eq!(replicas_on(&node, &pod, &Policy::default(), u64::MAX), 3);
+    }
+}
