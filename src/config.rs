@@ -108,6 +108,8 @@ pub const KEYS: &[&str] = &[
     "requeue.maxPodsPerNode",
     "requeue.minIntervalSeconds",
     "limits.maxConcurrentRequests",
+    "estimator.listen",
+    "estimator.cluster",
 ];
 
 /// Why the configuration could not be loaded. Messages name the file, variable or key at fault.
@@ -156,6 +158,7 @@ pub struct Config {
     pub bind: BindConfig,
     pub requeue: RequeueConfig,
     pub limits: Limits,
+    pub estimator: EstimatorConfig,
 }
 
 /// Extended resource names pods request and nodes advertise, and the pod label for multi-GPU
@@ -460,6 +463,18 @@ impl Default for TlsConfig {
             reload_interval_seconds: 10,
         }
     }
+}
+
+/// Karmada's scheduler-estimator gRPC service ([`crate::estimator`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct EstimatorConfig {
+    /// Where the `Estimator` service listens (plain gRPC); unset: not served.
+    /// karmada-scheduler dials port 10352 unless told otherwise (`--scheduler-estimator-port`).
+    pub listen: Option<SocketAddr>,
+    /// The member cluster's name in Karmada: requests naming another cluster are refused.
+    /// Empty: any name is accepted.
+    pub cluster: String,
 }
 
 /// Binding.

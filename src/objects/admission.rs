@@ -10,8 +10,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use k8s_openapi::api::core::v1::{
-    Node, NodeSelectorRequirement, NodeSelectorTerm, Pod, Taint, Toleration,
+    Node, NodeSelectorRequirement, NodeSelectorTerm, NodeSpec, NodeStatus, Pod, Taint, Toleration,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::quantity::Quantity;
 use super::translate::{TranslateError, pod_resource_request};
@@ -165,6 +166,27 @@ pub fn node_refusal(
         }
     }
     Ok(None)
+}
+
+/// A copy of `node` with only what [`node_refusal`] reads: its name and labels, cordon, taints
+/// and allocatable. What the estimator keeps of every node to apply a template's node claims.
+pub fn node_claims_view(node: &Node) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: node.metadata.name.clone(),
+            labels: node.metadata.labels.clone(),
+            ..ObjectMeta::default()
+        },
+        spec: node.spec.as_ref().map(|spec| NodeSpec {
+            unschedulable: spec.unschedulable,
+            taints: spec.taints.clone(),
+            ..NodeSpec::default()
+        }),
+        status: node.status.as_ref().map(|status| NodeStatus {
+            allocatable: status.allocatable.clone(),
+            ..NodeStatus::default()
+        }),
+    }
 }
 
 /// The node's `status.allocatable` of `name` as a whole number (kube-scheduler reads allocatable

@@ -18,6 +18,13 @@ use crate::state::{ClusterState, PolicyCell};
 /// Extender verbs, the `verb` label's values.
 pub const VERBS: [&str; 4] = ["filter", "prioritize", "bind", "preempt"];
 
+/// The scheduler-estimator's gRPC methods (Karmada's names), the `method` label's values.
+pub const ESTIMATOR_METHODS: [&str; 3] = [
+    "MaxAvailableReplicas",
+    "MaxAvailableComponentSets",
+    "GetUnschedulableReplicas",
+];
+
 /// Every metric the service exports.
 #[derive(Clone, Debug)]
 pub struct Metrics {
@@ -44,6 +51,10 @@ pub struct Metrics {
     pub requeue_touches: IntCounterVec,
     /// Kubernetes Events published on pods for bind decisions, by result (`sent`, `error`).
     pub pod_events: IntCounterVec,
+    /// Scheduler-estimator calls by method and gRPC code (`OK`, `InvalidArgument`, ...).
+    pub estimator_requests: IntCounterVec,
+    /// Time to answer one scheduler-estimator call, by method.
+    pub estimator_duration: HistogramVec,
     /// Every family's name, in registration order.
     names: Arc<Vec<String>>,
 }
@@ -73,7 +84,7 @@ impl Metrics {
                 "gpu_extender_request_duration_seconds",
                 "Time to answer one extender call from kube-scheduler, by verb.",
             )
-            .buckets(latency_buckets),
+            .buckets(latency_buckets.clone()),
             &["verb"],
         )?;
         let requests = IntCounterVec::new(
@@ -127,6 +138,23 @@ impl Metrics {
             ),
             &["result"],
         )?;
+        let estimator_requests = IntCounterVec::new(
+            Opts::new(
+                "gpu_extender_estimator_requests_total",
+                "Karmada scheduler-estimator calls by method and gRPC code.",
+            ),
+            &["method", "code"],
+        )?;
+        let estimator_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "gpu_extender_estimator_request_duration_seconds",
+                "Time to answer one Karmada scheduler-estimator call, by method.",
+            )
+            .buckets(latency_buckets),
+            &["method"],
+        )?;
+        register(&registry, &mut names, estimator_requests.clone())?;
+        register(&registry, &mut names, estimator_duration.clone())?;
         register(&registry, &mut names, pod_events.clone())?;
         register(&registry, &mut names, requeue_touches.clone())?;
         register(&registry, &mut names, request_duration.clone())?;
@@ -150,6 +178,9 @@ impl Metrics {
         for result in ["sent", "error"] {
             pod_events.with_label_values(&[result]);
         }
+        for method in ESTIMATOR_METHODS {
+            estimator_duration.with_label_values(&[method]);
+        }
         names.extend(state_collector::family_names().map(str::to_owned));
         Ok(Self {
             registry,
@@ -164,6 +195,8 @@ impl Metrics {
             requests_shed,
             requeue_touches,
             pod_events,
+            estimator_requests,
+            estimator_duration,
         })
     }
 
