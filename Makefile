@@ -29,14 +29,16 @@ test: lint k8s-bins
 	$(MAKE) fuzz-smoke
 
 ## test-e2e: the end-to-end scenarios and the deployment tests against real Kubernetes binaries
-## (and headless Chromium for the web view, installed by scripts/chromium.sh when missing; not
-## the failover measurement, failover::failover_takeover_distribution: 30 control planes).
+## (and headless Chromium for the web view, installed by scripts/chromium.sh when missing; Karmada's
+## estimator client, built by scripts/karmada-client.sh into the cache; not the failover
+## measurement, failover::failover_takeover_distribution: 30 control planes).
 test-e2e:
 	@if [[ "$$GPU_EXTENDER_E2E" == skip ]]; then \
 		echo "make: end-to-end tier SKIPPED (GPU_EXTENDER_E2E=skip)"; \
 	else \
 		set -x; GPU_EXTENDER_K8S_BIN="$${GPU_EXTENDER_K8S_BIN:-$$(scripts/k8s-bins.sh | tail -n1)}" \
 			GPU_EXTENDER_CHROMIUM="$${GPU_EXTENDER_CHROMIUM:-$$(scripts/chromium.sh | tail -n1)}" \
+			GPU_EXTENDER_KARMADA_CLIENT="$${GPU_EXTENDER_KARMADA_CLIENT:-$$(scripts/karmada-client.sh | tail -n1)}" \
 			$(CARGO) test --locked --test e2e --test deploy_manifests -- --ignored \
 			--skip failover::failover_takeover_distribution; \
 	fi

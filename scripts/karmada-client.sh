@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Build (once) tests/karmada-client: the program that calls gpu-extender's scheduler-estimator
+# with Karmada's own estimator client (tests/e2e/karmada.rs). Built from Go modules only (the
+# module proxy); the pin is github.com/karmada-io/karmada in tests/karmada-client/go.mod.
+#
+# Output goes to a cache outside the source tree, keyed by Karmada version:
+#   ${GPU_EXTENDER_CACHE:-$HOME/.cache/gpu-extender}/karmada-client/<karmada-version>/karmada-client
+# A warm run (the binary present and built from the same go.mod/go.sum/main.go) only checks and
+# returns. After a build it checks that proto/ matches the pinned Karmada's files
+# (`karmada-client check-protos proto`). The last line on stdout is the binary's path; progress
+# goes to stderr, so `BIN=$(scripts/karmada-client.sh | tail -n1)` works.
+#
+# Environment:
+#   GPU_EXTENDER_CACHE   cache root (default $HOME/.cache/gpu-extender)
+#   GO                   the go command to use (default: go on PATH, else /usr/local/go/bin/go)
+#
+# Exit status: 0 ok, 2 Go toolchain missing, other non-zero on build or check failure.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+MOD_DIR="$ROOT/tests/karmada-client"
+
+log() { printf 'karmada-client: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+VERSION=$(awk '($1 == "require" && $2 == "github.com/karmada-io/karmada") { print $3; exit }
+               ($1 == "github.com/karmada-io/karmada" && $2 ~ /^v/) { print $2; exit }' "$MOD_DIR/go.mod")
+[[ -n "$VERSION" ]] || die "cannot read the karmada version from $MOD_DIR/go.mod"
+
+CACHE_ROOT=${GPU_EXTENDER_CACHE:-$HOME/.cache/gpu-extender}
+OUT_DIR="$CACHE_ROOT/karmada-client/$VERSION"
+BIN="$OUT_DIR/karmada-client"
+STAMP="$OUT_DIR/.stamp"
+
+stamp_text() {
+    printf 'karmada %s\n' "$VERSION"
+    cat "$MOD_DIR/go.mod" "$MOD_DIR/go.sum" "$MOD_DIR/main.go" "${BASH_SOURCE[0]}" | sha256sum | cut -d' ' -f1
+}
+up_to_date() { [[ -x "$BIN" && -f "$STAMP" && "$(cat "$STAMP")" == "$(stamp_text)" ]]; }
+
+if up_to_date; then
+    log "karmada $VERSION: cached in $BIN"
+    printf '%s\n' "$BIN"
+    exit 0
+fi
+
+GO_CMD=${GO:-}
+if [[ -z "$GO_CMD" ]]; then
+    if command -v go >/dev/null 2>&1; then GO_CMD=$(command -v go)
+    elif [[ -x /usr/local/go/bin/go ]]; then GO_CMD=/usr/local/go/bin/go; fi
+fi
+if [[ -z "$GO_CMD" ]] || ! "$GO_CMD" version >/dev/null 2>&1; then
+    log "error: the Go toolchain is missing (Karmada $VERSION needs Go >= 1.25); see scripts/k8s-bins.sh"
+    exit 2
+fi
+
+mkdir -p "$OUT_DIR"
+exec 9>"$OUT_DIR/.lock"
+if ! flock -n 9; then
+    log "waiting for another build to finish (it holds $OUT_DIR/.lock)"
+    flock 9
+fi
+if up_to_date; then
+    log "karmada $VERSION: cached in $BIN"
+    printf '%s\n' "$BIN"
+    exit 0
+fi
+
+export GOFLAGS="-mod=mod -buildvcs=false" GOWORK=off CGO_ENABLED=0
+log "go: $("$GO_CMD" version)"
+log "building against karmada $VERSION into $OUT_DIR (a cold build takes a few minutes)"
+start=$SECONDS
+STAGE=$(mktemp "$OUT_DIR/.build.XXXXXX")
+trap 'rm -f "$STAGE"' EXIT
+# The build tag Karmada's own hack/build.sh sets: k8s.io/api v0.35 keeps its types' ProtoMessage
+# methods (which the v1.18 estimator protos still embed) only under it.
+(cd "$MOD_DIR" && "$GO_CMD" build -p "${K8S_BINS_JOBS:-2}" -trimpath -ldflags "-s -w" \
+    -tags kubernetes_protomessage_one_more_release -o "$STAGE" .)
+GOMODCACHE=$("$GO_CMD" env GOMODCACHE) "$STAGE" check-protos "$ROOT/proto" >&2 \
+    || die "proto/ does not match karmada $VERSION (see proto/README.md)"
+mv -f "$STAGE" "$BIN"
+stamp_text >"$STAMP"
+log "done in $((SECONDS - start))s: $BIN"
+printf '%s\n' "$BIN"
