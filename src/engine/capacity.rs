@@ -19,16 +19,18 @@ use super::state::NodeState;
 
 /// How many copies of `request` `node` takes one after another, at most `limit`.
 pub fn replicas_on(node: &NodeState, request: &PodRequest, policy: &Policy, limit: u64) -> u64 {
-    let mut node_after = None::<NodeState>;
+    fill(&mut node.clone(), request, policy, limit)
+}
+
+/// Places copies of `request` on `node` until the next one does not fit or `limit` are placed;
+/// how many were placed. `node` is left holding them.
+fn fill(node: &mut NodeState, request: &PodRequest, policy: &Policy, limit: u64) -> u64 {
     let mut placed = 0;
     while placed < limit {
-        let current = node_after.as_ref().unwrap_or(node);
-        let Ok(allocation) = fit(current, request, policy) else {
+        let Ok(allocation) = fit(node, request, policy) else {
             break;
         };
-        node_after
-            .get_or_insert_with(|| node.clone())
-            .add(&allocation);
+        node.add(&allocation);
         placed += 1;
     }
     placed
@@ -48,18 +50,39 @@ pub fn max_replicas<'a>(
     // count is exactly what a fresh run would give.
     let hasher = foldhash::fast::RandomState::default();
     let mut counted: HashMap<u64, Vec<(&'a NodeState, u64)>> = HashMap::new();
+    // One scratch node per spec (names aside), filled from each node's usage in turn: copying
+    // a node's usage costs nothing, cloning its spec (GPU list, model names, profile) a dozen
+    // allocations, the larger part of an estimate over thousands of nodes.
+    let mut scratch: HashMap<u64, Vec<NodeState>> = HashMap::new();
     let mut total: u64 = 0;
     for node in nodes {
         if total >= limit {
             break;
         }
+        let mut spec_state = hasher.build_hasher();
+        hash_spec(node, &mut spec_state);
+        let spec_hash = spec_state.finish();
         let mut state = hasher.build_hasher();
-        hash_shape(node, &mut state);
+        spec_hash.hash(&mut state);
+        hash_usage(node, &mut state);
         let same = counted.entry(state.finish()).or_default();
-        let count = match same.iter().find(|(seen, _)| same_shape(seen, node)) {
+        let count = match same
+            .iter()
+            .find(|(seen, _)| same_spec(seen, node) && same_usage(seen, node))
+        {
             Some(&(_, count)) => count,
             None => {
-                let count = replicas_on(node, request, policy, limit);
+                let nodes_of_spec = scratch.entry(spec_hash).or_default();
+                let position = match nodes_of_spec.iter().position(|s| same_spec(s, node)) {
+                    Some(position) => position,
+                    None => {
+                        nodes_of_spec.push(node.clone());
+                        nodes_of_spec.len() - 1
+                    }
+                };
+                let work = &mut nodes_of_spec[position];
+                copy_usage(work, node);
+                let count = fill(work, request, policy, limit);
                 same.push((node, count));
                 count
             }
@@ -69,8 +92,8 @@ pub fn max_replicas<'a>(
     total.min(limit)
 }
 
-/// Hashes what [`same_shape`] compares.
-fn hash_shape(node: &NodeState, state: &mut impl Hasher) {
+/// Hashes what [`same_spec`] compares.
+fn hash_spec(node: &NodeState, state: &mut impl Hasher) {
     let spec = &node.spec;
     spec.cpu.hash(state);
     spec.memory.hash(state);
@@ -85,6 +108,10 @@ fn hash_shape(node: &NodeState, state: &mut impl Hasher) {
         gpu.healthy.hash(state);
     }
     spec.links.hash(state);
+}
+
+/// Hashes what [`same_usage`] compares.
+fn hash_usage(node: &NodeState, state: &mut impl Hasher) {
     node.gpus.hash(state);
     node.cpu_used.hash(state);
     node.mem_used.hash(state);
@@ -92,9 +119,9 @@ fn hash_shape(node: &NodeState, state: &mut impl Hasher) {
     node.dangling_holds.hash(state);
 }
 
-/// Whether placement treats the two nodes alike: everything of the spec but the node's name and
-/// its GPUs' UUIDs (placement reads neither), and the same usage.
-fn same_shape(a: &NodeState, b: &NodeState) -> bool {
+/// Whether placement treats the two nodes' specs alike: everything but the node's name and its
+/// GPUs' UUIDs, which placement never reads.
+fn same_spec(a: &NodeState, b: &NodeState) -> bool {
     let (x, y) = (&a.spec, &b.spec);
     x.cpu == y.cpu
         && x.memory == y.memory
@@ -110,11 +137,24 @@ fn same_shape(a: &NodeState, b: &NodeState) -> bool {
                 && g.healthy == h.healthy
         })
         && x.links == y.links
-        && *a.gpus == *b.gpus
+}
+
+/// Whether the two nodes hold the same: per-GPU usage, host CPU, memory and pods.
+fn same_usage(a: &NodeState, b: &NodeState) -> bool {
+    *a.gpus == *b.gpus
         && a.cpu_used == b.cpu_used
         && a.mem_used == b.mem_used
         && a.pods == b.pods
         && a.dangling_holds == b.dangling_holds
+}
+
+/// Gives `work` (a node of the same spec) `node`'s usage.
+fn copy_usage(work: &mut NodeState, node: &NodeState) {
+    work.gpus.clone_from(&node.gpus);
+    work.cpu_used = node.cpu_used;
+    work.mem_used = node.mem_used;
+    work.pods = node.pods;
+    work.dangling_holds = node.dangling_holds;
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! The `Estimator` gRPC service on its own listener (`estimator.listen`): each estimate reads
 //! one consistent snapshot of the allocation table, keeps the nodes whose labels, taints and
-//! cordon admit the template ([`node_refusal`]), and counts with [`max_replicas`]. Pods already
-//! bound and capacity reserved at bind are in the table, so they are honoured as they are.
+//! cordon admit the template ([`claim_refusal`], [`resource_refusal`]), and counts with
+//! [`max_replicas`]. Pods already bound and capacity reserved at bind are in the table, so they
+//! are honoured as they are.
 //! Requests are counted and timed by method and gRPC code (docs/metrics.md).
 
 use std::future::Future;
@@ -18,7 +19,7 @@ use super::proto::service::estimator_server::{Estimator, EstimatorServer};
 use super::template::{Template, template};
 use crate::config::Config;
 use crate::engine::{NodeState, max_replicas};
-use crate::objects::admission::{Layer, node_refusal};
+use crate::objects::admission::{claim_refusal, resource_asks, resource_refusal};
 use crate::state::{ClusterState, PolicyCell};
 use crate::telemetry::Metrics;
 use crate::telemetry::metrics::ESTIMATOR_METHODS as METHODS;
@@ -90,17 +91,21 @@ impl EstimatorService {
         nodes: impl Iterator<Item = &'t NodeState>,
         template: &Template,
     ) -> Result<Vec<&'t NodeState>, Status> {
+        // The template's resources are read once, not once per node.
+        let asks = resource_asks(&template.pod, &self.config)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let mut admitted = Vec::new();
         for node in nodes {
-            let refusal = match self.cluster.node_claims(&node.spec.name) {
-                Some(view) => node_refusal(&view, &template.pod, None, &self.config),
+            let refused = match self.cluster.node_claims(&node.spec.name) {
+                Some(view) => {
+                    claim_refusal(&view, &template.pod).is_some()
+                        || resource_refusal(&view, &asks, None).is_some()
+                }
                 // A node the feed has not described (a table built by hand): no labels, taints
                 // or cordon, and no allocatable to check (the engine's fit counts its GPUs).
-                None => node_refusal(&bare_node(node), &template.pod, None, &self.config)
-                    .map(|refusal| refusal.filter(|r| r.layer != Layer::NodeResourcesFit)),
-            }
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
-            if refusal.is_none() {
+                None => claim_refusal(&bare_node(node), &template.pod).is_some(),
+            };
+            if !refused {
                 admitted.push(node);
             }
         }
