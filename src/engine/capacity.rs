@@ -12,10 +12,12 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, Hasher};
 
-use super::fit::fit;
+use super::fit::{fit, footprint_with};
+use super::model::{CpuMilli, MemMiB};
 use super::policy::Policy;
+use super::policy::fgd::FgdCache;
 use super::request::PodRequest;
-use super::state::NodeState;
+use super::state::{NodeState, PerGpu};
 
 /// How many copies of `request` `node` takes one after another, at most `limit`.
 pub fn replicas_on(node: &NodeState, request: &PodRequest, policy: &Policy, limit: u64) -> u64 {
@@ -26,6 +28,25 @@ pub fn replicas_on(node: &NodeState, request: &PodRequest, policy: &Policy, limi
 /// how many were placed. `node` is left holding them.
 fn fill(node: &mut NodeState, request: &PodRequest, policy: &Policy, limit: u64) -> u64 {
     let mut placed = 0;
+    if node.profile.contiguous {
+        // The score path's placement, which writes the usage the pod leaves in place instead
+        // of building its `PodAllocation` (exactly `fit` then `add` where GPU indices are
+        // positions, see `footprint_with`): no allocation per copy.
+        while placed < limit {
+            let mut after = PerGpu::copy_of(&node.gpus);
+            let placement =
+                footprint_with(node, request, policy, &mut FgdCache::default(), &mut after);
+            if placement.is_err() {
+                break;
+            }
+            node.gpus = after;
+            node.cpu_used = CpuMilli(node.cpu_used.0.saturating_add(request.cpu.0));
+            node.mem_used = MemMiB(node.mem_used.0.saturating_add(request.memory.0));
+            node.pods = node.pods.saturating_add(1);
+            placed += 1;
+        }
+        return placed;
+    }
     while placed < limit {
         let Ok(allocation) = fit(node, request, policy) else {
             break;
@@ -162,7 +183,7 @@ mod tests {
     #![allow(clippy::unwrap_used, reason = "tests fail loudly on a broken fixture")]
 
     use super::*;
-    use crate::engine::model::{CpuMilli, GpuMode, MemMiB, NodeSpec};
+    use crate::engine::model::{GpuMode, NodeSpec};
     use crate::engine::request::GpuDemand;
 
     fn t4(name: &str, gpus: u16) -> NodeState {
