@@ -30,7 +30,8 @@ test: lint k8s-bins autoscaler-bins
 
 ## test-e2e: the end-to-end scenarios and the deployment tests against real Kubernetes binaries
 ## (and headless Chromium for the web view, installed by scripts/chromium.sh when missing; helm
-## for the chart's tests, built by scripts/helm.sh; not the failover measurement,
+## for the chart's tests, built by scripts/helm.sh; Karmada's estimator client, built by
+## scripts/karmada-client.sh; not the failover measurement,
 ## failover::failover_takeover_distribution: 30 control planes).
 test-e2e:
 	@if [[ "$$GPU_EXTENDER_E2E" == skip ]]; then \
@@ -40,6 +41,7 @@ test-e2e:
 			GPU_EXTENDER_AUTOSCALER_BIN="$${GPU_EXTENDER_AUTOSCALER_BIN:-$$(scripts/autoscaler-bins.sh | tail -n1)}" \
 			GPU_EXTENDER_CHROMIUM="$${GPU_EXTENDER_CHROMIUM:-$$(scripts/chromium.sh | tail -n1)}" \
 			GPU_EXTENDER_HELM="$${GPU_EXTENDER_HELM:-$$(scripts/helm.sh | tail -n1)/helm}" \
+			GPU_EXTENDER_KARMADA_CLIENT="$${GPU_EXTENDER_KARMADA_CLIENT:-$$(scripts/karmada-client.sh | tail -n1)}" \
 			$(CARGO) test --locked --test e2e --test deploy_manifests -- --ignored \
 			--skip failover::failover_takeover_distribution; \
 	fi

@@ -1,6 +1,6 @@
 //! Engine benchmarks: filter plus score of one pod over a whole cluster (what the extender does
 //! for every scheduling cycle), reserve plus release on a large table, a full rebuild, and
-//! indexing one node's link matrix.
+//! indexing one node's link matrix, and Karmada's estimate of one template over a whole cluster.
 //!
 //! Clusters are generated from a fixed seed so runs compare: 8-GPU nodes of four card models,
 //! pre-loaded to a mixed occupancy (some empty, some full, most in between) by the engine's own
@@ -16,17 +16,28 @@
     reason = "set-up of fixed, known-valid inputs: a panic is a broken bench, not a user error"
 )]
 
+use std::collections::BTreeMap;
 use std::hint::black_box;
+use std::sync::Arc;
 
 use std::time::Instant;
 
 use criterion::measurement::{Measurement, ValueFormatter};
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use gpu_extender::config::Config;
 use gpu_extender::engine::{
     Change, CpuMilli, GpuDemand, GpuMode, GpuPlacement, Link, LinkMatrix, MemMiB, ModelPattern,
     NodeSpec, NodeState, PodAllocation, PodKey, PodRequest, Policy, RejectReason, ScoringPolicy,
-    Table, TopologyIndex, TypicalPod, TypicalPods, fit,
+    Table, TopologyIndex, TypicalPod, TypicalPods, fit, max_replicas,
 };
+use gpu_extender::estimator::EstimatorService;
+use gpu_extender::estimator::proto::{pb, resource};
+use gpu_extender::state::{ClusterState, PolicyCell};
+use gpu_extender::telemetry::Metrics;
+use k8s_openapi::api::core::v1::{Node, NodeStatus};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use prost::Message as _;
 use rustix::time::{ClockId, clock_gettime};
 
 /// Which clock the benchmarks read: the thread's CPU time by default, wall-clock on request.
@@ -369,7 +380,9 @@ fn filter_and_score(
     (feasible, rejected)
 }
 
-fn bench_evaluate(c: &mut Criterion<Clock>) {
+/// The pods the cluster-wide benchmarks ask about: an 8 GiB share for the shared pool, two whole
+/// GPUs for the exclusive one.
+fn probe_pods() -> (PodRequest, PodRequest) {
     let share_pod = PodRequest::single(
         CpuMilli(2000),
         MemMiB(4096),
@@ -377,6 +390,11 @@ fn bench_evaluate(c: &mut Criterion<Clock>) {
     );
     let whole_pod =
         PodRequest::single(CpuMilli(8000), MemMiB(16_384), GpuDemand::whole(2).unwrap());
+    (share_pod, whole_pod)
+}
+
+fn bench_evaluate(c: &mut Criterion<Clock>) {
+    let (share_pod, whole_pod) = probe_pods();
     let mut group = c.benchmark_group("filter_score");
     for size in [500, 5000] {
         let shared = cluster(size, Pool::Shared, Fill::Mixed, 42);
@@ -481,6 +499,120 @@ fn bench_topology(c: &mut Criterion<Clock>) {
     group.finish();
 }
 
+/// Karmada's estimate for one template over 5,000 nodes of mixed fill (most nodes a shape of
+/// their own): the engine's count alone, and the whole estimator call (template read,
+/// kube-scheduler's node-level filters on every node, count) as the gRPC method runs it.
+fn bench_estimate(c: &mut Criterion<Clock>) {
+    let mut group = c.benchmark_group("estimate");
+    let shared = cluster(5000, Pool::Shared, Fill::Mixed, 42);
+    let whole = cluster(5000, Pool::Whole, Fill::Mixed, 43);
+    let (share_pod, whole_pod) = probe_pods();
+    let policy = Policy::default();
+    for (label, table, pod) in [
+        ("share", &shared.table, &share_pod),
+        ("whole2", &whole.table, &whole_pod),
+    ] {
+        group.bench_with_input(
+            BenchmarkId::new(format!("engine/{label}"), 5000),
+            table,
+            |b, table| {
+                b.iter(|| {
+                    max_replicas(
+                        black_box(table).nodes(),
+                        black_box(pod),
+                        &policy,
+                        i32::MAX as u64,
+                    )
+                })
+            },
+        );
+    }
+    let cfg = Config::default();
+    let service = |generated: &Cluster| {
+        let table = Table::rebuild(20, generated.specs.clone(), generated.pods.clone());
+        let cluster = Arc::new(ClusterState::with_table(table));
+        for node in &generated.specs {
+            let labels = BTreeMap::from([("zone".to_owned(), "a".to_owned())]);
+            // What kube-scheduler's NodeResourcesFit reads: the GPU resources advertised.
+            let gpus = node.gpus.len() as u64;
+            let gib: u64 = node.gpus.iter().map(|g| g.memory.0 / 1024).sum();
+            let allocatable = BTreeMap::from([
+                (cfg.resources.whole_gpu.clone(), Quantity(gpus.to_string())),
+                (cfg.resources.gpu_mem.clone(), Quantity(gib.to_string())),
+            ]);
+            cluster.note_node_claims(&Node {
+                metadata: ObjectMeta {
+                    name: Some(node.name.to_string()),
+                    labels: Some(labels),
+                    ..ObjectMeta::default()
+                },
+                status: Some(NodeStatus {
+                    allocatable: Some(allocatable),
+                    ..NodeStatus::default()
+                }),
+                ..Node::default()
+            });
+        }
+        EstimatorService::new(
+            cluster,
+            PolicyCell::from(Arc::new(cfg.engine_policy())),
+            Arc::new(cfg.clone()),
+            Metrics::new().unwrap(),
+        )
+    };
+    let quantity = |text: &str| {
+        resource::Quantity {
+            string: Some(text.to_owned()),
+        }
+        .encode_to_vec()
+    };
+    for (label, generated, resources) in [
+        (
+            "share",
+            &shared,
+            [
+                (cfg.resources.gpu_mem.clone(), "8"),
+                ("cpu".to_owned(), "2"),
+            ],
+        ),
+        (
+            "whole2",
+            &whole,
+            [
+                (cfg.resources.whole_gpu.clone(), "2"),
+                ("cpu".to_owned(), "8"),
+            ],
+        ),
+    ] {
+        let service = service(generated);
+        let request = pb::MaxAvailableReplicasRequest {
+            cluster: "member".to_owned(),
+            replica_requirements: Some(pb::ReplicaRequirements {
+                node_claim: Some(pb::NodeClaim {
+                    node_selector: [("zone".to_owned(), "a".to_owned())].into(),
+                    ..pb::NodeClaim::default()
+                }),
+                namespace: "default".to_owned(),
+                resource_request_bytes: resources
+                    .iter()
+                    .map(|(name, amount)| (name.clone(), quantity(amount)))
+                    .collect(),
+                ..pb::ReplicaRequirements::default()
+            }),
+            ..pb::MaxAvailableReplicasRequest::default()
+        };
+        let answer = service.max_available_replicas(&request).unwrap();
+        assert!(
+            answer > 0,
+            "{label}: every node is admitted and most have room"
+        );
+        group.bench_function(BenchmarkId::new(format!("service/{label}"), 5000), |b| {
+            b.iter(|| service.max_available_replicas(black_box(&request)).unwrap())
+        });
+    }
+    group.finish();
+}
+
 fn config() -> Criterion<Clock> {
     Criterion::default().with_measurement(Clock::from_env())
 }
@@ -488,6 +620,6 @@ fn config() -> Criterion<Clock> {
 criterion_group! {
     name = benches;
     config = config();
-    targets = bench_evaluate, bench_table, bench_topology
+    targets = bench_evaluate, bench_table, bench_topology, bench_estimate
 }
 criterion_main!(benches);

@@ -54,6 +54,7 @@ pub const RESERVED_ENV: &[&str] = &[
     "GPU_EXTENDER_GO",
     "GPU_EXTENDER_CHROMIUM",
     "GPU_EXTENDER_HELM",
+    "GPU_EXTENDER_KARMADA_CLIENT",
     "GPU_EXTENDER_E2E_KEEP",
     "GPU_EXTENDER_FAILOVER_RUNS",
     "GPU_EXTENDER_SERVICEMONITOR_CRD",
@@ -113,6 +114,8 @@ pub const KEYS: &[&str] = &[
     "quota.reclaim.intervalSeconds",
     "quota.reclaim.coolDownSeconds",
     "limits.maxConcurrentRequests",
+    "estimator.listen",
+    "estimator.cluster",
 ];
 
 /// Why the configuration could not be loaded. Messages name the file, variable or key at fault.
@@ -162,6 +165,7 @@ pub struct Config {
     pub requeue: RequeueConfig,
     pub quota: QuotaConfig,
     pub limits: Limits,
+    pub estimator: EstimatorConfig,
 }
 
 /// Extended resource names pods request and nodes advertise, and the pod label for multi-GPU
@@ -466,6 +470,18 @@ impl Default for TlsConfig {
             reload_interval_seconds: 10,
         }
     }
+}
+
+/// Karmada's scheduler-estimator gRPC service ([`crate::estimator`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct EstimatorConfig {
+    /// Where the `Estimator` service listens (plain gRPC); unset: not served.
+    /// karmada-scheduler dials port 10352 unless told otherwise (`--scheduler-estimator-port`).
+    pub listen: Option<SocketAddr>,
+    /// The member cluster's name in Karmada: requests naming another cluster are refused.
+    /// Empty: any name is accepted.
+    pub cluster: String,
 }
 
 /// Binding.

@@ -36,6 +36,7 @@ pub mod agent;
 pub mod cli;
 pub mod config;
 pub mod engine;
+pub mod estimator;
 pub mod explain;
 pub mod http;
 pub mod inspect;

@@ -14,6 +14,7 @@ use tracing::info;
 
 use crate::config::{ConfigFlags, ServeFlags};
 use crate::engine::ScoringPolicy;
+use crate::estimator::{self, EstimatorService};
 use crate::http::auth::{AdminAuth, KubeReview};
 use crate::http::server::{AppState, admin_router, guarded_admin_router, guarded_router};
 use crate::http::tls;
@@ -125,6 +126,12 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if config.bind.events {
         metered = metered.with_events(Arc::new(KubeEvents::new(client, metrics.clone())));
     }
+    let estimator = EstimatorService::new(
+        cluster.clone(),
+        policy.clone(),
+        config.clone(),
+        metrics.clone(),
+    );
     let state = AppState {
         cluster: cluster.clone(),
         policy,
@@ -151,6 +158,14 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 config.server.admin_listen
             )
         })?;
+    let estimator_listener = match config.estimator.listen {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("listening on {addr} (estimator.listen)"))?,
+        ),
+        None => None,
+    };
     info!(
         extender = %config.server.listen,
         scheme = if tls.is_some() { "https" } else { "http" },
@@ -177,6 +192,15 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 .boxed()
         }
     };
+    let estimator_server = estimator_listener.map(|listener| {
+        info!(listen = %config.estimator.listen.map(|a| a.to_string()).unwrap_or_default(),
+            cluster = %config.estimator.cluster, "Karmada scheduler-estimator serving");
+        tokio::spawn(estimator::serve(
+            listener,
+            estimator,
+            wait_for(stop_rx.clone()),
+        ))
+    });
     let admin_server = axum::serve(admin_listener, admin).with_graceful_shutdown(wait_for(stop_rx));
     let servers = tokio::spawn(async move { tokio::try_join!(extender_server, admin_server) });
     shutdown.await;
@@ -193,6 +217,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         reclaimer.abort();
     }
     servers.await??;
+    if let Some(estimator_server) = estimator_server {
+        estimator_server.await??;
+    }
     info!("stopped");
     Ok(())
 }

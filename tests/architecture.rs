@@ -135,7 +135,8 @@ fn opens_with_module_doc(text: &str) -> bool {
 /// inspection reports, the simulator) the engine; the Kubernetes-object translation those; the
 /// shared state (table, policy in force, readiness, the verbs' decisions) everything below it;
 /// the metrics the state; the watchers and binder (`k8s`) and the extender's HTTP surface
-/// (`http`) the state and the metrics but not each other; the composition (`service`) and the
+/// (`http`) and the scheduler-estimator (`estimator`) the state and the metrics but not each
+/// other; the composition (`service`) and the
 /// operator commands (`cli`, `replay`) whatever they wire together.
 const LAYERS: &[&[&str]] = &[
     &["engine"],
@@ -143,7 +144,7 @@ const LAYERS: &[&[&str]] = &[
     &["objects"],
     &["state"],
     &["telemetry"],
-    &["k8s", "http"],
+    &["k8s", "http", "estimator"],
     &["service", "cli", "replay"],
     &["agent"],
 ];

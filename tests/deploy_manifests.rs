@@ -266,8 +266,9 @@ impl Rendered {
 }
 
 /// The configuration the extender really runs with: `check-config` prints it after applying
-/// defaults. Panics with check-config's message if the file is refused.
-fn effective_extender_config(config_text: &str, scratch: &Path) -> Value {
+/// defaults (and `env`, the container's GPU_EXTENDER_* variables). Panics with check-config's
+/// message if the file is refused.
+fn effective_extender_config(config_text: &str, scratch: &Path, env: &[(String, String)]) -> Value {
     let file = scratch.join("gpu-extender-config.yaml");
     std::fs::write(&file, config_text).unwrap();
     let mut command = Command::new(EXTENDER_BIN);
@@ -278,6 +279,7 @@ fn effective_extender_config(config_text: &str, scratch: &Path) -> Value {
             command.env_remove(key);
         }
     }
+    command.envs(env.iter().map(|(k, v)| (k, v)));
     let out = run(command, None);
     assert!(
         out.status.success(),
@@ -309,8 +311,91 @@ fn extender_config_in_the_config_map_passes_check_config() {
     let bins = k8s_bins("extender_config_in_the_config_map_passes_check_config");
     let rendered = Rendered::base(&bins);
     let scratch = scratch_dir("check-config");
-    let config = effective_extender_config(&rendered.extender_config_text(), &scratch);
+    let config = effective_extender_config(&rendered.extender_config_text(), &scratch, &[]);
     assert!(config["server"]["listen"].is_string());
+    let _ = std::fs::remove_dir_all(scratch);
+}
+
+#[test]
+#[ignore = "needs the Kubernetes binaries; make test runs it, or cargo test --test deploy_manifests -- --ignored"]
+fn the_karmada_estimator_component_serves_where_its_services_point() {
+    let bins = k8s_bins("the_karmada_estimator_component_serves_where_its_services_point");
+    let scratch = scratch_dir("karmada-estimator");
+    // deploy/ with the component added, as `kustomize edit add component` leaves it.
+    let up = format!("../..{ROOT}");
+    std::fs::write(
+        scratch.join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - \
+             {up}/deploy\ncomponents:\n  - {up}/deploy/karmada-estimator\n"
+        ),
+    )
+    .unwrap();
+    let mut command = Command::new(bins.join("kubectl"));
+    command.arg("kustomize").arg(&scratch);
+    let out = run(command, None);
+    assert!(
+        out.status.success(),
+        "kubectl kustomize: {}",
+        text(&out.stderr)
+    );
+    let text_out = text(&out.stdout);
+    let rendered = Rendered {
+        objects: parse_documents(&text_out, "deploy + karmada-estimator"),
+        text: text_out,
+    };
+    let extender = rendered.container("gpu-extender");
+    let env: Vec<(String, String)> = extender["env"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| {
+            Some((
+                e["name"].as_str()?.to_owned(),
+                e["value"].as_str()?.to_owned(),
+            ))
+        })
+        .filter(|(name, _)| name.starts_with("GPU_EXTENDER_ESTIMATOR_"))
+        .collect();
+    let config = effective_extender_config(&rendered.extender_config_text(), &scratch, &env);
+    let listen = config["estimator"]["listen"]
+        .as_str()
+        .unwrap_or_else(|| panic!("estimator.listen is not set by {env:?}: {config:?}"));
+    let port: u64 = listen.rsplit_once(':').unwrap().1.parse().unwrap();
+    let named = Value::String("estimator".into());
+    assert_eq!(rendered.port_number(extender, &named), port);
+    let service = find(&rendered.objects, "Service", "gpu-extender-estimator");
+    assert_eq!(service["spec"]["ports"][0]["targetPort"], named);
+    assert!(selector_matches(
+        &service["spec"]["selector"],
+        &rendered.deployment()["spec"]["template"]["metadata"]["labels"]
+    ));
+    let policy = find(
+        &rendered.objects,
+        "NetworkPolicy",
+        "gpu-scheduler-estimator",
+    );
+    assert_eq!(policy["spec"]["ingress"][0]["ports"][0]["port"], named);
+    // The Karmada side: the name karmada-scheduler derives (<prefix>-<cluster>, the cluster
+    // the extender serves), in its namespace, ExternalName (the only type its client accepts),
+    // its port the scheduler's default and an integer target port.
+    let cluster = config["estimator"]["cluster"].as_str().unwrap();
+    let host = parse_documents(
+        &kustomize(&bins, "deploy/karmada-estimator/karmada-host"),
+        "deploy/karmada-estimator/karmada-host",
+    );
+    let pointer = find(
+        &host,
+        "Service",
+        &format!("karmada-scheduler-estimator-{cluster}"),
+    );
+    assert_eq!(namespace(pointer), "karmada-system");
+    assert_eq!(pointer["spec"]["type"].as_str(), Some("ExternalName"));
+    assert_eq!(pointer["spec"]["ports"][0]["port"].as_u64(), Some(10352));
+    assert_eq!(
+        pointer["spec"]["ports"][0]["targetPort"].as_u64(),
+        Some(port)
+    );
     let _ = std::fs::remove_dir_all(scratch);
 }
 
@@ -320,7 +405,7 @@ fn the_pieces_of_the_deployment_agree() {
     let bins = k8s_bins("the_pieces_of_the_deployment_agree");
     let rendered = Rendered::base(&bins);
     let scratch = scratch_dir("pieces");
-    let extender = effective_extender_config(&rendered.extender_config_text(), &scratch);
+    let extender = effective_extender_config(&rendered.extender_config_text(), &scratch, &[]);
     let _ = std::fs::remove_dir_all(&scratch);
     let scheduler = rendered.scheduler_config();
     let deployment = rendered.deployment();
@@ -1270,11 +1355,12 @@ fn deploy_applies_to_a_real_api_server_and_its_scheduler_config_runs() {
         None,
     );
     plane.kubectl_ok(&["create", "-f", "-"], Some(GPU_POD));
-    let record_key = effective_extender_config(&rendered.extender_config_text(), &plane.dir)
-        ["annotations"]["allocation"]
-        .as_str()
-        .unwrap()
-        .replace('.', "\\.");
+    let record_key =
+        effective_extender_config(&rendered.extender_config_text(), &plane.dir, &[])["annotations"]
+            ["allocation"]
+            .as_str()
+            .unwrap()
+            .replace('.', "\\.");
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let out = plane.kubectl(
@@ -1825,7 +1911,7 @@ fn helm_chart_renders_the_objects_of_deploy() {
         objects: every,
     };
     let scratch = scratch_dir("helm-tls");
-    let config = effective_extender_config(&with_tls.extender_config_text(), &scratch);
+    let config = effective_extender_config(&with_tls.extender_config_text(), &scratch, &[]);
     let _ = std::fs::remove_dir_all(&scratch);
     let cert = config["server"]["tls"]["certFile"].as_str().unwrap();
     let stanza = &with_tls.scheduler_config()["extenders"][0];

@@ -16,6 +16,9 @@
 //! - a rejection that claims the node can never fit also rejects the node when empty;
 //! - a node whose topology index answers from tables decides exactly as with the searching index.
 //!
+//! and an estimate of how many copies of a pod the nodes can still take equals the number the
+//! extender places when they arrive one after another.
+//!
 //! The descriptions below are plain values so that a failure shrinks to a readable case.
 
 #![allow(
@@ -30,7 +33,7 @@ use gpu_extender::engine::{
     Change, ComputeMilli, CpuMilli, Evaluation, Gpu, GpuConstraints, GpuDemand, GpuMode,
     GpuPlacement, GpuUsage, Grant, Hold, Link, LinkMatrix, MemMiB, ModelPattern, NodeName,
     NodeSpec, NodeState, PodAllocation, PodKey, PodRequest, Policy, RejectReason, ScoringPolicy,
-    Table, TopologyIndex, TopologyPreference, TypicalPod, TypicalPods, fit,
+    Table, TopologyIndex, TopologyPreference, TypicalPod, TypicalPods, fit, max_replicas,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -939,6 +942,105 @@ fn run(
         check_table(&table)?;
     }
     Ok(())
+}
+
+/// Places pods of `request` one after another the way the extender does (filter over every
+/// node with the policy's choice, bind's placement on the chosen node, reserved in the table)
+/// until none fits or `cap` are placed; how many were placed.
+fn place_one_after_another(
+    table: &mut Table,
+    request: &PodRequest,
+    policy: &Policy,
+    cap: usize,
+) -> usize {
+    for placed in 0..cap {
+        let names: Vec<String> = table.nodes().map(|n| n.spec.name.to_string()).collect();
+        let verdict = gpu_extender::state::decide::filter(
+            names
+                .iter()
+                .map(|name| (name.as_str(), table.node_by_str(name))),
+            request,
+            policy,
+        );
+        let Some(&chosen) = verdict.passed.first() else {
+            return placed;
+        };
+        let node = table.node_by_str(&names[chosen]).unwrap();
+        let allocation = policy.evaluate(node, request).unwrap().allocation;
+        table
+            .reserve(
+                PodKey::new("estimate", &placed.to_string()),
+                allocation,
+                u64::MAX,
+            )
+            .unwrap();
+    }
+    cap
+}
+
+/// An estimate ([`max_replicas`]) equals what the extender places when the pods arrive one
+/// after another, on any nodes (some of the same shape, so that shapes counted once are
+/// checked too), any pods already there, under every policy; and a limit caps it.
+fn check_estimate(
+    nodes: &[NodeDesc],
+    twins: &[usize],
+    classes: &[ClassDesc],
+    max_shares: u16,
+    earlier: &[(usize, PodDesc)],
+    pod: &PodDesc,
+    limit: u64,
+) -> Result<(), TestCaseError> {
+    let mut descs: Vec<&NodeDesc> = nodes.iter().collect();
+    descs.extend(twins.iter().map(|&t| &nodes[t % nodes.len()]));
+    let specs = descs.iter().enumerate().map(|(i, d)| node_spec(i, d));
+    for (p, policy) in policies(classes, max_shares, false).into_iter().enumerate() {
+        let policy = Policy {
+            filter_best_only: true,
+            ..policy
+        };
+        let mut table = Table::rebuild(max_shares, specs.clone(), []);
+        for (i, (node, desc)) in earlier.iter().enumerate() {
+            let name = format!("node-{}", node % descs.len());
+            let state = table.node_by_str(&name).unwrap();
+            if let Ok(allocation) = fit(state, &pod_request(desc, state.spec.mode), &policy) {
+                table
+                    .reserve(
+                        PodKey::new("earlier", &format!("{p}-{i}")),
+                        allocation,
+                        u64::MAX,
+                    )
+                    .unwrap();
+            }
+        }
+        let request = pod_request(pod, descs[0].mode);
+        let estimate = max_replicas(table.nodes(), &request, &policy, u64::MAX);
+        let capped = max_replicas(table.nodes(), &request, &policy, limit);
+        let placed = place_one_after_another(&mut table, &request, &policy, 5_000) as u64;
+        prop_assert_eq!(estimate, placed, "policy {:?}", policy.scoring);
+        prop_assert_eq!(capped, placed.min(limit));
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 128,
+        max_shrink_iters: 2048,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn an_estimate_equals_the_pods_placed_one_after_another(
+        nodes in prop::collection::vec(node_desc(), 1..=4),
+        twins in prop::collection::vec(0usize..4, 0..=3),
+        classes in prop::collection::vec(class_desc(), 1..=6),
+        max_shares in 1u16..=4,
+        earlier in prop::collection::vec((0usize..8, pod_desc()), 0..=6),
+        pod in pod_desc(),
+        limit in 1u64..=40,
+    ) {
+        check_estimate(&nodes, &twins, &classes, max_shares, &earlier, &pod, limit)?;
+    }
 }
 
 proptest! {

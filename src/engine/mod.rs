@@ -12,6 +12,7 @@
 //! ```
 
 pub mod allocation;
+pub mod capacity;
 pub mod evaluate;
 pub mod fit;
 pub mod model;
@@ -23,6 +24,7 @@ pub mod table;
 pub mod topology;
 
 pub use allocation::{ContainerAllocation, GpuGrant, GpuHold, Grant, PodAllocation};
+pub use capacity::{max_replicas, replicas_on};
 pub use fit::{RejectReason, fit, fit_choosing};
 pub use model::{
     ComputeMilli, CpuMilli, Gpu, GpuIndex, GpuMode, GpuPlacement, Link, LinkMatrix, MemMiB,

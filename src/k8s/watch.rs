@@ -246,6 +246,8 @@ impl Feed {
     }
 
     fn upsert_node(&mut self, table: &mut Table, node: &Node) {
+        // Labels and taints change without the engine's spec changing: kept on every event.
+        self.state.note_node_claims(node);
         let translation = translate_node(node, &self.cfg);
         let spec = translation.spec;
         let memo = NodeMemo {
@@ -272,6 +274,7 @@ impl Feed {
     }
 
     fn remove_node(&mut self, table: &mut Table, name: &NodeName) {
+        self.state.forget_node_claims(name);
         if self.nodes.remove(name).is_some() || table.node(name).is_some() {
             debug!(node = %name, "node removed");
             table.apply(Change::RemoveNode(name.clone()));
@@ -600,7 +603,8 @@ fn spec_fingerprint(spec: &NodeSpec) -> u64 {
 }
 
 /// A Node with only what translation reads (metadata labels and annotations, capacity and
-/// allocatable): buffered lists stay small.
+/// allocatable) and what kube-scheduler's node-level filters read for the estimator
+/// (`spec.unschedulable`, `spec.taints`): buffered lists stay small.
 pub fn slim_node(node: &Node) -> Node {
     Node {
         metadata: ObjectMeta {
@@ -610,7 +614,14 @@ pub fn slim_node(node: &Node) -> Node {
             annotations: node.metadata.annotations.clone(),
             ..ObjectMeta::default()
         },
-        spec: None,
+        spec: node
+            .spec
+            .as_ref()
+            .map(|spec| k8s_openapi::api::core::v1::NodeSpec {
+                unschedulable: spec.unschedulable,
+                taints: spec.taints.clone(),
+                ..Default::default()
+            }),
         status: node
             .status
             .as_ref()

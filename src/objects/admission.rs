@@ -10,8 +10,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use k8s_openapi::api::core::v1::{
-    Node, NodeSelectorRequirement, NodeSelectorTerm, Pod, Taint, Toleration,
+    Node, NodeSelectorRequirement, NodeSelectorTerm, NodeSpec, NodeStatus, Pod, Taint, Toleration,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::quantity::Quantity;
 use super::translate::{TranslateError, pod_resource_request};
@@ -114,6 +115,17 @@ pub fn node_refusal(
     used: Option<&BTreeMap<String, u64>>,
     cfg: &Config,
 ) -> Result<Option<NodeRefusal>, TranslateError> {
+    if let Some(refusal) = claim_refusal(node, pod) {
+        return Ok(Some(refusal));
+    }
+    let asks = resource_asks(pod, cfg)?;
+    Ok(resource_refusal(node, &asks, used))
+}
+
+/// The first of the filters that read the node's cordon, taints and labels against the pod's
+/// tolerations, node selector and required affinity (NodeUnschedulable, TaintToleration,
+/// NodeAffinity) that refuses `pod` on `node`.
+pub fn claim_refusal(node: &Node, pod: &Pod) -> Option<NodeRefusal> {
     let cordoned = node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
     let unschedulable = Taint {
         key: "node.kubernetes.io/unschedulable".to_owned(),
@@ -125,13 +137,13 @@ pub fn node_refusal(
             .iter()
             .any(|t| tolerates(t, &unschedulable))
     {
-        return Ok(Some(NodeRefusal {
+        return Some(NodeRefusal {
             layer: Layer::NodeUnschedulable,
             detail: "node(s) were unschedulable (cordoned)".to_owned(),
-        }));
+        });
     }
     if let Some(taint) = untolerated_taint(node, pod) {
-        return Ok(Some(NodeRefusal {
+        return Some(NodeRefusal {
             layer: Layer::TaintToleration,
             detail: format!(
                 "node(s) had untolerated taint {{{}: {}}} ({})",
@@ -139,32 +151,69 @@ pub fn node_refusal(
                 taint.value.as_deref().unwrap_or(""),
                 taint.effect
             ),
-        }));
+        });
     }
-    if let Some(detail) = affinity_mismatch(node, pod) {
-        return Ok(Some(NodeRefusal {
-            layer: Layer::NodeAffinity,
-            detail,
-        }));
-    }
+    affinity_mismatch(node, pod).map(|detail| NodeRefusal {
+        layer: Layer::NodeAffinity,
+        detail,
+    })
+}
+
+/// What `pod` asks of each of [`checked_resources`] it asks any of: read once, then compared
+/// with many nodes by [`resource_refusal`].
+pub fn resource_asks(pod: &Pod, cfg: &Config) -> Result<Vec<(String, u64)>, TranslateError> {
+    let mut asks = Vec::new();
     for name in checked_resources(cfg) {
         let asked = pod_resource_request(pod, name)?;
-        if asked == 0 {
-            continue;
+        if asked > 0 {
+            asks.push((name.to_owned(), asked));
         }
+    }
+    Ok(asks)
+}
+
+/// kube-scheduler's NodeResourcesFit on the GPU resources it checks: the first of `asks` that
+/// the node's allocatable, less `used`, cannot hold.
+pub fn resource_refusal(
+    node: &Node,
+    asks: &[(String, u64)],
+    used: Option<&BTreeMap<String, u64>>,
+) -> Option<NodeRefusal> {
+    for (name, asked) in asks {
         let allocatable = allocatable(node, name);
         let in_use = used.and_then(|u| u.get(name)).copied().unwrap_or(0);
-        if in_use.saturating_add(asked) > allocatable {
-            return Ok(Some(NodeRefusal {
+        if in_use.saturating_add(*asked) > allocatable {
+            return Some(NodeRefusal {
                 layer: Layer::NodeResourcesFit,
                 detail: format!(
                     "Insufficient {name}: the node has {allocatable} allocatable, its pods \
                      request {in_use}, the pod asks {asked}"
                 ),
-            }));
+            });
         }
     }
-    Ok(None)
+    None
+}
+
+/// A copy of `node` with only what [`node_refusal`] reads: its name and labels, cordon, taints
+/// and allocatable. What the estimator keeps of every node to apply a template's node claims.
+pub fn node_claims_view(node: &Node) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: node.metadata.name.clone(),
+            labels: node.metadata.labels.clone(),
+            ..ObjectMeta::default()
+        },
+        spec: node.spec.as_ref().map(|spec| NodeSpec {
+            unschedulable: spec.unschedulable,
+            taints: spec.taints.clone(),
+            ..NodeSpec::default()
+        }),
+        status: node.status.as_ref().map(|status| NodeStatus {
+            allocatable: status.allocatable.clone(),
+            ..NodeStatus::default()
+        }),
+    }
 }
 
 /// The node's `status.allocatable` of `name` as a whole number (kube-scheduler reads allocatable

@@ -686,6 +686,12 @@ fn resource<'a>(
         .or_else(|| resources.limits.as_ref().and_then(|l| l.get(name)))
 }
 
+/// Checks that `q` is a quantity the API server accepts for a container's `name` and not
+/// negative: what the estimator asks of a template's resources that translation does not read.
+pub fn check_amount(container: &str, name: &str, q: &WireQuantity) -> Result<(), TranslateError> {
+    parse_host(container, name, q, 1, 1).map(drop)
+}
+
 fn parse_host(
     container: &str,
     name: &str,

@@ -10,12 +10,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::config::Config;
 use crate::engine::quota::QuotaSet;
 use crate::engine::{NodeName, PodAllocation, PodKey, Table};
+use crate::objects::admission::node_claims_view;
 
 /// The cluster as the extender knows it, shared by the feed (the writer), the HTTP handlers
 /// (readers) and the binder (short writes to reserve).
@@ -45,6 +46,10 @@ pub struct ClusterState {
     /// Times to apply full lists not yet taken by a metrics scrape (at most
     /// [`MAX_PENDING_REBUILDS`], the newest kept).
     rebuilds: Mutex<Vec<Duration>>,
+    /// What kube-scheduler's node-level filters read of each node (labels, taints, cordon,
+    /// allocatable; [`node_claims_view`]): the estimator applies a template's node claims with
+    /// them. Written by the feed on every node event, read per node by estimates.
+    node_claims: DashMap<NodeName, Arc<Node>>,
     /// The GPU quotas in force (`ElasticQuota`s, see [`super::quota`]); empty without the CRD.
     pub(super) quotas: RwLock<Arc<QuotaSet>>,
 }
@@ -117,6 +122,7 @@ impl ClusterState {
             pods: DashMap::new(),
             uids: DashMap::new(),
             ranks: DashMap::new(),
+            node_claims: DashMap::new(),
             ready: AtomicBool::new(false),
             stats: Mutex::new(FeedStats::default()),
             freed: Mutex::new(BTreeSet::new()),
@@ -284,6 +290,25 @@ impl ClusterState {
     /// A GPU pod's priority and creation time, if the watch has seen it.
     pub fn rank(&self, key: &PodKey) -> Option<VictimRank> {
         self.ranks.get(key).map(|rank| *rank)
+    }
+
+    /// Keeps what the node-level filters read of `node`, replacing what was kept before.
+    pub fn note_node_claims(&self, node: &Node) {
+        let name = NodeName::new(node.metadata.name.as_deref().unwrap_or_default());
+        self.node_claims
+            .insert(name, Arc::new(node_claims_view(node)));
+    }
+
+    /// Forgets a node that is gone.
+    pub fn forget_node_claims(&self, name: &NodeName) {
+        self.node_claims.remove(name);
+    }
+
+    /// What the node-level filters read of the node, if the feed has seen it.
+    pub fn node_claims(&self, name: &NodeName) -> Option<Arc<Node>> {
+        self.node_claims
+            .get(name)
+            .map(|node| Arc::clone(node.value()))
     }
 
     /// Forgets a pod that is gone; `uid` is the one the feed last saw for it, if any.

@@ -18,6 +18,13 @@ use crate::state::{ClusterState, PolicyCell};
 /// Extender verbs, the `verb` label's values.
 pub const VERBS: [&str; 4] = ["filter", "prioritize", "bind", "preempt"];
 
+/// The scheduler-estimator's gRPC methods (Karmada's names), the `method` label's values.
+pub const ESTIMATOR_METHODS: [&str; 3] = [
+    "MaxAvailableReplicas",
+    "MaxAvailableComponentSets",
+    "GetUnschedulableReplicas",
+];
+
 /// Every metric the service exports.
 #[derive(Clone, Debug)]
 pub struct Metrics {
@@ -49,6 +56,10 @@ pub struct Metrics {
     pub quota_reclaims: IntCounterVec,
     /// Pods evicted by quota reclaims.
     pub quota_evictions: IntCounter,
+    /// Scheduler-estimator calls by method and gRPC code (`OK`, `InvalidArgument`, ...).
+    pub estimator_requests: IntCounterVec,
+    /// Time to answer one scheduler-estimator call, by method.
+    pub estimator_duration: HistogramVec,
     /// Every family's name, in registration order.
     names: Arc<Vec<String>>,
 }
@@ -78,7 +89,7 @@ impl Metrics {
                 "gpu_extender_request_duration_seconds",
                 "Time to answer one extender call from kube-scheduler, by verb.",
             )
-            .buckets(latency_buckets),
+            .buckets(latency_buckets.clone()),
             &["verb"],
         )?;
         let requests = IntCounterVec::new(
@@ -145,6 +156,23 @@ impl Metrics {
         )?;
         register(&registry, &mut names, quota_reclaims.clone())?;
         register(&registry, &mut names, quota_evictions.clone())?;
+        let estimator_requests = IntCounterVec::new(
+            Opts::new(
+                "gpu_extender_estimator_requests_total",
+                "Karmada scheduler-estimator calls by method and gRPC code.",
+            ),
+            &["method", "code"],
+        )?;
+        let estimator_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "gpu_extender_estimator_request_duration_seconds",
+                "Time to answer one Karmada scheduler-estimator call, by method.",
+            )
+            .buckets(latency_buckets),
+            &["method"],
+        )?;
+        register(&registry, &mut names, estimator_requests.clone())?;
+        register(&registry, &mut names, estimator_duration.clone())?;
         register(&registry, &mut names, pod_events.clone())?;
         register(&registry, &mut names, requeue_touches.clone())?;
         register(&registry, &mut names, request_duration.clone())?;
@@ -171,6 +199,9 @@ impl Metrics {
         for result in ["evicted", "pdb_blocked", "error"] {
             quota_reclaims.with_label_values(&[result]);
         }
+        for method in ESTIMATOR_METHODS {
+            estimator_duration.with_label_values(&[method]);
+        }
         names.extend(state_collector::family_names().map(str::to_owned));
         Ok(Self {
             registry,
@@ -187,6 +218,8 @@ impl Metrics {
             pod_events,
             quota_reclaims,
             quota_evictions,
+            estimator_requests,
+            estimator_duration,
         })
     }
 

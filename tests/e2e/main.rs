@@ -17,6 +17,7 @@ mod burst;
 mod configs;
 mod failover;
 mod faults;
+mod karmada;
 mod lifecycle;
 mod models;
 mod modes;

@@ -1,0 +1,234 @@
+//! How many more copies of one pod a set of nodes can hold: each node takes copies one after
+//! another, placed by [`fit`] exactly as bind would place them, until the next one no longer
+//! fits. What a multi-cluster scheduler asks a member cluster (Karmada's scheduler-estimator,
+//! served by `crate::estimator`).
+//!
+//! Copies placed on one node change no other node, so the count over a set of nodes is the sum
+//! of the nodes' own counts, whatever order the copies arrive in and whichever node the policy
+//! picks for each. Nodes of the same shape (the same spec apart from names, the same usage)
+//! answer alike, so each shape is counted once: a 5,000-node cluster of a few node types costs
+//! a few placements per type, not per node.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hash, Hasher};
+
+use super::fit::{fit, footprint_with};
+use super::model::{CpuMilli, MemMiB};
+use super::policy::Policy;
+use super::policy::fgd::FgdCache;
+use super::request::PodRequest;
+use super::state::{NodeState, PerGpu};
+
+/// How many copies of `request` `node` takes one after another, at most `limit`.
+pub fn replicas_on(node: &NodeState, request: &PodRequest, policy: &Policy, limit: u64) -> u64 {
+    fill(&mut node.clone(), request, policy, limit)
+}
+
+/// Places copies of `request` on `node` until the next one does not fit or `limit` are placed;
+/// how many were placed. `node` is left holding them.
+fn fill(node: &mut NodeState, request: &PodRequest, policy: &Policy, limit: u64) -> u64 {
+    let mut placed = 0;
+    if node.profile.contiguous {
+        // The score path's placement, which writes the usage the pod leaves in place instead
+        // of building its `PodAllocation` (exactly `fit` then `add` where GPU indices are
+        // positions, see `footprint_with`): no allocation per copy.
+        while placed < limit {
+            let mut after = PerGpu::copy_of(&node.gpus);
+            let placement =
+                footprint_with(node, request, policy, &mut FgdCache::default(), &mut after);
+            if placement.is_err() {
+                break;
+            }
+            node.gpus = after;
+            node.cpu_used = CpuMilli(node.cpu_used.0.saturating_add(request.cpu.0));
+            node.mem_used = MemMiB(node.mem_used.0.saturating_add(request.memory.0));
+            node.pods = node.pods.saturating_add(1);
+            placed += 1;
+        }
+        return placed;
+    }
+    while placed < limit {
+        let Ok(allocation) = fit(node, request, policy) else {
+            break;
+        };
+        node.add(&allocation);
+        placed += 1;
+    }
+    placed
+}
+
+/// How many copies of `request` the `nodes` take together, each node filled one copy after
+/// another ([`replicas_on`]); at most `limit`. The caller passes only the nodes the pod may use
+/// at all (its node selector, affinity and tolerations already applied).
+pub fn max_replicas<'a>(
+    nodes: impl IntoIterator<Item = &'a NodeState>,
+    request: &PodRequest,
+    policy: &Policy,
+    limit: u64,
+) -> u64 {
+    // Shapes seen, by hash; equal hashes are compared in full, so a collision costs a
+    // placement run, never a wrong count. Each count is capped at `limit` alike, so a cached
+    // count is exactly what a fresh run would give.
+    let hasher = foldhash::fast::RandomState::default();
+    let mut counted: HashMap<u64, Vec<(&'a NodeState, u64)>> = HashMap::new();
+    // One scratch node per spec (names aside), filled from each node's usage in turn: copying
+    // a node's usage costs nothing, cloning its spec (GPU list, model names, profile) a dozen
+    // allocations, the larger part of an estimate over thousands of nodes.
+    let mut scratch: HashMap<u64, Vec<NodeState>> = HashMap::new();
+    let mut total: u64 = 0;
+    for node in nodes {
+        if total >= limit {
+            break;
+        }
+        let mut spec_state = hasher.build_hasher();
+        hash_spec(node, &mut spec_state);
+        let spec_hash = spec_state.finish();
+        let mut state = hasher.build_hasher();
+        spec_hash.hash(&mut state);
+        hash_usage(node, &mut state);
+        let same = counted.entry(state.finish()).or_default();
+        let count = match same
+            .iter()
+            .find(|(seen, _)| same_spec(seen, node) && same_usage(seen, node))
+        {
+            Some(&(_, count)) => count,
+            None => {
+                let nodes_of_spec = scratch.entry(spec_hash).or_default();
+                let position = match nodes_of_spec.iter().position(|s| same_spec(s, node)) {
+                    Some(position) => position,
+                    None => {
+                        nodes_of_spec.push(node.clone());
+                        nodes_of_spec.len() - 1
+                    }
+                };
+                let work = &mut nodes_of_spec[position];
+                copy_usage(work, node);
+                let count = fill(work, request, policy, limit);
+                same.push((node, count));
+                count
+            }
+        };
+        total = total.saturating_add(count);
+    }
+    total.min(limit)
+}
+
+/// Hashes what [`same_spec`] compares.
+fn hash_spec(node: &NodeState, state: &mut impl Hasher) {
+    let spec = &node.spec;
+    spec.cpu.hash(state);
+    spec.memory.hash(state);
+    spec.max_pods.hash(state);
+    spec.mode.hash(state);
+    spec.placement.hash(state);
+    for gpu in &spec.gpus {
+        gpu.index.hash(state);
+        gpu.model.hash(state);
+        gpu.memory.hash(state);
+        gpu.numa.hash(state);
+        gpu.healthy.hash(state);
+    }
+    spec.links.hash(state);
+}
+
+/// Hashes what [`same_usage`] compares.
+fn hash_usage(node: &NodeState, state: &mut impl Hasher) {
+    node.gpus.hash(state);
+    node.cpu_used.hash(state);
+    node.mem_used.hash(state);
+    node.pods.hash(state);
+    node.dangling_holds.hash(state);
+}
+
+/// Whether placement treats the two nodes' specs alike: everything but the node's name and its
+/// GPUs' UUIDs, which placement never reads.
+fn same_spec(a: &NodeState, b: &NodeState) -> bool {
+    let (x, y) = (&a.spec, &b.spec);
+    x.cpu == y.cpu
+        && x.memory == y.memory
+        && x.max_pods == y.max_pods
+        && x.mode == y.mode
+        && x.placement == y.placement
+        && x.gpus.len() == y.gpus.len()
+        && x.gpus.iter().zip(&y.gpus).all(|(g, h)| {
+            g.index == h.index
+                && g.model == h.model
+                && g.memory == h.memory
+                && g.numa == h.numa
+                && g.healthy == h.healthy
+        })
+        && x.links == y.links
+}
+
+/// Whether the two nodes hold the same: per-GPU usage, host CPU, memory and pods.
+fn same_usage(a: &NodeState, b: &NodeState) -> bool {
+    *a.gpus == *b.gpus
+        && a.cpu_used == b.cpu_used
+        && a.mem_used == b.mem_used
+        && a.pods == b.pods
+        && a.dangling_holds == b.dangling_holds
+}
+
+/// Gives `work` (a node of the same spec) `node`'s usage.
+fn copy_usage(work: &mut NodeState, node: &NodeState) {
+    work.gpus.clone_from(&node.gpus);
+    work.cpu_used = node.cpu_used;
+    work.mem_used = node.mem_used;
+    work.pods = node.pods;
+    work.dangling_holds = node.dangling_holds;
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests fail loudly on a broken fixture")]
+
+    use super::*;
+    use crate::engine::model::{GpuMode, NodeSpec};
+    use crate::engine::request::GpuDemand;
+
+    fn t4(name: &str, gpus: u16) -> NodeState {
+        NodeState::new(
+            NodeSpec::uniform(name, GpuMode::ShareMemory, gpus, "T4", MemMiB(16_384)).with_host(
+                CpuMilli(64_000),
+                MemMiB(256 * 1024),
+                110,
+            ),
+        )
+    }
+
+    #[test]
+    fn a_share_pod_counts_per_gpu_not_per_summed_memory() {
+        // 10 GiB of a 16 GiB GPU: one per GPU, although the node's 4 GPUs sum to 64 GiB (six
+        // such pods by sum).
+        let pod = PodRequest::single(
+            CpuMilli(100),
+            MemMiB(128),
+            GpuDemand::share(10, 1, None).unwrap(),
+        );
+        let node = t4("a", 4);
+        assert_eq!(replicas_on(&node, &pod, &Policy::default(), u64::MAX), 4);
+    }
+
+    #[test]
+    fn nodes_of_one_shape_are_counted_alike_and_the_limit_caps_the_sum() {
+        let pod = PodRequest::single(CpuMilli(0), MemMiB(0), GpuDemand::whole(1).unwrap());
+        let nodes: Vec<NodeState> = (0..50).map(|i| t4(&format!("n{i}"), 2)).collect();
+        let policy = Policy::default();
+        assert_eq!(max_replicas(&nodes, &pod, &policy, u64::MAX), 100);
+        assert_eq!(max_replicas(&nodes, &pod, &policy, 7), 7);
+        assert_eq!(replicas_on(&nodes[0], &pod, &policy, 1), 1);
+    }
+
+    #[test]
+    fn the_host_pod_limit_stops_a_pod_that_asks_nothing() {
+        let node = NodeState::new(
+            NodeSpec::uniform("a", GpuMode::Exclusive, 1, "T4", MemMiB(16_384)).with_host(
+                CpuMilli(1000),
+                MemMiB(1024),
+                3,
+            ),
+        );
+        let pod = PodRequest::single(CpuMilli(0), MemMiB(0), GpuDemand::None);
+        assert_eq!(replicas_on(&node, &pod, &Policy::default(), u64::MAX), 3);
+    }
+}

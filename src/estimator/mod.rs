@@ -1,0 +1,14 @@
+//! Karmada's scheduler-estimator served by the extender: the `Estimator` gRPC service a
+//! multi-cluster scheduler asks "how many replicas of this template can this cluster still
+//! run?", answered from the allocation table with the engine's own placement
+//! ([`crate::engine::capacity`]). Off unless `estimator.listen` is set.
+//!
+//! [`proto`] holds the messages generated from Karmada's files, [`template`] reads a request's
+//! replica template into a pod, and [`server`] serves the RPCs.
+
+pub mod proto;
+pub mod server;
+pub mod template;
+
+pub use server::{EstimatorService, serve};
+pub use template::{Template, TemplateError};

@@ -1,0 +1,224 @@
+//! The `Estimator` gRPC service on its own listener (`estimator.listen`): each estimate reads
+//! one consistent snapshot of the allocation table, keeps the nodes whose labels, taints and
+//! cordon admit the template ([`claim_refusal`], [`resource_refusal`]), and counts with
+//! [`max_replicas`]. Pods already bound and capacity reserved at bind are in the table, so they
+//! are honoured as they are.
+//! Requests are counted and timed by method and gRPC code (docs/metrics.md).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use tokio::net::TcpListener;
+use tonic::{Code, Request, Response, Status};
+
+use super::proto::pb;
+use super::proto::service::estimator_server::{Estimator, EstimatorServer};
+use super::template::{Template, template};
+use crate::config::Config;
+use crate::engine::{NodeState, max_replicas};
+use crate::objects::admission::{claim_refusal, resource_asks, resource_refusal};
+use crate::state::{ClusterState, PolicyCell};
+use crate::telemetry::Metrics;
+use crate::telemetry::metrics::ESTIMATOR_METHODS as METHODS;
+
+/// The answer's ceiling: Karmada's `maxReplicas` is an int32.
+const MAX_ANSWER: u64 = i32::MAX as u64;
+
+/// The estimator over the extender's shared state.
+#[derive(Clone, Debug)]
+pub struct EstimatorService {
+    cluster: Arc<ClusterState>,
+    policy: PolicyCell,
+    config: Arc<Config>,
+    metrics: Metrics,
+}
+
+impl EstimatorService {
+    pub fn new(
+        cluster: Arc<ClusterState>,
+        policy: PolicyCell,
+        config: Arc<Config>,
+        metrics: Metrics,
+    ) -> Self {
+        Self {
+            cluster,
+            policy,
+            config,
+            metrics,
+        }
+    }
+
+    /// How many replicas of the request's template the cluster can still run: what
+    /// `MaxAvailableReplicas` answers.
+    pub fn max_available_replicas(
+        &self,
+        request: &pb::MaxAvailableReplicasRequest,
+    ) -> Result<u64, Status> {
+        self.check_cluster(&request.cluster)?;
+        if !request.assumed_workloads.is_empty() {
+            // Karmada sends these only when its scheduler runs ahead of the member's pods; the
+            // extender cannot tell where they would land, and guessing would mis-count.
+            return Err(Status::unimplemented(
+                "assumedWorkloads are not supported by the GPU extender's estimator; its table \
+                 already holds every pod bound or reserved at bind",
+            ));
+        }
+        let template = template(request.replica_requirements.as_ref(), &self.config)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        if !self.cluster.is_ready() {
+            return Err(Status::unavailable(
+                "the GPU extender has not yet synced its view of the cluster",
+            ));
+        }
+        let policy = self.policy.load();
+        let table = self.cluster.read();
+        let admitted = self.admitted(table.nodes(), &template)?;
+        Ok(max_replicas(
+            admitted,
+            &template.request,
+            &policy,
+            MAX_ANSWER,
+        ))
+    }
+
+    /// The nodes whose labels, taints and cordon admit the template, as kube-scheduler's
+    /// node-level filters decide before the extender is asked.
+    fn admitted<'t>(
+        &self,
+        nodes: impl Iterator<Item = &'t NodeState>,
+        template: &Template,
+    ) -> Result<Vec<&'t NodeState>, Status> {
+        // The template's resources are read once, not once per node.
+        let asks = resource_asks(&template.pod, &self.config)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let mut admitted = Vec::new();
+        for node in nodes {
+            let refused = match self.cluster.node_claims(&node.spec.name) {
+                Some(view) => {
+                    claim_refusal(&view, &template.pod).is_some()
+                        || resource_refusal(&view, &asks, None).is_some()
+                }
+                // A node the feed has not described (a table built by hand): no labels, taints
+                // or cordon, and no allocatable to check (the engine's fit counts its GPUs).
+                None => claim_refusal(&bare_node(node), &template.pod).is_some(),
+            };
+            if !refused {
+                admitted.push(node);
+            }
+        }
+        Ok(admitted)
+    }
+
+    fn check_cluster(&self, asked: &str) -> Result<(), Status> {
+        let served = &self.config.estimator.cluster;
+        if !served.is_empty() && asked != served {
+            return Err(Status::invalid_argument(format!(
+                "this estimator serves cluster {served:?}, the request names {asked:?}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Counts and times one call of `method`.
+    fn observe<T>(&self, method: &str, started: Instant, answer: &Result<T, Status>) {
+        let code = match answer {
+            Ok(_) => Code::Ok,
+            Err(status) => status.code(),
+        };
+        self.metrics
+            .estimator_requests
+            .with_label_values(&[method, code_label(code)])
+            .inc();
+        self.metrics
+            .estimator_duration
+            .with_label_values(&[method])
+            .observe(started.elapsed().as_secs_f64());
+    }
+}
+
+/// A node known only by name.
+fn bare_node(node: &NodeState) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(node.spec.name.as_str().to_owned()),
+            ..ObjectMeta::default()
+        },
+        ..Node::default()
+    }
+}
+
+/// The `code` label: gRPC's own names for the codes this service answers.
+pub fn code_label(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::InvalidArgument => "InvalidArgument",
+        Code::Unavailable => "Unavailable",
+        Code::Unimplemented => "Unimplemented",
+        Code::NotFound => "NotFound",
+        _ => "Other",
+    }
+}
+
+#[tonic::async_trait]
+impl Estimator for EstimatorService {
+    async fn max_available_replicas(
+        &self,
+        request: Request<pb::MaxAvailableReplicasRequest>,
+    ) -> Result<Response<pb::MaxAvailableReplicasResponse>, Status> {
+        let started = Instant::now();
+        let answer = self.max_available_replicas(request.get_ref());
+        self.observe(METHODS[0], started, &answer);
+        let max_replicas = i32::try_from(answer?).unwrap_or(i32::MAX);
+        Ok(Response::new(pb::MaxAvailableReplicasResponse {
+            max_replicas,
+        }))
+    }
+
+    async fn max_available_component_sets(
+        &self,
+        request: Request<pb::MaxAvailableComponentSetsRequest>,
+    ) -> Result<Response<pb::MaxAvailableComponentSetsResponse>, Status> {
+        let started = Instant::now();
+        let answer = self.check_cluster(&request.get_ref().cluster).and_then(|()| {
+            Err::<pb::MaxAvailableComponentSetsResponse, _>(Status::unimplemented(
+                "MaxAvailableComponentSets (multi-component workloads) is not supported by the GPU \
+                 extender's estimator",
+            ))
+        });
+        self.observe(METHODS[1], started, &answer);
+        answer.map(Response::new)
+    }
+
+    async fn get_unschedulable_replicas(
+        &self,
+        request: Request<pb::UnschedulableReplicasRequest>,
+    ) -> Result<Response<pb::UnschedulableReplicasResponse>, Status> {
+        let started = Instant::now();
+        let answer = self
+            .check_cluster(&request.get_ref().cluster)
+            .and_then(|()| {
+                Err::<pb::UnschedulableReplicasResponse, _>(Status::unimplemented(
+                    "GetUnschedulableReplicas is not supported by the GPU extender's estimator",
+                ))
+            });
+        self.observe(METHODS[2], started, &answer);
+        answer.map(Response::new)
+    }
+}
+
+/// Serves `service` on `listener` (plain HTTP/2, as Karmada dials without TLS settings) until
+/// `shutdown` completes.
+pub async fn serve(
+    listener: TcpListener,
+    service: EstimatorService,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    tonic::transport::Server::builder()
+        .add_service(EstimatorServer::new(service))
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+}

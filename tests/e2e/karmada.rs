@@ -1,0 +1,216 @@
+//! Karmada's own estimator client against the extender's scheduler-estimator
+//! (`estimator.listen`): tests/karmada-client (Karmada v1.18.2's `SchedulerEstimator`, dialled
+//! with Karmada's `grpcconnection`) asks how many replicas of a GPU-share template the cluster
+//! can run; then that many pods, and two more, arrive one after another through the real
+//! kube-scheduler and extender, and exactly the estimate is bound. Karmada's default
+//! `GeneralEstimator`, fed the cluster's summed allocatable (what Karmada's cluster status
+//! controller reports), promises more, before the pods and after.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::api::ListParams;
+use serde_json::{Value, json};
+
+use crate::harness::{Cluster, ROOT, free_port};
+use crate::objects::{
+    GPU_MEM, GpuNode, Mode, NVIDIA_GPU, PodSpec, create_pod, node_of, wait_settled,
+};
+use crate::up;
+
+/// The karmada-client binary: `$GPU_EXTENDER_KARMADA_CLIENT`, else built (once, into the cache)
+/// by scripts/karmada-client.sh.
+fn karmada_client() -> Result<PathBuf> {
+    static BIN: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(path) = std::env::var_os("GPU_EXTENDER_KARMADA_CLIENT") {
+            return Ok(PathBuf::from(path));
+        }
+        let output = Command::new(Path::new(ROOT).join("scripts/karmada-client.sh"))
+            .output()
+            .map_err(|e| format!("cannot run scripts/karmada-client.sh: {e}"))?;
+        if !output.status.success() {
+            return Err(format!(
+                "scripts/karmada-client.sh failed ({}): {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr)
+            ));
+        }
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .last()
+            .map(PathBuf::from)
+            .ok_or_else(|| "scripts/karmada-client.sh printed no path".to_owned())
+    })
+    .clone()
+    .map_err(|e| anyhow!(e))
+}
+
+/// Karmada's answers for `template` (a work/v1alpha2 ReplicaRequirements): the accurate
+/// estimator's (ours, over gRPC) and the general estimator's over `summary`.
+fn estimate(c: &Cluster, addr: &str, template: &Value, summary: &Value) -> Result<(i64, i64)> {
+    let dir = c.dir.join("karmada");
+    std::fs::create_dir_all(&dir)?;
+    let template_path = dir.join("template.json");
+    let summary_path = dir.join("summary.json");
+    std::fs::write(&template_path, template.to_string())?;
+    std::fs::write(&summary_path, summary.to_string())?;
+    let output = Command::new(karmada_client()?)
+        .args([
+            "estimate",
+            "--addr",
+            addr,
+            "--cluster",
+            "member",
+            "--template",
+        ])
+        .arg(&template_path)
+        .arg("--summary")
+        .arg(&summary_path)
+        .output()
+        .context("running karmada-client")?;
+    if !output.status.success() {
+        bail!(
+            "karmada-client estimate failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let answer: Value = serde_json::from_slice(&output.stdout).with_context(|| {
+        format!(
+            "karmada-client printed {:?}",
+            String::from_utf8_lossy(&output.stdout)
+        )
+    })?;
+    let read = |key: &str| {
+        answer[key]
+            .as_i64()
+            .ok_or_else(|| anyhow!("no {key} in {answer}"))
+    };
+    Ok((read("accurate")?, read("general")?))
+}
+
+/// What Karmada's cluster status controller reports: the nodes' allocatable summed, and what
+/// `bound` pods of `per_pod` each have taken.
+async fn summary(c: &Cluster, per_pod: &BTreeMap<&str, u64>, bound: u64) -> Result<Value> {
+    let nodes = Api::<Node>::all(c.client.clone())
+        .list(&ListParams::default())
+        .await?;
+    let mut allocatable: BTreeMap<String, u64> = BTreeMap::new();
+    for node in &nodes.items {
+        let status = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
+        for (name, quantity) in status.into_iter().flatten() {
+            // Plain integers (the fake nodes' GPU resources, cpu, pods); memory is not asked.
+            if let Ok(amount) = quantity.0.parse::<u64>() {
+                *allocatable.entry(name.clone()).or_default() += amount;
+            }
+        }
+    }
+    let allocated: BTreeMap<&str, String> = per_pod
+        .iter()
+        .map(|(name, amount)| (*name, (amount * bound).to_string()))
+        .chain([("pods", bound.to_string())])
+        .collect();
+    let allocatable: BTreeMap<String, String> = allocatable
+        .into_iter()
+        .map(|(name, amount)| (name, amount.to_string()))
+        .collect();
+    Ok(json!({ "allocatable": allocatable, "allocated": allocated }))
+}
+
+#[test]
+#[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
+fn karmada_estimator_answers_what_the_extender_places() {
+    crate::harness::run("karmada_estimator", async |c| {
+        let client = karmada_client()?;
+        // The vendored protos are the pinned Karmada's (the build checks it too; this catches a
+        // proto/ edited after the client was built).
+        let check = Command::new(&client)
+            .args(["check-protos", &format!("{ROOT}/proto")])
+            .output()?;
+        ensure!(
+            check.status.success(),
+            "proto/ does not match: {}",
+            String::from_utf8_lossy(&check.stderr)
+        );
+
+        let nodes = [
+            GpuNode::new("t4-a", Mode::Share, 4, "Tesla-T4", 16),
+            GpuNode::new("t4-b", Mode::Share, 4, "Tesla-T4", 16),
+            GpuNode::new("t4-c", Mode::Share, 4, "Tesla-T4", 16).label("zone", "b"),
+            GpuNode::new("l4", Mode::Exclusive, 2, "NVIDIA-L4", 24),
+        ];
+        let port = free_port()?;
+        let addr = format!("127.0.0.1:{port}");
+        up(
+            c,
+            &nodes,
+            &format!("estimator:\n  listen: {addr}\n  cluster: member\n"),
+        )
+        .await?;
+
+        // 10 GiB of one 16 GiB T4: one replica per GPU, 12 in all; summed GPU memory (3 x 64
+        // GiB) would hold 19.
+        let per_pod = BTreeMap::from([(GPU_MEM, 10u64), ("cpu", 1)]);
+        let template = json!({
+            "namespace": "default",
+            "resourceRequest": { GPU_MEM: "10", "cpu": "1" },
+        });
+        let (accurate, general) = estimate(c, &addr, &template, &summary(c, &per_pod, 0).await?)?;
+        ensure!(accurate == 12, "accurate estimate {accurate}, expected 12");
+        ensure!(
+            general == 19,
+            "Karmada's general estimate {general}, expected 19 (192 GiB / 10)"
+        );
+
+        // Node claims travel: zone=b is t4-c alone; whole GPUs only the exclusive node has.
+        let zone_b = json!({
+            "namespace": "default",
+            "nodeClaim": { "nodeSelector": { "zone": "b" } },
+            "resourceRequest": { GPU_MEM: "10" },
+        });
+        let (zone_b, _) = estimate(c, &addr, &zone_b, &summary(c, &per_pod, 0).await?)?;
+        ensure!(zone_b == 4, "zone=b estimate {zone_b}, expected 4");
+        let whole = json!({ "namespace": "default", "resourceRequest": { NVIDIA_GPU: "1" } });
+        let (whole, _) = estimate(c, &addr, &whole, &summary(c, &per_pod, 0).await?)?;
+        ensure!(whole == 2, "whole-GPU estimate {whole}, expected 2");
+
+        // The replicas arrive one after another, two more than the estimate.
+        let names: Vec<String> = (0..accurate + 2).map(|i| format!("replica-{i}")).collect();
+        for name in &names {
+            create_pod(&c.client, &PodSpec::new(name, GPU_MEM, 10).with("cpu", 1)).await?;
+        }
+        let settled = wait_settled(&c.client, &names, std::time::Duration::from_secs(60)).await?;
+        let bound = settled.iter().filter(|p| node_of(p).is_some()).count() as i64;
+        ensure!(
+            bound == accurate,
+            "{bound} replicas bound, the estimate was {accurate}"
+        );
+
+        // Full: the extender now answers 0, while the summed view still promises 7 more
+        // (192 - 120 GiB), replicas that would wait in this cluster.
+        let after = summary(c, &per_pod, bound as u64).await?;
+        let (accurate_after, general_after) = estimate(c, &addr, &template, &after)?;
+        ensure!(
+            accurate_after == 0,
+            "estimate after the replicas: {accurate_after}"
+        );
+        ensure!(
+            general_after == 7,
+            "Karmada's general estimate after the replicas: {general_after}, expected 7"
+        );
+        let metrics = c.metrics().await?;
+        let answered = crate::harness::metric_sum(
+            &metrics,
+            "gpu_extender_estimator_requests_total",
+            &[("method", "MaxAvailableReplicas"), ("code", "OK")],
+        );
+        ensure!(answered == 4.0, "estimator requests counted OK: {answered}");
+        Ok(())
+    });
+}
