@@ -378,8 +378,13 @@ pub struct TypicalPodConfig {
     /// Model patterns the class accepts; empty means any.
     #[serde(default)]
     pub models: Vec<String>,
-    /// Relative frequency; weights are normalised.
+    /// Relative frequency; weights are normalised over the classes that are not `rare`.
     pub weight: f64,
+    /// A class past FGD's coverage cut: left out of FGD's measure, weighed only for its
+    /// scarcity by `fgd-plus` (docs/policies.md, part 4). Its weight is on the same scale as the
+    /// others'.
+    #[serde(default)]
+    pub rare: bool,
 }
 
 /// The two HTTP listeners.
@@ -950,29 +955,36 @@ impl Config {
 
     /// The engine policy this configuration describes.
     pub fn engine_policy(&self) -> Policy {
-        let typical = self
+        let (rare, typical): (Vec<_>, Vec<_>) = self
             .policy
             .typical_pods
             .pods
             .iter()
-            .map(|pod| TypicalPod {
-                cpu: crate::engine::CpuMilli(pod.cpu_milli),
-                memory: crate::engine::MemMiB(pod.memory_mib),
-                gpus: pod.gpus,
-                milli: pod.gpu_milli,
-                // Validated in `validate`; a pattern that does not parse is simply dropped.
-                models: pod
-                    .models
-                    .iter()
-                    .filter_map(|m| ModelPattern::parse(m).ok())
-                    .collect(),
-                weight: pod.weight,
+            .map(|pod| {
+                (
+                    pod.rare,
+                    TypicalPod {
+                        cpu: crate::engine::CpuMilli(pod.cpu_milli),
+                        memory: crate::engine::MemMiB(pod.memory_mib),
+                        gpus: pod.gpus,
+                        milli: pod.gpu_milli,
+                        // Validated in `validate`; a pattern that does not parse is simply dropped.
+                        models: pod
+                            .models
+                            .iter()
+                            .filter_map(|m| ModelPattern::parse(m).ok())
+                            .collect(),
+                        weight: pod.weight,
+                    },
+                )
             })
-            .collect();
+            .partition(|(rare, _)| *rare);
+        let classes =
+            |list: Vec<(bool, TypicalPod)>| list.into_iter().map(|(_, pod)| pod).collect();
         Policy {
             scoring: self.policy.scoring,
             max_shares_per_gpu: self.policy.max_pods_per_shared_gpu,
-            typical: TypicalPods::new(typical),
+            typical: TypicalPods::with_rare(classes(typical), classes(rare)),
             filter_best_only: self.policy.filter_best_only,
             ..Policy::default()
         }

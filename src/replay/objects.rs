@@ -67,16 +67,21 @@ pub fn extender_config(
     config.policy.max_pods_per_shared_gpu = 1000;
     // The recommended setup (deploy/): filter passes the policy's one choice.
     config.policy.filter_best_only = true;
-    config.policy.typical_pods.pods = typical
+    // The classes past the coverage cut go too, marked: fgd-plus weighs their scarcity.
+    let classes = typical
         .pods()
         .iter()
-        .map(|pod| crate::config::TypicalPodConfig {
+        .map(|pod| (pod, false))
+        .chain(typical.rare().iter().map(|pod| (pod, true)));
+    config.policy.typical_pods.pods = classes
+        .map(|(pod, rare)| crate::config::TypicalPodConfig {
             cpu_milli: pod.cpu.0,
             gpus: pod.gpus,
             gpu_milli: pod.milli,
             memory_mib: pod.memory.0,
             models: pod.models.iter().map(ToString::to_string).collect(),
             weight: class_size(pod, workload) as f64,
+            rare,
         })
         .collect();
     config
@@ -330,6 +335,11 @@ mod tests {
             policy.typical.pods(),
             typical.pods(),
             "typical pods survive the config"
+        );
+        assert_eq!(
+            policy.typical.rare(),
+            typical.rare(),
+            "so do the classes past the cut"
         );
     }
 

@@ -57,8 +57,9 @@ impl TypicalPods {
         Self::with_rare(pods, Vec::new())
     }
 
-    /// [`TypicalPods::new`] with classes past a coverage cut, weighted on the same scale.
-    fn with_rare(pods: Vec<TypicalPod>, rare: Vec<TypicalPod>) -> Self {
+    /// [`TypicalPods::new`] with classes past a coverage cut, weighted on the same scale: FGD's
+    /// measure leaves them out, the scarce classes ([`TypicalPods::with_cluster`]) count them.
+    pub fn with_rare(pods: Vec<TypicalPod>, rare: Vec<TypicalPod>) -> Self {
         let usable = |pod: &TypicalPod| pod.weight.is_finite() && pod.weight > 0.0;
         let mut pods: Vec<TypicalPod> = pods.into_iter().filter(usable).collect();
         let mut rare: Vec<TypicalPod> = rare.into_iter().filter(usable).collect();
@@ -188,6 +189,11 @@ impl TypicalPods {
             kept.push(pod);
         }
         Self::with_rare(kept, rare)
+    }
+
+    /// The classes past the coverage cut.
+    pub fn rare(&self) -> &[TypicalPod] {
+        &self.rare
     }
 
     /// The classes.
