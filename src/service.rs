@@ -13,7 +13,6 @@ use tokio::net::TcpListener;
 use tracing::info;
 
 use crate::config::{ConfigFlags, ServeFlags};
-use crate::engine::ScoringPolicy;
 use crate::estimator::{self, EstimatorService};
 use crate::http::auth::{AdminAuth, KubeReview};
 use crate::http::server::{AppState, admin_router, guarded_admin_router, guarded_router};
@@ -98,7 +97,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // Learning, and FGD+'s measure of how scarce each typical class's nodes are, both follow
     // the cluster.
     let typical = &config.policy.typical_pods;
-    let learner = (typical.learn || config.policy.scoring == ScoringPolicy::FgdPlus).then(|| {
+    let learner = (typical.learn || configured.weighs_scarcity()).then(|| {
         tokio::spawn(learn::run(
             cluster.clone(),
             policy.clone(),

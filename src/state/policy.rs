@@ -87,10 +87,14 @@ pub fn relearn(
     } else {
         configured.clone()
     };
-    // FGD+ weighs the classes few nodes can run by how scarce their nodes are in this cluster.
-    let wanted = wanted.with_cluster(table.nodes());
-    drop(table);
     let current = cell.load();
+    // FGD+ weighs the classes few nodes can run by how scarce their nodes are in this cluster.
+    let wanted = if current.weighs_scarcity() {
+        wanted.with_cluster(table.nodes())
+    } else {
+        wanted
+    };
+    drop(table);
     if current.typical != wanted {
         info!(
             classes = wanted.pods().len(),
@@ -177,7 +181,7 @@ mod tests {
     fn the_configured_distribution_holds_until_enough_pods_are_seen() {
         let cell = PolicyCell::from(Policy {
             typical: configured(),
-            ..Policy::default()
+            ..Policy::scoring(crate::engine::ScoringPolicy::FgdPlus)
         });
         let few = cluster_with(5);
         assert_eq!(relearn(&few, &cell, &configured(), true), (1, 5));
