@@ -22,11 +22,24 @@ demo:
 export GPU_EXTENDER_E2E ?= require
 TRACES := ../shared/traces/openb
 GO ?= $(shell command -v go || { test -x /usr/local/go/bin/go && echo /usr/local/go/bin/go; })
-test: lint k8s-bins autoscaler-bins
-	$(CARGO) test --locked --all-targets
-	$(CARGO) test --locked --doc
-	$(MAKE) test-e2e test-traces test-go
-	$(MAKE) fuzz-smoke
+## The test tooling (scripts/test-tooling.sh: the Go-built binaries, cargo-fuzz and the fuzz
+## targets) builds in the background from the start, in a process group of its own that is
+## stopped if a step fails; its log is in the cache.
+test:
+	@set -euo pipefail; \
+	mkdir -p "$(GPU_EXTENDER_CACHE)"; \
+	tooling=; \
+	if [[ "$$GPU_EXTENDER_E2E" != skip ]]; then \
+		echo "make: building the test tooling in the background (log: $(GPU_EXTENDER_CACHE)/test-tooling.log)"; \
+		setsid scripts/test-tooling.sh >"$(GPU_EXTENDER_CACHE)/test-tooling.log" 2>&1 & tooling=$$!; \
+		trap 'kill -- -$$tooling 2>/dev/null || true' EXIT; \
+	fi; \
+	$(MAKE) lint; \
+	$(CARGO) test --locked --all-targets; \
+	$(CARGO) test --locked --doc; \
+	$(MAKE) test-e2e test-traces test-go; \
+	$(MAKE) fuzz-smoke; \
+	if [[ -n "$$tooling" ]]; then wait $$tooling || true; cat "$(GPU_EXTENDER_CACHE)/test-tooling.log"; fi
 
 ## test-e2e: the end-to-end scenarios and the deployment tests against real Kubernetes binaries
 ## (and headless Chromium for the web view, installed by scripts/chromium.sh when missing; helm

@@ -5,6 +5,7 @@
 #   scripts/fuzz.sh pod node        only these targets
 #   FUZZ_SECONDS=600 scripts/fuzz.sh
 #   FUZZ_SANITIZER=none FUZZ_SECONDS=15 FUZZ_SCRATCH=1 scripts/fuzz.sh    what `make test` runs
+#   FUZZ_SANITIZER=none FUZZ_BUILD_ONLY=1 scripts/fuzz.sh    build only (scripts/test-tooling.sh)
 #
 # FUZZ_SANITIZER: `address` (default; nightly Rust, AddressSanitizer) or `none` (the default
 # toolchain, stable works: coverage-guided, panics and broken promises are still caught, memory
@@ -47,10 +48,15 @@ case "$SANITIZER" in
         exit 2
         ;;
 esac
+# One installer at a time: scripts/test-tooling.sh may be installing it in the background.
+mkdir -p "$CACHE"
+exec 8>"$CACHE/.cargo-fuzz-install.lock"
+flock 8
 if ! cargo fuzz --version >/dev/null 2>&1; then
     log "installing cargo-fuzz $CARGO_FUZZ_VERSION from crates.io"
     cargo install --locked cargo-fuzz --version "$CARGO_FUZZ_VERSION" >&2
 fi
+flock -u 8
 
 cd "$ROOT/fuzz"
 export CARGO_TARGET_DIR="$TARGET_DIR"
@@ -59,6 +65,10 @@ targets=("$@")
 [[ ${#targets[@]} -gt 0 ]] || targets=("${all[@]}")
 log "building the fuzz targets (release, debug assertions, sanitizer: $SANITIZER)"
 cargo "${TOOLCHAIN[@]}" fuzz build -O -s "$SANITIZER" >&2
+if [[ "${FUZZ_BUILD_ONLY:-0}" == 1 ]]; then
+    log "built; FUZZ_BUILD_ONLY=1: not running"
+    exit 0
+fi
 mkdir -p "$CACHE/fuzz-logs"
 scratch=""
 if [[ "${FUZZ_SCRATCH:-0}" == 1 ]]; then

@@ -116,6 +116,7 @@ impl SimPolicy {
                     "quantum" => tuning.quantum = number()?,
                     "reserve" => tuning.reserve = number()?,
                     "scarce" => tuning.scarce = number()?,
+                    "shape" => tuning.scarce_shape = number()?,
                     "hostby" => {
                         tuning.host_by = match value {
                             "mean" => fgd_plus::HostBy::Mean,
@@ -163,6 +164,7 @@ fn tuning_knobs(tuning: &fgd_plus::Tuning) -> Vec<String> {
         ("quantum", tuning.quantum, default.quantum),
         ("reserve", tuning.reserve, default.reserve),
         ("scarce", tuning.scarce, default.scarce),
+        ("shape", tuning.scarce_shape, default.scarce_shape),
     ];
     for (key, value, default) in numbers {
         if value != default {

@@ -120,12 +120,16 @@ impl TypicalPods {
     /// The expected fragmentation with each class weighted by its excess scarcity (not
     /// renormalised, so that it adds to the plain measure): free capacity that the classes only
     /// few nodes can run could not use, in milli-GPU. Zero without a cluster. `access` is
-    /// [`TypicalPods::access_masks`]'s.
+    /// [`TypicalPods::access_masks`]'s. The classes that name GPU models are scaled by
+    /// `by_model`, the others (scarce by GPU count, CPU or memory) by `by_shape`: the two kinds
+    /// need different weights (docs/policies.md, part 4).
     pub fn scarce_fragmentation(
         &self,
         cpu_free: CpuMilli,
         free_milli: &[u32],
         access: &[u64],
+        by_model: f64,
+        by_shape: f64,
     ) -> f64 {
         let total: u64 = free_milli.iter().map(|&free| u64::from(free)).sum();
         let masks = access.get(self.pods.len()..).unwrap_or_default();
@@ -133,7 +137,15 @@ impl TypicalPods {
             .iter()
             .zip(masks)
             .map(|((pod, weight), &mask)| {
-                weight * lost(pod, cpu_free, free_milli, mask, total) as f64
+                let scale = if pod.models.is_empty() {
+                    by_shape
+                } else {
+                    by_model
+                };
+                if scale == 0.0 {
+                    return 0.0;
+                }
+                scale * weight * lost(pod, cpu_free, free_milli, mask, total) as f64
             })
             .sum()
     }

@@ -43,9 +43,19 @@ pub struct Tuning {
     pub reserve: u32,
     /// How host stranding is measured: against the mean typical pod, or per class.
     pub host_by: HostBy,
-    /// Weight (hundredths) of the scarce classes' fragmentation
+    /// Weight (hundredths) of the fragmentation of the scarce classes that name GPU models
     /// ([`TypicalPods::scarce_fragmentation`]); 0 turns it off.
     pub scarce: u32,
+    /// Weight (hundredths) of the fragmentation of the scarce classes that accept any model,
+    /// scarce by their shape (GPU count, CPU, memory); 0 turns it off.
+    pub scarce_shape: u32,
+}
+
+impl Tuning {
+    /// Whether either kind of scarce class is weighed.
+    pub fn weighs_scarcity(&self) -> bool {
+        self.scarce > 0 || self.scarce_shape > 0
+    }
 }
 
 impl Default for Tuning {
@@ -59,7 +69,8 @@ impl Default for Tuning {
             tie_break: TieBreak::UsedNodes,
             reserve: 0,
             host_by: HostBy::Mean,
-            scarce: 1000,
+            scarce: 500,
+            scarce_shape: 2000,
         }
     }
 }
@@ -126,9 +137,14 @@ pub fn fragmentation(
     } else {
         0.0
     };
-    let scarce = if tuning.scarce > 0 {
-        f64::from(tuning.scarce) / 100.0
-            * typical.scarce_fragmentation(cpu_free, free_milli, access)
+    let scarce = if tuning.weighs_scarcity() {
+        typical.scarce_fragmentation(
+            cpu_free,
+            free_milli,
+            access,
+            f64::from(tuning.scarce) / 100.0,
+            f64::from(tuning.scarce_shape) / 100.0,
+        )
     } else {
         0.0
     };
@@ -451,6 +467,35 @@ mod tests {
     }
 
     #[test]
+    fn a_class_scarce_by_model_is_scaled_by_the_model_weight_only() {
+        // One V100 node among four 8-GPU nodes: a V100-only pod runs on a quarter of the GPUs.
+        let node = |model: &str| {
+            NodeState::new(NodeSpec::uniform("n", GpuMode::CoreMem, 8, model, MemMiB(0)).with_host(
+                CpuMilli(96_000),
+                MemMiB(1 << 30),
+                1001,
+            ))
+        };
+        let v100 = node("V100");
+        let t4 = node("T4");
+        let mut v100_only = class(4_000, 0, 1, 1000, 1.0);
+        v100_only.models = vec![crate::engine::ModelPattern::parse("V100").unwrap()];
+        let typical = TypicalPods::new(vec![class(4_000, 0, 1, 1000, 9.0), v100_only])
+            .with_cluster(&[v100.clone(), t4.clone(), t4.clone(), t4]);
+        let access = typical.access_masks(&v100);
+        // Every GPU has 300 milli free: a whole-GPU class loses all 2400. Weight 0.1, excess 3.
+        let free = [300; 8];
+        let expected = 0.1 * 3.0 * 2400.0;
+        let by_model = typical.scarce_fragmentation(CpuMilli(96_000), &free, &access, 2.0, 0.0);
+        assert!((by_model - 2.0 * expected).abs() < 1e-6, "{by_model}");
+        assert_eq!(
+            typical.scarce_fragmentation(CpuMilli(96_000), &free, &access, 0.0, 7.0),
+            0.0,
+            "a class that names a model is not scaled by the shape weight"
+        );
+    }
+
+    #[test]
     fn a_class_few_nodes_can_run_is_weighed_by_how_scarce_they_are() {
         // One 8-GPU node with 128 cores, three 8-GPU nodes with 64: an 8-GPU pod that needs 120
         // cores runs on a quarter of the GPUs; a one-GPU pod runs anywhere.
@@ -480,10 +525,18 @@ mod tests {
         let free = [0, 1000, 1000, 1000, 1000, 1000, 1000, 1000];
         // Excess scarcity 32/8 - 1 = 3 for the big class, none for the small one: the big
         // class's lost 7000 milli counts 0.1 × 3 × 7000.
-        let measured = scarce.scarce_fragmentation(CpuMilli(128_000), &free, &access);
+        let measured = scarce.scarce_fragmentation(CpuMilli(128_000), &free, &access, 1.0, 1.0);
         assert!((measured - 0.1 * 3.0 * 7000.0).abs() < 1e-6, "{measured}");
+        // The big class accepts any model: it is scarce by shape, so only `by_shape` scales it.
+        let by_shape_only = scarce.scarce_fragmentation(CpuMilli(128_000), &free, &access, 0.0, 2.0);
+        assert!((by_shape_only - 2.0 * measured).abs() < 1e-6, "{by_shape_only}");
         assert_eq!(
-            typical.scarce_fragmentation(CpuMilli(128_000), &free, &access),
+            scarce.scarce_fragmentation(CpuMilli(128_000), &free, &access, 5.0, 0.0),
+            0.0,
+            "a class that names no model is not scaled by the model weight"
+        );
+        assert_eq!(
+            typical.scarce_fragmentation(CpuMilli(128_000), &free, &access, 1.0, 1.0),
             0.0,
             "no cluster, no scarcity"
         );
@@ -496,6 +549,7 @@ mod tests {
             let policy = Policy {
                 fgd_plus: Tuning {
                     scarce: scarce_weight,
+                    scarce_shape: scarce_weight,
                     ..Tuning::default()
                 },
                 ..Policy::scoring(ScoringPolicy::FgdPlus).with_typical(scarce.clone())
@@ -524,7 +578,7 @@ mod tests {
         let cut = cut.with_cluster(&cluster);
         let access = cut.access_masks(&big);
         assert_eq!(access.len(), 2, "the typical class, then the scarce one");
-        let measured = cut.scarce_fragmentation(CpuMilli(128_000), &free, &access);
+        let measured = cut.scarce_fragmentation(CpuMilli(128_000), &free, &access, 1.0, 1.0);
         // Weight 1/99 on the kept classes' scale, excess 3, 7000 lost.
         assert!((measured - 3.0 * 7000.0 / 99.0).abs() < 1e-6, "{measured}");
     }

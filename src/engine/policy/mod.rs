@@ -113,10 +113,10 @@ pub struct Evaluation {
 
 impl Policy {
     /// Whether scores weigh the typical classes' scarcity on the cluster
-    /// ([`TypicalPods::with_cluster`]): only FGD+ with its `scarce` knob on. Otherwise the
+    /// ([`TypicalPods::with_cluster`]): only FGD+ with its `scarce` or `scarce_shape` knob on. Otherwise the
     /// measure is not worth taking, nor the extra access masks it adds to every evaluation.
     pub fn weighs_scarcity(&self) -> bool {
-        self.scoring == ScoringPolicy::FgdPlus && self.fgd_plus.scarce > 0
+        self.scoring == ScoringPolicy::FgdPlus && self.fgd_plus.weighs_scarcity()
     }
 
     /// A policy with this scoring and the defaults for everything else.
