@@ -18,8 +18,8 @@
 #                                                         [secs] (default 0), start it again on
 #                                                         the same port with the same certs and
 #                                                         tokens, wait for /readyz (fault tests)
-#   control-plane.sh karmada <workdir>                    make the plane a Karmada control plane
-#                                                         (needs `start` with CP_FRONT_PROXY=1):
+#   control-plane.sh karmada <workdir>                    make the plane a Karmada control plane,
+#                                                         once (needs `start` with CP_FRONT_PROXY=1):
 #                                                         Karmada's CRDs, namespaces karmada-system
 #                                                         and karmada-cluster, the aggregated
 #                                                         apiserver behind an APIService, and

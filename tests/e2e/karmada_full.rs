@@ -40,7 +40,7 @@ fn karmada_bins() -> Result<PathBuf> {
     built_once(&DIR, KARMADA_BIN_ENV, "scripts/karmada-bins.sh")
 }
 
-/// One member: its plane (`c` for member1), the extender's estimator port.
+/// One member cluster: its name in Karmada, its plane, its extender's estimator port.
 struct Member<'a> {
     name: &'static str,
     plane: &'a Cluster,
@@ -69,6 +69,7 @@ fn karmada_divides_replicas_by_what_each_member_holds() {
     });
 }
 
+/// The scenario proper, on started planes (its steps: the module's documentation).
 async fn scenario(
     member1: &mut Cluster,
     member2: &mut Cluster,
@@ -166,7 +167,12 @@ async fn scenario(
     let request = BTreeMap::from([(GPU_MEM, 10u64), ("cpu", 1)]);
     let general: BTreeMap<&str, i64> = members
         .iter()
-        .map(|m| Ok((m.name, general_estimate(&summaries[m.name], &request)?)))
+        .map(|m| {
+            let summary = summaries
+                .get(m.name)
+                .ok_or_else(|| anyhow!("no resource summary for {}", m.name))?;
+            Ok((m.name, general_estimate(summary, &request)?))
+        })
         .collect::<Result<_>>()?;
     ensure!(
         general == BTreeMap::from([("member1", 12), ("member2", 16)]),
