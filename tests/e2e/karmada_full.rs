@@ -2,12 +2,12 @@
 //! with the aggregation layer), Karmada's aggregated apiserver, controller-manager and two
 //! karmada-schedulers, all built from Karmada v1.18.2's module by scripts/karmada-bins.sh; two
 //! member clusters (loopback control planes, each with its gpu-extender serving the
-//! scheduler-estimator and its kube-scheduler) registered in Push mode. One GPU Deployment is
-//! divided by the scheduler that asks our estimators, the same Deployment by one that has only
-//! Karmada's general estimator (the members' summed resources, from the Cluster status the
-//! controller-manager writes): the first divides the replicas by what each member really holds,
-//! the second over-promises member1, and member1's kube-scheduler and extender then bind
-//! exactly what our estimator answered.
+//! scheduler-estimator and its kube-scheduler) registered in Push mode. A GPU Deployment is
+//! divided by the scheduler that has only Karmada's general estimator (the members' summed
+//! resources, from the Cluster status the controller-manager writes), then withdrawn, and the
+//! same Deployment divided by the scheduler that asks our estimators: the first over-promises
+//! member1, the second divides the replicas by what each member really holds, and member1's
+//! kube-scheduler and extender bind exactly what our estimator answered.
 //!
 //! Too heavy for `make test` (three control planes, four Karmada processes, a cold build of
 //! several minutes): `make test-karmada` builds the binaries and runs it.
@@ -180,10 +180,17 @@ async fn scenario(
          expected 12 (128 GiB / 10) and 16"
     );
 
-    propagate(karmada, "gpu-work", "default-scheduler").await?;
+    // One Deployment at a time: without karmada-webhook the ResourceBindings carry no
+    // permanent ID of their own, and Karmada's binding controller would take the other
+    // binding's Works for orphans of this one and delete them. Each binding's Works reach the
+    // members: each gets the Deployment with its share of the replicas.
     propagate(karmada, "gpu-work-general", "general-scheduler").await?;
-    let accurate = scheduled_clusters(karmada, "gpu-work-deployment").await?;
     let promised = scheduled_clusters(karmada, "gpu-work-general-deployment").await?;
+    wait_member_deployments(&members, "gpu-work-general", &promised).await?;
+    withdraw(karmada, "gpu-work-general").await?;
+    propagate(karmada, "gpu-work", "default-scheduler").await?;
+    let accurate = scheduled_clusters(karmada, "gpu-work-deployment").await?;
+    wait_member_deployments(&members, "gpu-work", &accurate).await?;
     eprintln!(
         "e2e karmada_full: divided with our estimators {accurate:?}, with the general one \
          {promised:?}"
@@ -216,16 +223,6 @@ async fn scenario(
             member.name
         );
     }
-    // The Works reach the members: each gets its Deployment with its share of the replicas.
-    for member in &members {
-        for (name, division) in [("gpu-work", &accurate), ("gpu-work-general", &promised)] {
-            let want = division.get(member.name).copied().unwrap_or(0);
-            if want > 0 {
-                wait_member_deployment(member, name, want).await?;
-            }
-        }
-    }
-
     // The members' pods (no kube-controller-manager runs there, so the test creates the
     // replicas the general division sent member1, and member2's accurate share): member1's
     // kube-scheduler and extender bind exactly what our estimator answered.
@@ -503,6 +500,46 @@ async fn scheduled_clusters(karmada: &Cluster, binding: &str) -> Result<BTreeMap
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// Deletes the Deployment `name`, its policy and its ResourceBinding from Karmada, waiting until
+/// the binding is gone (its finalizer removes its Works, and they their objects in the
+/// members). No kube-controller-manager runs on the Karmada plane, so nothing collects the
+/// binding when its Deployment goes.
+async fn withdraw(karmada: &Cluster, name: &str) -> Result<()> {
+    karmada
+        .kubectl(&["delete", "-n", "default", "propagationpolicy", name])
+        .await?;
+    karmada
+        .kubectl(&["delete", "-n", "default", "deployment", name])
+        .await?;
+    let binding = format!("{name}-deployment");
+    karmada
+        .kubectl(&[
+            "delete",
+            "-n",
+            "default",
+            "resourcebinding",
+            &binding,
+            "--wait=true",
+        ])
+        .await?;
+    Ok(())
+}
+
+/// Waits until every member `division` gives replicas has Deployment `name` with them
+/// (Karmada's execution controller applies it).
+async fn wait_member_deployments(
+    members: &[Member<'_>],
+    name: &str,
+    division: &BTreeMap<String, i64>,
+) -> Result<()> {
+    for member in members {
+        if let Some(&replicas) = division.get(member.name) {
+            wait_member_deployment(member, name, replicas).await?;
+        }
+    }
+    Ok(())
 }
 
 /// Waits until Karmada's execution controller has created Deployment `name` in `member` with
