@@ -5,7 +5,7 @@ export GPU_EXTENDER_CACHE ?= $(HOME)/.cache/gpu-extender
 export CARGO_TARGET_DIR ?= $(GPU_EXTENDER_CACHE)/target
 CARGO ?= cargo
 
-.PHONY: demo test test-e2e test-traces test-go lint unit e2e k8s-bins autoscaler-bins build bench fuzz fuzz-smoke
+.PHONY: demo test test-e2e test-karmada test-traces test-go lint unit e2e k8s-bins autoscaler-bins karmada-bins build bench fuzz fuzz-smoke
 
 ## demo: local control plane + extender + kube-scheduler + sample GPU pods; prints placements and
 ## what each pod shows. scripts/demo.sh builds the extender and the Kubernetes binaries itself.
@@ -45,7 +45,8 @@ test:
 ## (and headless Chromium for the web view, installed by scripts/chromium.sh when missing; helm
 ## for the chart's tests, built by scripts/helm.sh; Karmada's estimator client, built by
 ## scripts/karmada-client.sh; not the failover measurement,
-## failover::failover_takeover_distribution: 30 control planes).
+## failover::failover_takeover_distribution: 30 control planes; not the full Karmada scenario,
+## karmada_full::, which `make test-karmada` runs).
 test-e2e:
 	@if [[ "$$GPU_EXTENDER_E2E" == skip ]]; then \
 		echo "make: end-to-end tier SKIPPED (GPU_EXTENDER_E2E=skip)"; \
@@ -56,8 +57,17 @@ test-e2e:
 			GPU_EXTENDER_HELM="$${GPU_EXTENDER_HELM:-$$(scripts/helm.sh | tail -n1)/helm}" \
 			GPU_EXTENDER_KARMADA_CLIENT="$${GPU_EXTENDER_KARMADA_CLIENT:-$$(scripts/karmada-client.sh | tail -n1)}" \
 			$(CARGO) test --locked --test e2e --test deploy_manifests -- --ignored \
-			--skip failover::failover_takeover_distribution; \
+			--skip failover::failover_takeover_distribution --skip karmada_full::; \
 	fi
+
+## test-karmada: the full Karmada scenario (tests/e2e/karmada_full.rs): a karmada-apiserver with
+## Karmada's aggregated apiserver, controller-manager and schedulers, and two member clusters
+## each with its extender as scheduler-estimator. Too heavy for `make test` (three control
+## planes, a cold build of Karmada's binaries of about 8 minutes); builds what it needs first.
+test-karmada: k8s-bins karmada-bins
+	GPU_EXTENDER_K8S_BIN="$${GPU_EXTENDER_K8S_BIN:-$$(scripts/k8s-bins.sh | tail -n1)}" \
+		GPU_EXTENDER_KARMADA_BIN="$${GPU_EXTENDER_KARMADA_BIN:-$$(scripts/karmada-bins.sh | tail -n1)}" \
+		$(CARGO) test --locked --test e2e -- --ignored karmada_full::
 
 ## test-traces: the tests on Alibaba's openb traces (cluster-trace-gpu-v2023), when present.
 test-traces:
@@ -103,6 +113,11 @@ k8s-bins:
 ## autoscaler-bins: kwok and test-autoscaler for the autoscaling scenarios (tests/autoscaler/)
 autoscaler-bins:
 	scripts/autoscaler-bins.sh >/dev/null
+
+## karmada-bins: Karmada's scheduler, controller-manager and aggregated apiserver, and its CRDs,
+## for `make test-karmada` (tests/karmada-bins/)
+karmada-bins:
+	scripts/karmada-bins.sh >/dev/null
 
 bench:
 	$(CARGO) bench --locked

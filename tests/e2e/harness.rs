@@ -63,7 +63,7 @@ where
     };
     let started = Instant::now();
     let outcome: Result<()> = runtime.block_on(async {
-        let mut cluster = Cluster::start(name, &bins).await?;
+        let mut cluster = Cluster::start(name, &bins, &[]).await?;
         let result = match tokio::time::timeout(SCENARIO_LIMIT, scenario(&mut cluster)).await {
             Ok(result) => result,
             Err(_) => Err(anyhow!(
@@ -226,8 +226,16 @@ impl std::fmt::Debug for Cluster {
 }
 
 impl Cluster {
-    /// Starts etcd and kube-apiserver in a fresh directory and connects an admin client.
-    async fn start(name: &str, bins: &Path) -> Result<Self> {
+    /// Another control plane beside this scenario's (multi-cluster scenarios), named `name`,
+    /// with `env` for `control-plane.sh start` (e.g. `CP_FRONT_PROXY=1`); stopped when dropped,
+    /// like this one.
+    pub async fn start_beside(&self, name: &str, env: &[(&str, &str)]) -> Result<Self> {
+        Self::start(name, &self.bins, env).await
+    }
+
+    /// Starts etcd and kube-apiserver in a fresh directory (`env`: for `control-plane.sh
+    /// start`) and connects an admin client.
+    async fn start(name: &str, bins: &Path, env: &[(&str, &str)]) -> Result<Self> {
         let dir =
             std::env::temp_dir().join(format!("gpu-extender-e2e-{}-{name}", std::process::id()));
         if dir.exists() {
@@ -253,7 +261,7 @@ impl Cluster {
         };
         cluster.pick_ports()?;
         // From here on, dropping `cluster` stops whatever was started.
-        cluster.control_plane(&["start"]).await?;
+        cluster.control_plane_with_env(&["start"], env).await?;
         cluster.client = admin_client(&dir.join("kubeconfig")).await?;
         eprintln!(
             "e2e {name}: control plane up in {:.1}s ({})",
@@ -269,7 +277,7 @@ impl Cluster {
     }
 
     /// [`Cluster::control_plane`] with extra environment variables for the script.
-    async fn control_plane_with_env(&self, args: &[&str], env: &[(&str, &str)]) -> Result<()> {
+    pub async fn control_plane_with_env(&self, args: &[&str], env: &[(&str, &str)]) -> Result<()> {
         let mut command = Command::new(Path::new(ROOT).join("scripts/control-plane.sh"));
         command.arg(args[0]).arg(&self.dir).args(&args[1..]);
         command.envs(env.iter().copied());
@@ -691,14 +699,25 @@ impl Cluster {
     }
 
     fn print_logs(&self) {
-        for (file, lines) in [
+        // The Karmada components' logs (`control-plane.sh karmada`), where a plane has them.
+        let mut karmada: Vec<(String, usize)> = std::fs::read_dir(&self.dir)
+            .into_iter()
+            .flatten()
+            .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+            .filter(|name| name.starts_with("karmada-") && name.ends_with(".log"))
+            .map(|name| (name, 30))
+            .collect();
+        karmada.sort();
+        let fixed = [
             ("extender.log", 60),
             ("kube-scheduler.log", 40),
             ("autoscaler.log", 30),
             ("kwok.log", 10),
             ("kube-apiserver.log", 15),
-        ] {
-            let path = self.dir.join(file);
+        ]
+        .map(|(file, lines)| (file.to_owned(), lines));
+        for (file, lines) in fixed.into_iter().chain(karmada) {
+            let path = self.dir.join(&file);
             if path.exists() {
                 eprintln!(
                     "----- {} (last {lines} lines)\n{}",

@@ -27,16 +27,30 @@ use crate::up;
 /// by scripts/karmada-client.sh.
 fn karmada_client() -> Result<PathBuf> {
     static BIN: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Some(path) = std::env::var_os("GPU_EXTENDER_KARMADA_CLIENT") {
+    built_once(
+        &BIN,
+        "GPU_EXTENDER_KARMADA_CLIENT",
+        "scripts/karmada-client.sh",
+    )
+}
+
+/// The path `$env` names, else the last line `script` prints (building a tool into the cache),
+/// found once per test process (`cell` keeps it).
+pub fn built_once(
+    cell: &OnceLock<std::result::Result<PathBuf, String>>,
+    env: &str,
+    script: &str,
+) -> Result<PathBuf> {
+    cell.get_or_init(|| {
+        if let Some(path) = std::env::var_os(env) {
             return Ok(PathBuf::from(path));
         }
-        let output = Command::new(Path::new(ROOT).join("scripts/karmada-client.sh"))
+        let output = Command::new(Path::new(ROOT).join(script))
             .output()
-            .map_err(|e| format!("cannot run scripts/karmada-client.sh: {e}"))?;
+            .map_err(|e| format!("cannot run {script}: {e}"))?;
         if !output.status.success() {
             return Err(format!(
-                "scripts/karmada-client.sh failed ({}): {}",
+                "{script} failed ({}): {}",
                 output.status,
                 String::from_utf8_lossy(&output.stderr)
             ));
@@ -45,7 +59,7 @@ fn karmada_client() -> Result<PathBuf> {
             .lines()
             .last()
             .map(PathBuf::from)
-            .ok_or_else(|| "scripts/karmada-client.sh printed no path".to_owned())
+            .ok_or_else(|| format!("{script} printed no path"))
     })
     .clone()
     .map_err(|e| anyhow!(e))

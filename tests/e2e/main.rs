@@ -18,6 +18,7 @@ mod configs;
 mod failover;
 mod faults;
 mod karmada;
+mod karmada_full;
 mod lifecycle;
 mod models;
 mod modes;
