@@ -470,11 +470,13 @@ mod tests {
     fn a_class_scarce_by_model_is_scaled_by_the_model_weight_only() {
         // One V100 node among four 8-GPU nodes: a V100-only pod runs on a quarter of the GPUs.
         let node = |model: &str| {
-            NodeState::new(NodeSpec::uniform("n", GpuMode::CoreMem, 8, model, MemMiB(0)).with_host(
-                CpuMilli(96_000),
-                MemMiB(1 << 30),
-                1001,
-            ))
+            NodeState::new(
+                NodeSpec::uniform("n", GpuMode::CoreMem, 8, model, MemMiB(0)).with_host(
+                    CpuMilli(96_000),
+                    MemMiB(1 << 30),
+                    1001,
+                ),
+            )
         };
         let v100 = node("V100");
         let t4 = node("T4");
@@ -528,8 +530,12 @@ mod tests {
         let measured = scarce.scarce_fragmentation(CpuMilli(128_000), &free, &access, 1.0, 1.0);
         assert!((measured - 0.1 * 3.0 * 7000.0).abs() < 1e-6, "{measured}");
         // The big class accepts any model: it is scarce by shape, so only `by_shape` scales it.
-        let by_shape_only = scarce.scarce_fragmentation(CpuMilli(128_000), &free, &access, 0.0, 2.0);
-        assert!((by_shape_only - 2.0 * measured).abs() < 1e-6, "{by_shape_only}");
+        let by_shape_only =
+            scarce.scarce_fragmentation(CpuMilli(128_000), &free, &access, 0.0, 2.0);
+        assert!(
+            (by_shape_only - 2.0 * measured).abs() < 1e-6,
+            "{by_shape_only}"
+        );
         assert_eq!(
             scarce.scarce_fragmentation(CpuMilli(128_000), &free, &access, 5.0, 0.0),
             0.0,
