@@ -13,7 +13,7 @@ use tokio::net::TcpListener;
 use tracing::info;
 
 use crate::config::{ConfigFlags, ServeFlags};
-use crate::estimator::{self, EstimatorService};
+use crate::estimator::{self, EstimatorService, KubeWorkloads};
 use crate::http::auth::{AdminAuth, KubeReview};
 use crate::http::server::{AppState, admin_router, guarded_admin_router, guarded_router};
 use crate::http::tls;
@@ -123,14 +123,15 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         ))
     });
     if config.bind.events {
-        metered = metered.with_events(Arc::new(KubeEvents::new(client, metrics.clone())));
+        metered = metered.with_events(Arc::new(KubeEvents::new(client.clone(), metrics.clone())));
     }
     let estimator = EstimatorService::new(
         cluster.clone(),
         policy.clone(),
         config.clone(),
         metrics.clone(),
-    );
+    )
+    .with_workloads(Arc::new(KubeWorkloads::new(client.clone())));
     let state = AppState {
         cluster: cluster.clone(),
         policy,
