@@ -12,6 +12,6 @@ pub mod server;
 pub mod template;
 pub mod workload;
 
-pub use server::{EstimatorService, serve};
+pub use server::{EstimatorService, serve, serve_tls};
 pub use template::{Template, TemplateError};
 pub use workload::{KubeWorkloads, WorkloadError, Workloads};

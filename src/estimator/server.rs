@@ -6,13 +6,18 @@
 //! Requests are counted and timed by method and gRPC code (docs/metrics.md).
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
+use futures::{Stream, StreamExt as _};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
+use tonic::transport::server::Connected;
 use tonic::{Code, Request, Response, Status};
 
 use super::proto::pb;
@@ -311,4 +316,70 @@ pub async fn serve(
         .add_service(EstimatorServer::new(service))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
+}
+
+/// Serves `service` on connections whose TLS handshake (ALPN `h2`) is already done, as Karmada
+/// dials with `--scheduler-estimator-ca-file`, until `shutdown` completes.
+pub async fn serve_tls<IO>(
+    handshaken: impl Stream<Item = std::io::Result<IO>> + Send + 'static,
+    service: EstimatorService,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    tonic::transport::Server::builder()
+        .add_service(EstimatorServer::new(service))
+        .serve_with_incoming_shutdown(handshaken.map(|io| io.map(Handshaken)), shutdown)
+        .await
+}
+
+/// A connection whose TLS handshake is done, as tonic serves it: the peer's address is not
+/// passed on (the estimator reads none).
+struct Handshaken<IO>(IO);
+
+impl<IO> Connected for Handshaken<IO> {
+    type ConnectInfo = ();
+
+    fn connect_info(&self) -> Self::ConnectInfo {}
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Handshaken<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Handshaken<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
+    }
 }

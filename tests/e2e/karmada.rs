@@ -6,7 +6,8 @@
 //! `GeneralEstimator`, fed the cluster's summed allocatable (what Karmada's cluster status
 //! controller reports), promises more, before the pods and after. Then a Deployment's replicas
 //! wait in the full cluster, and Karmada's client asks how many have been unschedulable
-//! (`GetUnschedulableReplicas`): those of the Deployment's current ReplicaSet only.
+//! (`GetUnschedulableReplicas`): those of the Deployment's current ReplicaSet only. Over mutual
+//! TLS (`estimator.tls`), Karmada's client answers with its CA and certificate, and not without.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -18,6 +19,7 @@ use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{ListParams, PostParams};
+use rcgen::ExtendedKeyUsagePurpose;
 use serde_json::{Value, json};
 
 use crate::harness::{Cluster, ROOT, free_port};
@@ -25,6 +27,7 @@ use crate::objects::{
     GPU_MEM, GpuNode, Mode, NS, NVIDIA_GPU, PodSpec, create_pod, node_of, pods as pods_api,
     wait_settled, wait_unschedulable,
 };
+use crate::tls::{Ca, write};
 use crate::up;
 
 /// The karmada-client binary: `$GPU_EXTENDER_KARMADA_CLIENT`, else built (once, into the cache)
@@ -58,6 +61,17 @@ fn karmada_client() -> Result<PathBuf> {
 /// Karmada's answers for `template` (a work/v1alpha2 ReplicaRequirements): the accurate
 /// estimator's (ours, over gRPC) and the general estimator's over `summary`.
 fn estimate(c: &Cluster, addr: &str, template: &Value, summary: &Value) -> Result<(i64, i64)> {
+    estimate_dialled(c, addr, template, summary, &[])
+}
+
+/// [`estimate`] with karmada-client's TLS flags `tls` (`--ca-file` and so on).
+fn estimate_dialled(
+    c: &Cluster,
+    addr: &str,
+    template: &Value,
+    summary: &Value,
+    tls: &[String],
+) -> Result<(i64, i64)> {
     let dir = c.dir.join("karmada");
     std::fs::create_dir_all(&dir)?;
     let template_path = dir.join("template.json");
@@ -76,6 +90,7 @@ fn estimate(c: &Cluster, addr: &str, template: &Value, summary: &Value) -> Resul
         .arg(&template_path)
         .arg("--summary")
         .arg(&summary_path)
+        .args(tls)
         .output()
         .context("running karmada-client")?;
     if !output.status.success() {
@@ -97,6 +112,80 @@ fn estimate(c: &Cluster, addr: &str, template: &Value, summary: &Value) -> Resul
             .ok_or_else(|| anyhow!("no {key} in {answer}"))
     };
     Ok((read("accurate")?, read("general")?))
+}
+
+#[test]
+#[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
+fn karmada_estimator_over_mutual_tls() {
+    crate::harness::run("karmada_estimator_tls", async |c| {
+        let dir = c.dir.join("estimator-tls");
+        std::fs::create_dir_all(&dir)?;
+        let serving = Ca::new("estimator serving CA")?;
+        let clients = Ca::new("karmada-scheduler client CA")?;
+        let (cert, key, _) = serving.leaf(&["127.0.0.1"], ExtendedKeyUsagePurpose::ServerAuth)?;
+        let (client_cert, client_key, _) =
+            clients.leaf(&["karmada-scheduler"], ExtendedKeyUsagePurpose::ClientAuth)?;
+        let file = |name: &str, text: &str| -> Result<String> {
+            Ok(write(&dir.join(name), text)?.display().to_string())
+        };
+        let (cert, key) = (file("tls.crt", &cert)?, file("tls.key", &key)?);
+        let client_ca = file("client-ca.crt", &clients.pem)?;
+        let ca = file("ca.crt", &serving.pem)?;
+        let (client_cert, client_key) = (
+            file("client.crt", &client_cert)?,
+            file("client.key", &client_key)?,
+        );
+        let port = free_port()?;
+        let addr = format!("127.0.0.1:{port}");
+        up(
+            c,
+            &[GpuNode::new("t4-a", Mode::Share, 4, "Tesla-T4", 16)],
+            &format!(
+                "estimator:\n  listen: {addr}\n  cluster: member\n  tls:\n    certFile: {cert}\n    \
+                 keyFile: {key}\n    clientCaFile: {client_ca}\n"
+            ),
+        )
+        .await?;
+        let template = json!({ "namespace": "default", "resourceRequest": { GPU_MEM: "10" } });
+        let summary = summary(c, &BTreeMap::from([(GPU_MEM, 10u64)]), 0).await?;
+        let flag = |name: &str, value: &str| [format!("--{name}"), value.to_owned()];
+        let trusted: Vec<String> = [
+            flag("ca-file", &ca),
+            flag("cert-file", &client_cert),
+            flag("key-file", &client_key),
+        ]
+        .concat();
+        // As karmada-scheduler with --scheduler-estimator-ca-file, -cert-file and -key-file:
+        // one 10 GiB replica per 16 GiB T4.
+        let (accurate, _) = estimate_dialled(c, &addr, &template, &summary, &trusted)?;
+        ensure!(
+            accurate == 4,
+            "estimate over mutual TLS: {accurate}, expected 4"
+        );
+        // No client certificate, a CA that did not sign the server's, or plain gRPC: no answer.
+        let refused = [
+            ("no client certificate", flag("ca-file", &ca).to_vec()),
+            (
+                "the wrong CA",
+                [
+                    flag("ca-file", &client_ca),
+                    flag("cert-file", &client_cert),
+                    flag("key-file", &client_key),
+                ]
+                .concat(),
+            ),
+            ("plain gRPC", Vec::new()),
+        ];
+        for (what, mut args) in refused {
+            // A refused handshake fails only when the dial gives up.
+            args.extend(flag("dial-timeout", "1s"));
+            ensure!(
+                estimate_dialled(c, &addr, &template, &summary, &args).is_err(),
+                "{what}: the estimator answered"
+            );
+        }
+        Ok(())
+    });
 }
 
 /// Karmada's `GetUnschedulableReplicas` for Deployment `name`, through its own client: how many

@@ -11,6 +11,11 @@
 //	    {"accurate": N, "general": M} (general -1 without --summary), or exits non-zero with the
 //	    error, gRPC status included.
 //
+//	    With --ca-file (karmada-scheduler's --scheduler-estimator-ca-file) the call goes over
+//	    TLS, verifying the estimator's certificate; --cert-file and --key-file
+//	    (--scheduler-estimator-cert-file, --scheduler-estimator-key-file) present a client
+//	    certificate. Every subcommand that dials takes them, and --dial-timeout (default 5s).
+//
 //	karmada-client unschedulable --addr HOST:PORT --cluster NAME --namespace NS --name NAME
 //	    [--kind Deployment] [--api-version apps/v1] [--threshold DURATION]
 //	    Asks how many of the workload's replicas have been unschedulable longer than the
@@ -86,6 +91,7 @@ func estimate(args []string) error {
 	cluster := flags.String("cluster", "member", "the member cluster's name")
 	templatePath := flags.String("template", "", "ReplicaRequirements JSON")
 	summaryPath := flags.String("summary", "", "ResourceSummary JSON (optional)")
+	tls := addTLSFlags(flags)
 	if err := flags.Parse(args); err != nil {
 		return err
 	}
@@ -112,7 +118,7 @@ func estimate(args []string) error {
 		general = answer[0].Replicas
 	}
 
-	accurate, closeConn, err := connect(*addr, *cluster)
+	accurate, closeConn, err := connect(*addr, *cluster, tls)
 	if err != nil {
 		return err
 	}
@@ -137,11 +143,27 @@ func estimate(args []string) error {
 	return nil
 }
 
+// tlsFlags are karmada-scheduler's TLS settings for its estimator connections.
+// With them, how long the dial may take (a refused handshake fails only when it runs out).
+type tlsFlags struct {
+	ca, cert, key *string
+	dialTimeout   *time.Duration
+}
+
+func addTLSFlags(flags *flag.FlagSet) tlsFlags {
+	return tlsFlags{
+		ca:          flags.String("ca-file", "", "CA verifying the estimator's certificate (TLS when set)"),
+		cert:        flags.String("cert-file", "", "client certificate presented to the estimator"),
+		key:         flags.String("key-file", "", "the client certificate's key"),
+		dialTimeout: flags.Duration("dial-timeout", 5*time.Second, "how long dialling may take"),
+	}
+}
+
 // connect dials the estimator as karmada-scheduler does (estimatorclient.EstablishConnection,
 // minus the Service lookup): Karmada's dialer, its cache, its client.
-func connect(addr, cluster string) (*estimatorclient.SchedulerEstimator, func(), error) {
-	config := grpcconnection.ClientConfig{}
-	conn, err := config.DialWithTimeOut([]string{addr}, 5*time.Second)
+func connect(addr, cluster string, tls tlsFlags) (*estimatorclient.SchedulerEstimator, func(), error) {
+	config := grpcconnection.ClientConfig{ServerAuthCAFile: *tls.ca, CertFile: *tls.cert, KeyFile: *tls.key}
+	conn, err := config.DialWithTimeOut([]string{addr}, *tls.dialTimeout)
 	if err != nil {
 		return nil, nil, fmt.Errorf("dial: %w", err)
 	}
@@ -159,10 +181,11 @@ func unschedulable(args []string) error {
 	kind := flags.String("kind", "Deployment", "the workload's kind")
 	apiVersion := flags.String("api-version", "apps/v1", "the workload's apiVersion")
 	threshold := flags.Duration("threshold", 0, "how long a replica must have been unschedulable")
+	tls := addTLSFlags(flags)
 	if err := flags.Parse(args); err != nil {
 		return err
 	}
-	accurate, closeConn, err := connect(*addr, *cluster)
+	accurate, closeConn, err := connect(*addr, *cluster, tls)
 	if err != nil {
 		return err
 	}
