@@ -540,18 +540,27 @@ fn bench_estimate(c: &mut Criterion<Clock>) {
                 (cfg.resources.whole_gpu.clone(), Quantity(gpus.to_string())),
                 (cfg.resources.gpu_mem.clone(), Quantity(gib.to_string())),
             ]);
-            cluster.note_node_claims(&Node {
-                metadata: ObjectMeta {
-                    name: Some(node.name.to_string()),
-                    labels: Some(labels),
-                    ..ObjectMeta::default()
+            // Keyed by the table's own name, as the feed keys them.
+            let name = cluster
+                .read()
+                .node(&node.name)
+                .map(|known| known.spec.name.clone())
+                .unwrap();
+            cluster.note_node_claims(
+                name,
+                &Node {
+                    metadata: ObjectMeta {
+                        name: Some(node.name.to_string()),
+                        labels: Some(labels),
+                        ..ObjectMeta::default()
+                    },
+                    status: Some(NodeStatus {
+                        allocatable: Some(allocatable),
+                        ..NodeStatus::default()
+                    }),
+                    ..Node::default()
                 },
-                status: Some(NodeStatus {
-                    allocatable: Some(allocatable),
-                    ..NodeStatus::default()
-                }),
-                ..Node::default()
-            });
+            );
         }
         EstimatorService::new(
             cluster,

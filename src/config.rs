@@ -117,6 +117,10 @@ pub const KEYS: &[&str] = &[
     "limits.maxConcurrentRequests",
     "estimator.listen",
     "estimator.cluster",
+    "estimator.tls.certFile",
+    "estimator.tls.keyFile",
+    "estimator.tls.clientCaFile",
+    "estimator.tls.reloadIntervalSeconds",
 ];
 
 /// Why the configuration could not be loaded. Messages name the file, variable or key at fault.
@@ -451,7 +455,7 @@ impl Default for ServerConfig {
     }
 }
 
-/// PEM files for the extender listener (served by [`crate::http::tls`]). Certificate and key are
+/// PEM files for the extender listener or the estimator's (served by [`crate::http::tls`]). Certificate and key are
 /// required; they default to empty only so that each can be overridden on its own (validation
 /// then insists on both).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -482,12 +486,15 @@ impl Default for TlsConfig {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct EstimatorConfig {
-    /// Where the `Estimator` service listens (plain gRPC); unset: not served.
+    /// Where the `Estimator` service listens (plain gRPC, or TLS with `tls`); unset: not served.
     /// karmada-scheduler dials port 10352 unless told otherwise (`--scheduler-estimator-port`).
     pub listen: Option<SocketAddr>,
     /// The member cluster's name in Karmada: requests naming another cluster are refused.
     /// Empty: any name is accepted.
     pub cluster: String,
+    /// Serve gRPC over TLS (ALPN `h2`) with these files, as karmada-scheduler dials with
+    /// `--scheduler-estimator-ca-file` (and a client certificate when `clientCaFile` is set).
+    pub tls: Option<TlsConfig>,
 }
 
 /// Binding.
@@ -854,27 +861,31 @@ impl Config {
             "server.requestTimeoutMs",
             format!("{} is out of range 1..=600000", s.request_timeout_ms),
         );
-        if let Some(tls) = &s.tls {
+        for (section, tls) in [
+            ("server.tls", &s.tls),
+            ("estimator.tls", &self.estimator.tls),
+        ] {
+            let Some(tls) = tls else { continue };
             check(
                 !tls.cert_file.as_os_str().is_empty(),
-                "server.tls.certFile",
+                &format!("{section}.certFile"),
                 "must not be empty".into(),
             );
             check(
                 !tls.key_file.as_os_str().is_empty(),
-                "server.tls.keyFile",
+                &format!("{section}.keyFile"),
                 "must not be empty".into(),
             );
             check(
                 tls.client_ca_file
                     .as_ref()
                     .is_none_or(|f| !f.as_os_str().is_empty()),
-                "server.tls.clientCaFile",
+                &format!("{section}.clientCaFile"),
                 "must not be empty (leave it out for no client certificates)".into(),
             );
             check(
                 (1..=3600).contains(&tls.reload_interval_seconds),
-                "server.tls.reloadIntervalSeconds",
+                &format!("{section}.reloadIntervalSeconds"),
                 format!("{} is out of range 1..=3600", tls.reload_interval_seconds),
             );
         }
@@ -1418,6 +1429,11 @@ limits:
             .unwrap_err()
             .to_string();
         assert!(err.contains("keyFile"), "{err}");
+        let err =
+            from_yaml("estimator:\n  tls: {certFile: /a, keyFile: /b, reloadIntervalSeconds: 0}\n")
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains("estimator.tls.reloadIntervalSeconds"), "{err}");
     }
 
     #[test]
@@ -1528,12 +1544,14 @@ limits:
         // documentation mentions every key and variable.
         let docs = include_str!("../docs/configuration.md");
         let mut cfg = Config::default();
-        cfg.server.tls = Some(TlsConfig {
+        let tls = Some(TlsConfig {
             cert_file: "/c".into(),
             key_file: "/k".into(),
             client_ca_file: Some("/ca".into()),
             ..TlsConfig::default()
         });
+        cfg.server.tls.clone_from(&tls);
+        cfg.estimator.tls = tls;
         let tree = serde_yaml_ng::to_value(&cfg).unwrap();
         for key in KEYS {
             let mut node = &tree;

@@ -13,7 +13,7 @@ use tokio::net::TcpListener;
 use tracing::info;
 
 use crate::config::{ConfigFlags, ServeFlags};
-use crate::estimator::{self, EstimatorService};
+use crate::estimator::{self, EstimatorService, KubeWorkloads};
 use crate::http::auth::{AdminAuth, KubeReview};
 use crate::http::server::{AppState, admin_router, guarded_admin_router, guarded_router};
 use crate::http::tls;
@@ -49,7 +49,17 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .server
         .tls
         .as_ref()
-        .map(|files| Ok::<_, anyhow::Error>((tls::Reloader::load(files)?, files)))
+        .map(|files| {
+            Ok::<_, anyhow::Error>((tls::Reloader::load(files, tls::Served::Extender)?, files))
+        })
+        .transpose()?;
+    let estimator_tls = config
+        .estimator
+        .tls
+        .as_ref()
+        .map(|files| {
+            Ok::<_, anyhow::Error>((tls::Reloader::load(files, tls::Served::Estimator)?, files))
+        })
         .transpose()?;
     let client = kube_client(args.kubeconfig.as_deref()).await?;
     let configured = Arc::new(config.engine_policy());
@@ -123,14 +133,15 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         ))
     });
     if config.bind.events {
-        metered = metered.with_events(Arc::new(KubeEvents::new(client, metrics.clone())));
+        metered = metered.with_events(Arc::new(KubeEvents::new(client.clone(), metrics.clone())));
     }
     let estimator = EstimatorService::new(
         cluster.clone(),
         policy.clone(),
         config.clone(),
         metrics.clone(),
-    );
+    )
+    .with_workloads(Arc::new(KubeWorkloads::new(client.clone())));
     let state = AppState {
         cluster: cluster.clone(),
         policy,
@@ -191,15 +202,32 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 .boxed()
         }
     };
-    let estimator_server = estimator_listener.map(|listener| {
-        info!(listen = %config.estimator.listen.map(|a| a.to_string()).unwrap_or_default(),
-            cluster = %config.estimator.cluster, "Karmada scheduler-estimator serving");
-        tokio::spawn(estimator::serve(
-            listener,
-            estimator,
-            wait_for(stop_rx.clone()),
-        ))
-    });
+    let estimator_server = match (estimator_listener, estimator_tls) {
+        (None, _) => None,
+        (Some(listener), None) => {
+            info!(listen = %config.estimator.listen.map(|a| a.to_string()).unwrap_or_default(),
+                cluster = %config.estimator.cluster, tls = false,
+                "Karmada scheduler-estimator serving");
+            Some(tokio::spawn(estimator::serve(
+                listener,
+                estimator,
+                wait_for(stop_rx.clone()),
+            )))
+        }
+        (Some(listener), Some((reloader, files))) => {
+            let interval = Duration::from_secs(files.reload_interval_seconds);
+            let listener = tls::TlsListener::new(listener, reloader, interval)
+                .context("serving TLS on estimator.listen")?;
+            info!(listen = %config.estimator.listen.map(|a| a.to_string()).unwrap_or_default(),
+                cluster = %config.estimator.cluster, tls = true,
+                "Karmada scheduler-estimator serving");
+            Some(tokio::spawn(estimator::serve_tls(
+                listener.into_stream(),
+                estimator,
+                wait_for(stop_rx.clone()),
+            )))
+        }
+    };
     let admin_server = axum::serve(admin_listener, admin).with_graceful_shutdown(wait_for(stop_rx));
     let servers = tokio::spawn(async move { tokio::try_join!(extender_server, admin_server) });
     shutdown.await;

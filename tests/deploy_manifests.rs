@@ -316,12 +316,9 @@ fn extender_config_in_the_config_map_passes_check_config() {
     let _ = std::fs::remove_dir_all(scratch);
 }
 
-#[test]
-#[ignore = "needs the Kubernetes binaries; make test runs it, or cargo test --test deploy_manifests -- --ignored"]
-fn the_karmada_estimator_component_serves_where_its_services_point() {
-    let bins = k8s_bins("the_karmada_estimator_component_serves_where_its_services_point");
-    let scratch = scratch_dir("karmada-estimator");
-    // deploy/ with the component added, as `kustomize edit add component` leaves it.
+/// deploy/ with the karmada-estimator component added, as `kustomize edit add component` leaves
+/// it, rendered by `kubectl kustomize` (the kustomization is written into `scratch`).
+fn kustomize_with_karmada_estimator(bins: &Path, scratch: &Path) -> String {
     let up = format!("../..{ROOT}");
     std::fs::write(
         scratch.join("kustomization.yaml"),
@@ -332,14 +329,22 @@ fn the_karmada_estimator_component_serves_where_its_services_point() {
     )
     .unwrap();
     let mut command = Command::new(bins.join("kubectl"));
-    command.arg("kustomize").arg(&scratch);
+    command.arg("kustomize").arg(scratch);
     let out = run(command, None);
     assert!(
         out.status.success(),
         "kubectl kustomize: {}",
         text(&out.stderr)
     );
-    let text_out = text(&out.stdout);
+    text(&out.stdout)
+}
+
+#[test]
+#[ignore = "needs the Kubernetes binaries; make test runs it, or cargo test --test deploy_manifests -- --ignored"]
+fn the_karmada_estimator_component_serves_where_its_services_point() {
+    let bins = k8s_bins("the_karmada_estimator_component_serves_where_its_services_point");
+    let scratch = scratch_dir("karmada-estimator");
+    let text_out = kustomize_with_karmada_estimator(&bins, &scratch);
     let rendered = Rendered {
         objects: parse_documents(&text_out, "deploy + karmada-estimator"),
         text: text_out,
@@ -1673,6 +1678,7 @@ const EVERY_OPTION: &[&str] = &[
     "nodeAgent.enabled=true",
     "inspectReader.enabled=true",
     "tls.enabled=true",
+    "karmadaEstimator.enabled=true",
 ];
 /// What Helm adds to deploy/'s objects: its own labels, the pod template's configuration
 /// checksum (kustomize rolls the pods through hashed ConfigMap names instead), and the
@@ -1873,10 +1879,16 @@ fn helm_chart_renders_the_objects_of_deploy() {
         optional.push_str("\n---\n");
         optional.push_str(&kustomize(&bins, dir));
     }
-    let reader =
-        std::fs::read_to_string(format!("{ROOT}/deploy/inspect-reader/clusterrole.yaml")).unwrap();
-    optional.push_str("\n---\n");
-    optional.push_str(&reader);
+    // The inspect reader's ClusterRole, and the karmada-estimator component's own objects (its
+    // Deployment patch is checked in step 4).
+    for file in [
+        "deploy/inspect-reader/clusterrole.yaml",
+        "deploy/karmada-estimator/service.yaml",
+        "deploy/karmada-estimator/networkpolicy.yaml",
+    ] {
+        optional.push_str("\n---\n");
+        optional.push_str(&std::fs::read_to_string(format!("{ROOT}/{file}")).unwrap());
+    }
     let expected = parse_documents(&without_config_map_hashes(&optional), "deploy/ and options");
     let every = helm_objects(&helm.template(&ns, EVERY_OPTION));
     let tls_free = |objects: &[Value]| -> Vec<Value> {
@@ -1939,6 +1951,20 @@ fn helm_chart_renders_the_objects_of_deploy() {
     };
     assert_eq!(secret_mount("gpu-extender", cert), "gpu-extender-tls");
     assert_eq!(secret_mount("kube-scheduler", ca), "gpu-extender-tls");
+
+    // 4. The Karmada estimator: deploy/ with its karmada-estimator component, object for object
+    //    (the Deployment's env and port included).
+    let scratch = scratch_dir("helm-karmada-estimator");
+    let with_component = kustomize_with_karmada_estimator(&bins, &scratch);
+    let _ = std::fs::remove_dir_all(&scratch);
+    assert_same_objects(
+        &helm_objects(&helm.template(&ns, &["karmadaEstimator.enabled=true"])),
+        &parse_documents(
+            &without_config_map_hashes(&with_component),
+            "deploy/ with karmada-estimator",
+        ),
+        "deploy/ with the karmada-estimator component",
+    );
 }
 
 #[test]

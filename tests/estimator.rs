@@ -11,20 +11,23 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use futures::future::BoxFuture;
 use gpu_extender::config::Config;
 use gpu_extender::engine::{
     ContainerAllocation, CpuMilli, GpuGrant, GpuIndex, GpuMode, Grant, MemMiB, NodeName, NodeSpec,
     PodAllocation, PodKey, Table,
 };
-use gpu_extender::estimator::EstimatorService;
 use gpu_extender::estimator::proto::{core, pb, resource};
+use gpu_extender::estimator::{EstimatorService, WorkloadError, Workloads};
 use gpu_extender::state::{ClusterState, PolicyCell};
 use gpu_extender::telemetry::Metrics;
-use k8s_openapi::api::core::v1::{Node, NodeSpec as KubeNodeSpec, NodeStatus, Taint};
+use k8s_openapi::api::core::v1::{Node, NodeSpec as KubeNodeSpec, NodeStatus, Pod, Taint};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::jiff::Timestamp;
 use proptest::prelude::*;
 use prost::Message as _;
+use serde_json::json;
 use tonic::Code;
 
 const GPU_MEM: &str = "aliyun.com/gpu-mem";
@@ -99,9 +102,18 @@ fn service(cfg: Config) -> EstimatorService {
         .reserve(PodKey::new("ml", "running"), running, u64::MAX)
         .unwrap();
     let cluster = Arc::new(ClusterState::with_table(table));
-    cluster.note_node_claims(&node_object("a", &[("zone", "x")], None, 4));
-    cluster.note_node_claims(&node_object("b", &[("zone", "y")], None, 4));
-    cluster.note_node_claims(&node_object("c", &[("zone", "x")], Some("dedicated"), 4));
+    cluster.note_node_claims(
+        NodeName::new("a"),
+        &node_object("a", &[("zone", "x")], None, 4),
+    );
+    cluster.note_node_claims(
+        NodeName::new("b"),
+        &node_object("b", &[("zone", "y")], None, 4),
+    );
+    cluster.note_node_claims(
+        NodeName::new("c"),
+        &node_object("c", &[("zone", "x")], Some("dedicated"), 4),
+    );
     let policy = PolicyCell::from(Arc::new(cfg.engine_policy()));
     EstimatorService::new(cluster, policy, Arc::new(cfg), Metrics::new().unwrap())
 }
@@ -323,6 +335,167 @@ fn a_table_not_yet_synced_answers_unavailable() {
     let service = EstimatorService::new(cluster, policy, Arc::new(cfg), Metrics::new().unwrap());
     let (code, _) = estimate(&service, &request(&[(GPU_MEM, "1")], None)).unwrap_err();
     assert_eq!(code, Code::Unavailable);
+}
+
+/// A fake API server knowing one Deployment, `ml/train`, whose current ReplicaSet is `rs-new`.
+struct OneDeployment;
+
+impl Workloads for OneDeployment {
+    fn current_replica_set<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, WorkloadError>> {
+        let answer = match (namespace, name) {
+            ("ml", "train") => Ok(Some("rs-new".to_owned())),
+            ("ml", "rolling") => Ok(None),
+            ("ml", "broken") => Err(WorkloadError::Api {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                problem: "connection refused".to_owned(),
+            }),
+            _ => Err(WorkloadError::NotFound {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+            }),
+        };
+        Box::pin(async move { answer })
+    }
+}
+
+/// A pending GPU pod as the watch keeps it: its controller and, when `unschedulable_since` is
+/// given, kube-scheduler's Unschedulable verdict from then.
+fn waiting_pod(name: &str, owner: &str, unschedulable_since: Option<&str>, bound: bool) -> Pod {
+    let mut pod = json!({
+        "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}"),
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                                          "name": owner, "uid": owner, "controller": true}]},
+        "spec": {"containers": [{"name": "main",
+                                 "resources": {"limits": {GPU_MEM: "10"}}}]},
+        "status": {"phase": "Pending"}
+    });
+    if let Some(since) = unschedulable_since {
+        pod["status"]["conditions"] = json!([{"type": "PodScheduled", "status": "False",
+            "reason": "Unschedulable", "lastTransitionTime": since}]);
+    }
+    if bound {
+        pod["spec"]["nodeName"] = json!("a");
+    }
+    serde_json::from_value(pod).unwrap()
+}
+
+fn unschedulable_request(
+    kind: &str,
+    name: &str,
+    threshold_s: i64,
+) -> pb::UnschedulableReplicasRequest {
+    pb::UnschedulableReplicasRequest {
+        cluster: "member".into(),
+        resource: Some(pb::ObjectReference {
+            api_version: "apps/v1".into(),
+            kind: kind.into(),
+            namespace: "ml".into(),
+            name: name.into(),
+        }),
+        unschedulable_threshold: threshold_s * 1_000_000_000,
+    }
+}
+
+#[tokio::test]
+async fn unschedulable_replicas_are_the_current_replica_sets_pods_waiting_past_the_threshold() {
+    let cfg = Config::default();
+    let cluster = Arc::new(ClusterState::with_table(Table::new(
+        cfg.policy.max_pods_per_shared_gpu,
+    )));
+    let pods = [
+        // Of the current ReplicaSet: waiting 10 min, 2 min, and not (yet) tried.
+        waiting_pod("w10", "rs-new", Some("2026-11-24T11:50:00Z"), false),
+        waiting_pod("w2", "rs-new", Some("2026-11-24T11:58:00Z"), false),
+        waiting_pod("fresh", "rs-new", None, false),
+        // Of the old ReplicaSet, and of another workload: not counted.
+        waiting_pod("old", "rs-old", Some("2026-11-24T11:00:00Z"), false),
+        waiting_pod("other", "rs-other", Some("2026-11-24T11:00:00Z"), false),
+    ];
+    for pod in pods {
+        let key = PodKey::new("ml", pod.metadata.name.as_deref().unwrap());
+        let uid = pod.metadata.uid.clone().unwrap();
+        cluster.note_gpu_pod(key, &uid, Some(Arc::new(pod)));
+    }
+    let policy = PolicyCell::from(Arc::new(cfg.engine_policy()));
+    let service = EstimatorService::new(
+        Arc::clone(&cluster),
+        policy.clone(),
+        Arc::new(cfg.clone()),
+        Metrics::new().unwrap(),
+    )
+    .with_workloads(Arc::new(OneDeployment));
+    let now: Timestamp = "2026-11-24T12:00:00Z".parse().unwrap();
+    let count = async |request: pb::UnschedulableReplicasRequest| {
+        service
+            .unschedulable_replicas(&request, now)
+            .await
+            .map_err(|status| (status.code(), status.message().to_owned()))
+    };
+    // No threshold: both that kube-scheduler has refused; 5 minutes: the one waiting 10.
+    assert_eq!(
+        count(unschedulable_request("Deployment", "train", 0)).await,
+        Ok(2)
+    );
+    assert_eq!(
+        count(unschedulable_request("Deployment", "train", 300)).await,
+        Ok(1)
+    );
+    assert_eq!(
+        count(unschedulable_request("Deployment", "train", 3600)).await,
+        Ok(0)
+    );
+    // A negative threshold counts as none, as Karmada's estimator reads it.
+    assert_eq!(
+        count(unschedulable_request("Deployment", "train", -5)).await,
+        Ok(2)
+    );
+    // A Deployment whose new ReplicaSet is not made yet has none.
+    assert_eq!(
+        count(unschedulable_request("Deployment", "rolling", 0)).await,
+        Ok(0)
+    );
+
+    let code = async |request| count(request).await.unwrap_err().0;
+    assert_eq!(
+        code(unschedulable_request("Deployment", "gone", 0)).await,
+        Code::NotFound
+    );
+    assert_eq!(
+        code(unschedulable_request("Deployment", "broken", 0)).await,
+        Code::Unavailable
+    );
+    assert_eq!(
+        code(unschedulable_request("StatefulSet", "train", 0)).await,
+        Code::Unimplemented
+    );
+    let mut wrong_group = unschedulable_request("Deployment", "train", 0);
+    if let Some(resource) = wrong_group.resource.as_mut() {
+        resource.api_version = "v1".into();
+    }
+    assert_eq!(code(wrong_group).await, Code::InvalidArgument);
+    let mut no_resource = unschedulable_request("Deployment", "train", 0);
+    no_resource.resource = None;
+    assert_eq!(code(no_resource).await, Code::InvalidArgument);
+
+    // The pod bound since: no longer counted.
+    let bound = waiting_pod("w10", "rs-new", Some("2026-11-24T11:50:00Z"), true);
+    cluster.note_gpu_pod(PodKey::new("ml", "w10"), "uid-w10", Some(Arc::new(bound)));
+    assert_eq!(
+        count(unschedulable_request("Deployment", "train", 0)).await,
+        Ok(1)
+    );
+
+    // Without an API client the method is not offered.
+    let bare = EstimatorService::new(cluster, policy, Arc::new(cfg), Metrics::new().unwrap());
+    let answer = bare
+        .unschedulable_replicas(&unschedulable_request("Deployment", "train", 0), now)
+        .await;
+    assert_eq!(answer.unwrap_err().code(), Code::Unimplemented);
 }
 
 /// A resource name: mostly ones the extender knows, sometimes not.

@@ -70,31 +70,29 @@ pub fn max_replicas<'a>(
     // placement run, never a wrong count. Each count is capped at `limit` alike, so a cached
     // count is exactly what a fresh run would give.
     let hasher = foldhash::fast::RandomState::default();
-    let mut counted: HashMap<u64, Vec<(&'a NodeState, u64)>> = HashMap::new();
+    let mut counted: ShapeMap<Vec<(&'a NodeState, u64)>> = ShapeMap::default();
     // One scratch node per spec (names aside), filled from each node's usage in turn: copying
     // a node's usage costs nothing, cloning its spec (GPU list, model names, profile) a dozen
     // allocations, the larger part of an estimate over thousands of nodes.
-    let mut scratch: HashMap<u64, Vec<NodeState>> = HashMap::new();
+    let mut scratch: ShapeMap<Vec<NodeState>> = ShapeMap::default();
     let mut total: u64 = 0;
     for node in nodes {
         if total >= limit {
             break;
         }
-        let mut spec_state = hasher.build_hasher();
-        hash_spec(node, &mut spec_state);
-        let spec_hash = spec_state.finish();
+        let spec_hash = node.shape_hash();
         let mut state = hasher.build_hasher();
         spec_hash.hash(&mut state);
         hash_usage(node, &mut state);
         let same = counted.entry(state.finish()).or_default();
         let count = match same
             .iter()
-            .find(|(seen, _)| same_spec(seen, node) && same_usage(seen, node))
+            .find(|(seen, _)| seen.same_shape(node) && same_usage(seen, node))
         {
             Some(&(_, count)) => count,
             None => {
                 let nodes_of_spec = scratch.entry(spec_hash).or_default();
-                let position = match nodes_of_spec.iter().position(|s| same_spec(s, node)) {
+                let position = match nodes_of_spec.iter().position(|s| s.same_shape(node)) {
                     Some(position) => position,
                     None => {
                         nodes_of_spec.push(node.clone());
@@ -113,23 +111,9 @@ pub fn max_replicas<'a>(
     total.min(limit)
 }
 
-/// Hashes what [`same_spec`] compares.
-fn hash_spec(node: &NodeState, state: &mut impl Hasher) {
-    let spec = &node.spec;
-    spec.cpu.hash(state);
-    spec.memory.hash(state);
-    spec.max_pods.hash(state);
-    spec.mode.hash(state);
-    spec.placement.hash(state);
-    for gpu in &spec.gpus {
-        gpu.index.hash(state);
-        gpu.model.hash(state);
-        gpu.memory.hash(state);
-        gpu.numa.hash(state);
-        gpu.healthy.hash(state);
-    }
-    spec.links.hash(state);
-}
+/// Maps keyed by a hash already computed: foldhash, not the standard library's SipHash, which
+/// cost more than the lookups themselves over thousands of nodes.
+type ShapeMap<V> = HashMap<u64, V, foldhash::fast::RandomState>;
 
 /// Hashes what [`same_usage`] compares.
 fn hash_usage(node: &NodeState, state: &mut impl Hasher) {
@@ -138,26 +122,6 @@ fn hash_usage(node: &NodeState, state: &mut impl Hasher) {
     node.mem_used.hash(state);
     node.pods.hash(state);
     node.dangling_holds.hash(state);
-}
-
-/// Whether placement treats the two nodes' specs alike: everything but the node's name and its
-/// GPUs' UUIDs, which placement never reads.
-fn same_spec(a: &NodeState, b: &NodeState) -> bool {
-    let (x, y) = (&a.spec, &b.spec);
-    x.cpu == y.cpu
-        && x.memory == y.memory
-        && x.max_pods == y.max_pods
-        && x.mode == y.mode
-        && x.placement == y.placement
-        && x.gpus.len() == y.gpus.len()
-        && x.gpus.iter().zip(&y.gpus).all(|(g, h)| {
-            g.index == h.index
-                && g.model == h.model
-                && g.memory == h.memory
-                && g.numa == h.numa
-                && g.healthy == h.healthy
-        })
-        && x.links == y.links
 }
 
 /// Whether the two nodes hold the same: per-GPU usage, host CPU, memory and pods.

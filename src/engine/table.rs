@@ -9,7 +9,7 @@ use thiserror::Error;
 
 use super::allocation::PodAllocation;
 use super::model::{LinkMatrix, NodeName, NodeSpec, PodKey, WHOLE_GPU_COMPUTE};
-use super::state::{GpuUsage, NodeState};
+use super::state::{GpuUsage, NodeState, same_shape};
 use super::topology::TopologyIndex;
 
 /// A fact about the cluster, as the watchers report it.
@@ -74,6 +74,10 @@ pub struct Table {
     /// thousands of them reads one index that stays in cache. Weak, so that an index lives as
     /// long as some node uses it (entries whose nodes are all gone are dropped as nodes go).
     topologies: HashMap<LinkMatrix, Weak<TopologyIndex>>,
+    /// One spec per node shape, by shape hash ([`NodeState::same_shape`]): nodes of one shape
+    /// hold the same one, so an estimate over thousands of nodes tells shapes apart by
+    /// pointer. Weak, as `topologies`.
+    shapes: HashMap<u64, Weak<NodeSpec>>,
 }
 
 impl Table {
@@ -85,6 +89,7 @@ impl Table {
             pods_by_node: NameMap::default(),
             max_shares_per_gpu,
             topologies: HashMap::new(),
+            shapes: HashMap::new(),
         }
     }
 
@@ -117,6 +122,7 @@ impl Table {
                 let name = spec.name.clone();
                 spec.topology = self.intern(spec.topology);
                 let mut state = NodeState::new(spec);
+                state.profile.shape_peer = self.intern_shape(&state);
                 for pod in self.pods_by_node.get(&name).into_iter().flatten() {
                     if let Some(entry) = self.pods.get(pod) {
                         state.add(&entry.allocation);
@@ -170,10 +176,35 @@ impl Table {
         index
     }
 
-    /// Drops a node's state and, when no other node shares its topology index, the table's
-    /// entry for it.
+    /// The spec the table holds for `node`'s shape, or a copy of `node`'s (then remembered for
+    /// the next node of its shape). `None` when another shape has the same hash: that node is
+    /// compared spec by spec.
+    fn intern_shape(&mut self, node: &NodeState) -> Option<Arc<NodeSpec>> {
+        let hash = node.shape_hash();
+        if let Some(known) = self.shapes.get(&hash).and_then(Weak::upgrade) {
+            return same_shape(&known, &node.spec).then_some(known);
+        }
+        let spec = Arc::new(node.spec.clone());
+        self.shapes.insert(hash, Arc::downgrade(&spec));
+        Some(spec)
+    }
+
+    /// Drops a node's state and, when no other node shares its topology index or its shape,
+    /// the table's entry for it.
     fn forget(&mut self, old: NodeState) {
         let index = Arc::clone(&old.spec.topology);
+        if let Some(peer) = &old.profile.shape_peer
+            && Arc::strong_count(peer) == 1
+        {
+            let hash = old.shape_hash();
+            if self
+                .shapes
+                .get(&hash)
+                .is_some_and(|known| known.as_ptr() == Arc::as_ptr(peer))
+            {
+                self.shapes.remove(&hash);
+            }
+        }
         drop(old);
         if Arc::strong_count(&index) == 1 {
             let key = index.links();
@@ -470,6 +501,37 @@ mod tests {
         assert_eq!(table.topologies.len(), 1);
         assert!(!table.topologies.contains_key(&islands()));
         table.apply(Change::RemoveNode(NodeName::new("b")));
+        assert!(table.topologies.is_empty());
+    }
+
+    fn shape_of<'a>(table: &'a Table, name: &str) -> &'a Arc<NodeSpec> {
+        table
+            .node_by_str(name)
+            .and_then(|node| node.profile.shape_peer.as_ref())
+            .unwrap()
+    }
+
+    #[test]
+    fn nodes_of_one_shape_share_one_spec_until_none_is_left() {
+        let mut table = Table::new(20);
+        table.apply(Change::UpsertNode(spec("a", islands())));
+        table.apply(Change::UpsertNode(spec("b", islands())));
+        table.apply(Change::UpsertNode(spec("c", LinkMatrix::uniform(8))));
+        assert!(Arc::ptr_eq(shape_of(&table, "a"), shape_of(&table, "b")));
+        assert!(!Arc::ptr_eq(shape_of(&table, "a"), shape_of(&table, "c")));
+        let (a, c) = (
+            table.node_by_str("a").unwrap(),
+            table.node_by_str("c").unwrap(),
+        );
+        assert!(a.same_shape(table.node_by_str("b").unwrap()));
+        assert!(!a.same_shape(c));
+        assert_eq!(table.shapes.len(), 2);
+        table.apply(Change::RemoveNode(NodeName::new("a")));
+        assert_eq!(table.shapes.len(), 2, "b still has the islands shape");
+        table.apply(Change::RemoveNode(NodeName::new("b")));
+        assert_eq!(table.shapes.len(), 1);
+        table.apply(Change::RemoveNode(NodeName::new("c")));
+        assert!(table.shapes.is_empty());
         assert!(table.topologies.is_empty());
     }
 

@@ -4,11 +4,14 @@
 //! ([`crate::engine::capacity`]). Off unless `estimator.listen` is set.
 //!
 //! [`proto`] holds the messages generated from Karmada's files, [`template`] reads a request's
-//! replica template into a pod, and [`server`] serves the RPCs.
+//! replica template into a pod, [`workload`] finds the pods of a workload Karmada names, and
+//! [`server`] serves the RPCs.
 
 pub mod proto;
 pub mod server;
 pub mod template;
+pub mod workload;
 
-pub use server::{EstimatorService, serve};
+pub use server::{EstimatorService, serve, serve_tls};
 pub use template::{Template, TemplateError};
+pub use workload::{KubeWorkloads, WorkloadError, Workloads};

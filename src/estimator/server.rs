@@ -1,25 +1,33 @@
 //! The `Estimator` gRPC service on its own listener (`estimator.listen`): each estimate reads
 //! one consistent snapshot of the allocation table, keeps the nodes whose labels, taints and
-//! cordon admit the template ([`claim_refusal`], [`resource_refusal`]), and counts with
+//! cordon admit the template ([`NodeClaims`](crate::objects::admission::NodeClaims)), and counts with
 //! [`max_replicas`]. Pods already bound and capacity reserved at bind are in the table, so they
 //! are honoured as they are.
 //! Requests are counted and timed by method and gRPC code (docs/metrics.md).
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
+use futures::{Stream, StreamExt as _};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
+use tonic::transport::server::Connected;
 use tonic::{Code, Request, Response, Status};
 
 use super::proto::pb;
 use super::proto::service::estimator_server::{Estimator, EstimatorServer};
 use super::template::{Template, template};
+use super::workload::{WorkloadError, Workloads, pod_controlled_by};
 use crate::config::Config;
 use crate::engine::{NodeState, max_replicas};
-use crate::objects::admission::{claim_refusal, resource_asks, resource_refusal};
+use crate::objects::admission::{claim_refusal, resource_asks};
+use crate::objects::scheduling::unschedulable_since;
 use crate::state::{ClusterState, PolicyCell};
 use crate::telemetry::Metrics;
 use crate::telemetry::metrics::ESTIMATOR_METHODS as METHODS;
@@ -28,12 +36,25 @@ use crate::telemetry::metrics::ESTIMATOR_METHODS as METHODS;
 const MAX_ANSWER: u64 = i32::MAX as u64;
 
 /// The estimator over the extender's shared state.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct EstimatorService {
     cluster: Arc<ClusterState>,
     policy: PolicyCell,
     config: Arc<Config>,
     metrics: Metrics,
+    /// Where a workload's current ReplicaSet is found (`GetUnschedulableReplicas`); without
+    /// it that method answers `Unimplemented`.
+    workloads: Option<Arc<dyn Workloads>>,
+}
+
+impl std::fmt::Debug for EstimatorService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EstimatorService")
+            .field("cluster", &self.cluster)
+            .field("config", &self.config)
+            .field("workloads", &self.workloads.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl EstimatorService {
@@ -48,7 +69,80 @@ impl EstimatorService {
             policy,
             config,
             metrics,
+            workloads: None,
         }
+    }
+
+    /// The estimator finding workloads' ReplicaSets with `workloads`.
+    #[must_use]
+    pub fn with_workloads(mut self, workloads: Arc<dyn Workloads>) -> Self {
+        self.workloads = Some(workloads);
+        self
+    }
+
+    /// How many pods of the request's workload kube-scheduler has found no node for, for
+    /// longer than the request's threshold: what `GetUnschedulableReplicas` answers. As
+    /// Karmada's estimator: Deployments only, the pods of the current ReplicaSet
+    /// ([`super::workload`]), each unschedulable since before now less the threshold. Only the
+    /// pods the watch keeps are seen: pending pods that ask for a GPU resource.
+    pub async fn unschedulable_replicas(
+        &self,
+        request: &pb::UnschedulableReplicasRequest,
+        now: Timestamp,
+    ) -> Result<u64, Status> {
+        self.check_cluster(&request.cluster)?;
+        let resource = request
+            .resource
+            .as_ref()
+            .ok_or_else(|| Status::invalid_argument("resource is required"))?;
+        if resource.kind != "Deployment" {
+            return Err(Status::unimplemented(format!(
+                "kind {:?} of workload {}/{} is not supported (Deployments only, as Karmada's \
+                 own estimator)",
+                resource.kind, resource.namespace, resource.name
+            )));
+        }
+        if resource.api_version != "apps/v1" {
+            return Err(Status::invalid_argument(format!(
+                "a Deployment is apps/v1, the request names {:?}",
+                resource.api_version
+            )));
+        }
+        if resource.namespace.is_empty() || resource.name.is_empty() {
+            return Err(Status::invalid_argument(
+                "resource.namespace and resource.name are required",
+            ));
+        }
+        let workloads = self.workloads.as_ref().ok_or_else(|| {
+            Status::unimplemented(
+                "GetUnschedulableReplicas needs the API server, which this estimator was not \
+                 given",
+            )
+        })?;
+        if !self.cluster.is_ready() {
+            return Err(Status::unavailable(
+                "the GPU extender has not yet synced its view of the cluster",
+            ));
+        }
+        let current = workloads
+            .current_replica_set(&resource.namespace, &resource.name)
+            .await
+            .map_err(|e| match e {
+                WorkloadError::NotFound { .. } => Status::not_found(e.to_string()),
+                WorkloadError::Api { .. } => Status::unavailable(e.to_string()),
+            })?;
+        let Some(replica_set) = current else {
+            return Ok(0);
+        };
+        // Karmada counts a pod when its condition's time plus the threshold is before now.
+        let threshold = SignedDuration::from_nanos(request.unschedulable_threshold.max(0));
+        let since_before = now.checked_sub(threshold).unwrap_or(Timestamp::MIN);
+        let waiting = self.cluster.pending_pods(|pod| {
+            pod.metadata.namespace.as_deref() == Some(resource.namespace.as_str())
+                && pod_controlled_by(pod, &replica_set)
+                && unschedulable_since(pod).is_some_and(|since| since < since_before)
+        });
+        Ok(waiting.len() as u64)
     }
 
     /// How many replicas of the request's template the cluster can still run: what
@@ -95,11 +189,13 @@ impl EstimatorService {
         let asks = resource_asks(&template.pod, &self.config)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let mut admitted = Vec::new();
+        let claims_by_node = self.cluster.node_claims();
         for node in nodes {
-            let refused = match self.cluster.node_claims(&node.spec.name) {
-                Some(view) => {
-                    claim_refusal(&view, &template.pod).is_some()
-                        || resource_refusal(&view, &asks, None).is_some()
+            // By the table's name, which the feed keys the claims with: found by pointer.
+            let refused = match claims_by_node.get(&node.spec.name) {
+                Some(claims) => {
+                    claims.claim_refusal(&template.pod).is_some()
+                        || claims.resource_refusal(&asks, None).is_some()
                 }
                 // A node the feed has not described (a table built by hand): no labels, taints
                 // or cordon, and no allocatable to check (the engine's fit counts its GPUs).
@@ -198,14 +294,13 @@ impl Estimator for EstimatorService {
     ) -> Result<Response<pb::UnschedulableReplicasResponse>, Status> {
         let started = Instant::now();
         let answer = self
-            .check_cluster(&request.get_ref().cluster)
-            .and_then(|()| {
-                Err::<pb::UnschedulableReplicasResponse, _>(Status::unimplemented(
-                    "GetUnschedulableReplicas is not supported by the GPU extender's estimator",
-                ))
-            });
+            .unschedulable_replicas(request.get_ref(), Timestamp::now())
+            .await;
         self.observe(METHODS[2], started, &answer);
-        answer.map(Response::new)
+        let unschedulable_replicas = i32::try_from(answer?).unwrap_or(i32::MAX);
+        Ok(Response::new(pb::UnschedulableReplicasResponse {
+            unschedulable_replicas,
+        }))
     }
 }
 
@@ -221,4 +316,70 @@ pub async fn serve(
         .add_service(EstimatorServer::new(service))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
+}
+
+/// Serves `service` on connections whose TLS handshake (ALPN `h2`) is already done, as Karmada
+/// dials with `--scheduler-estimator-ca-file`, until `shutdown` completes.
+pub async fn serve_tls<IO>(
+    handshaken: impl Stream<Item = std::io::Result<IO>> + Send + 'static,
+    service: EstimatorService,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    tonic::transport::Server::builder()
+        .add_service(EstimatorServer::new(service))
+        .serve_with_incoming_shutdown(handshaken.map(|io| io.map(Handshaken)), shutdown)
+        .await
+}
+
+/// A connection whose TLS handshake is done, as tonic serves it: the peer's address is not
+/// passed on (the estimator reads none).
+struct Handshaken<IO>(IO);
+
+impl<IO> Connected for Handshaken<IO> {
+    type ConnectInfo = ();
+
+    fn connect_info(&self) -> Self::ConnectInfo {}
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Handshaken<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Handshaken<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
+    }
 }

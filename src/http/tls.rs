@@ -1,4 +1,5 @@
-//! HTTPS for the extender listener (`server.tls`): rustls with the ring provider, serving the
+//! TLS for the extender listener (`server.tls`, HTTPS) and the Karmada estimator's gRPC listener
+//! (`estimator.tls`, ALPN `h2`): rustls with the ring provider, serving the
 //! certificate and key files named in the configuration and picking up rotated files without a
 //! restart; optionally requiring client certificates signed by `server.tls.clientCaFile`.
 //!
@@ -42,6 +43,34 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Finished handshakes waiting for axum to take them.
 const ACCEPT_QUEUE: usize = 64;
 
+/// Which listener a TLS configuration serves: the configuration key its errors name, and the
+/// one application protocol it offers in the handshake (ALPN).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Served {
+    /// The extender listener (`server.tls`): HTTP/1.1 only (kube-scheduler's Go client falls
+    /// back to it).
+    Extender,
+    /// The Karmada estimator's gRPC listener (`estimator.tls`): HTTP/2, which gRPC clients
+    /// insist on in ALPN.
+    Estimator,
+}
+
+impl Served {
+    fn key(self) -> &'static str {
+        match self {
+            Self::Extender => "server.tls",
+            Self::Estimator => "estimator.tls",
+        }
+    }
+
+    fn alpn(self) -> &'static [u8] {
+        match self {
+            Self::Extender => b"http/1.1",
+            Self::Estimator => b"h2",
+        }
+    }
+}
+
 /// The bytes of the files a configuration was built from; a change in any starts a reload.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Material {
@@ -55,31 +84,37 @@ fn read(path: &Path, key: &str) -> anyhow::Result<Vec<u8>> {
 }
 
 impl Material {
-    fn read(files: &TlsConfig) -> anyhow::Result<Self> {
+    fn read(files: &TlsConfig, served: Served) -> anyhow::Result<Self> {
+        let key = served.key();
         Ok(Self {
-            cert: read(&files.cert_file, "server.tls.certFile")?,
-            key: read(&files.key_file, "server.tls.keyFile")?,
+            cert: read(&files.cert_file, &format!("{key}.certFile"))?,
+            key: read(&files.key_file, &format!("{key}.keyFile"))?,
             client_ca: files
                 .client_ca_file
                 .as_deref()
-                .map(|path| read(path, "server.tls.clientCaFile"))
+                .map(|path| read(path, &format!("{key}.clientCaFile")))
                 .transpose()?,
         })
     }
 
     /// The rustls configuration these files make; errors name the key at fault.
-    fn server_config(&self, files: &TlsConfig) -> anyhow::Result<Arc<ServerConfig>> {
+    fn server_config(
+        &self,
+        files: &TlsConfig,
+        served: Served,
+    ) -> anyhow::Result<Arc<ServerConfig>> {
+        let tls = served.key();
         let cert_file = files.cert_file.display();
         let chain = CertificateDer::pem_slice_iter(&self.cert)
             .collect::<Result<Vec<_>, _>>()
-            .with_context(|| format!("server.tls.certFile: {cert_file} is not PEM"))?;
+            .with_context(|| format!("{tls}.certFile: {cert_file} is not PEM"))?;
         anyhow::ensure!(
             !chain.is_empty(),
-            "server.tls.certFile: {cert_file} holds no CERTIFICATE block"
+            "{tls}.certFile: {cert_file} holds no CERTIFICATE block"
         );
         let key = PrivateKeyDer::from_pem_slice(&self.key).with_context(|| {
             format!(
-                "server.tls.keyFile: {} holds no PEM private key",
+                "{tls}.keyFile: {} holds no PEM private key",
                 files.key_file.display()
             )
         })?;
@@ -97,31 +132,29 @@ impl Material {
                     .unwrap_or_default();
                 let mut roots = RootCertStore::empty();
                 for cert in CertificateDer::pem_slice_iter(pem) {
-                    let cert = cert.with_context(|| {
-                        format!("server.tls.clientCaFile: {ca_file} is not PEM")
-                    })?;
+                    let cert =
+                        cert.with_context(|| format!("{tls}.clientCaFile: {ca_file} is not PEM"))?;
                     roots.add(cert).with_context(|| {
-                        format!("server.tls.clientCaFile: a certificate in {ca_file}")
+                        format!("{tls}.clientCaFile: a certificate in {ca_file}")
                     })?;
                 }
                 anyhow::ensure!(
                     !roots.is_empty(),
-                    "server.tls.clientCaFile: {ca_file} holds no CERTIFICATE block"
+                    "{tls}.clientCaFile: {ca_file} holds no CERTIFICATE block"
                 );
                 let verifier = WebPkiClientVerifier::builder_with_provider(roots.into(), provider)
                     .build()
-                    .with_context(|| format!("server.tls.clientCaFile: {ca_file}"))?;
+                    .with_context(|| format!("{tls}.clientCaFile: {ca_file}"))?;
                 builder.with_client_cert_verifier(verifier)
             }
         };
         let mut config = builder.with_single_cert(chain, key).with_context(|| {
             format!(
-                "server.tls: the key in {} does not go with the certificate in {cert_file}",
+                "{tls}: the key in {} does not go with the certificate in {cert_file}",
                 files.key_file.display()
             )
         })?;
-        // The extender serves HTTP/1.1 only (kube-scheduler's Go client falls back to it).
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        config.alpn_protocols = vec![served.alpn().to_vec()];
         Ok(Arc::new(config))
     }
 }
@@ -130,6 +163,7 @@ impl Material {
 #[derive(Debug)]
 pub struct Reloader {
     files: TlsConfig,
+    served: Served,
     last: Material,
     current: Arc<ArcSwap<ServerConfig>>,
 }
@@ -148,11 +182,12 @@ pub enum Reload {
 
 impl Reloader {
     /// Reads and checks the files once; an error names the key and file at fault.
-    pub fn load(files: &TlsConfig) -> anyhow::Result<Self> {
-        let material = Material::read(files)?;
-        let config = material.server_config(files)?;
+    pub fn load(files: &TlsConfig, served: Served) -> anyhow::Result<Self> {
+        let material = Material::read(files, served)?;
+        let config = material.server_config(files, served)?;
         Ok(Self {
             files: files.clone(),
+            served,
             last: material,
             current: Arc::new(ArcSwap::new(config)),
         })
@@ -160,14 +195,14 @@ impl Reloader {
 
     /// Reads the files again and swaps in the configuration they make if they changed.
     pub fn check(&mut self) -> Reload {
-        let material = match Material::read(&self.files) {
+        let material = match Material::read(&self.files, self.served) {
             Ok(material) => material,
             Err(error) => return Reload::Rejected(format!("{error:#}")),
         };
         if material == self.last {
             return Reload::Unchanged;
         }
-        let outcome = match material.server_config(&self.files) {
+        let outcome = match material.server_config(&self.files, self.served) {
             Ok(config) => {
                 self.current.store(config);
                 Reload::Reloaded
@@ -230,6 +265,18 @@ impl TlsListener {
             incoming,
             local,
             tasks: vec![accept.abort_handle(), reload.abort_handle()],
+        })
+    }
+}
+
+impl TlsListener {
+    /// The finished handshakes as a stream, for servers that take one (tonic's).
+    pub fn into_stream(
+        self,
+    ) -> impl futures::Stream<Item = std::io::Result<TlsStream<TcpStream>>> + Send + 'static {
+        futures::stream::unfold(self, |mut listener| async move {
+            let (stream, _) = axum::serve::Listener::accept(&mut listener).await;
+            Some((Ok(stream), listener))
         })
     }
 }
@@ -404,7 +451,7 @@ mod tests {
         let client_ca_file = dir.join("client-ca.crt");
         std::fs::write(&client_ca_file, &client_ca.pem).unwrap();
         files.client_ca_file = Some(client_ca_file);
-        let reloader = Reloader::load(&files).unwrap();
+        let reloader = Reloader::load(&files, Served::Extender).unwrap();
         let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let listener = TlsListener::new(tcp, reloader, Duration::from_secs(3600)).unwrap();
         let addr = listener.local;
@@ -439,7 +486,7 @@ mod tests {
         let ca = ca();
         let (cert_a, key_a, der_a) = leaf(&ca);
         write(&files, &cert_a, &key_a);
-        let reloader = Reloader::load(&files).unwrap();
+        let reloader = Reloader::load(&files, Served::Extender).unwrap();
         let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let listener = TlsListener::new(tcp, reloader, Duration::from_millis(20)).unwrap();
         let addr = listener.local;
@@ -473,7 +520,7 @@ mod tests {
         let ca = ca();
         let (cert_a, key_a, _) = leaf(&ca);
         write(&files, &cert_a, &key_a);
-        let mut reloader = Reloader::load(&files).unwrap();
+        let mut reloader = Reloader::load(&files, Served::Extender).unwrap();
         let before = reloader.current().load_full();
         assert_eq!(reloader.check(), Reload::Unchanged);
 
@@ -498,22 +545,53 @@ mod tests {
     }
 
     #[test]
+    fn each_listener_offers_its_protocol_and_names_its_keys() {
+        let dir = scratch("served");
+        let files = files(&dir);
+        let missing = Reloader::load(&files, Served::Estimator).unwrap_err();
+        assert!(
+            format!("{missing:#}").starts_with("estimator.tls.certFile: cannot read"),
+            "{missing:#}"
+        );
+        let ca = ca();
+        let (cert, key, _) = leaf(&ca);
+        write(&files, &cert, &key);
+        for (served, protocol) in [
+            (Served::Extender, &b"http/1.1"[..]),
+            (Served::Estimator, &b"h2"[..]),
+        ] {
+            let reloader = Reloader::load(&files, served).unwrap();
+            assert_eq!(
+                reloader.current().load().alpn_protocols,
+                vec![protocol.to_vec()]
+            );
+        }
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
     fn bad_files_at_start_name_the_key_and_the_file() {
         let dir = scratch("bad");
         let files = files(&dir);
-        let missing = Reloader::load(&files).unwrap_err();
+        let missing = Reloader::load(&files, Served::Extender).unwrap_err();
         assert!(
             format!("{missing:#}").starts_with("server.tls.certFile: cannot read"),
             "{missing:#}"
         );
         write(&files, "not a certificate", "not a key");
-        let garbage = format!("{:#}", Reloader::load(&files).unwrap_err());
+        let garbage = format!(
+            "{:#}",
+            Reloader::load(&files, Served::Extender).unwrap_err()
+        );
         assert!(garbage.contains("server.tls.certFile"), "{garbage}");
         assert!(garbage.contains("tls.crt"), "{garbage}");
         let ca = ca();
         let (cert, _, _) = leaf(&ca);
         write(&files, &cert, "not a key");
-        let no_key = format!("{:#}", Reloader::load(&files).unwrap_err());
+        let no_key = format!(
+            "{:#}",
+            Reloader::load(&files, Served::Extender).unwrap_err()
+        );
         assert!(no_key.starts_with("server.tls.keyFile"), "{no_key}");
         let with_ca = TlsConfig {
             client_ca_file: Some(dir.join("missing-ca.crt")),
@@ -521,7 +599,10 @@ mod tests {
         };
         let (cert, key, _) = leaf(&ca);
         write(&files, &cert, &key);
-        let no_ca = format!("{:#}", Reloader::load(&with_ca).unwrap_err());
+        let no_ca = format!(
+            "{:#}",
+            Reloader::load(&with_ca, Served::Extender).unwrap_err()
+        );
         assert!(no_ca.starts_with("server.tls.clientCaFile"), "{no_ca}");
         std::fs::remove_dir_all(&dir).ok();
     }

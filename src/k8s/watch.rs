@@ -35,6 +35,8 @@ use crate::engine::{
     Policy, Table, fit,
 };
 use crate::objects::record;
+use crate::objects::scheduling::POD_SCHEDULED;
+pub use crate::objects::scheduling::is_unschedulable;
 use crate::objects::translate::{
     names_gpu_resource, pod_host_request, pod_key, pod_request, translate_node,
 };
@@ -246,8 +248,6 @@ impl Feed {
     }
 
     fn upsert_node(&mut self, table: &mut Table, node: &Node) {
-        // Labels and taints change without the engine's spec changing: kept on every event.
-        self.state.note_node_claims(node);
         let translation = translate_node(node, &self.cfg);
         let spec = translation.spec;
         let memo = NodeMemo {
@@ -255,6 +255,8 @@ impl Feed {
             has_problems: !translation.problems.is_empty(),
         };
         if self.nodes.get(&spec.name) == Some(&memo) && table.node(&spec.name).is_some() {
+            // Labels and taints change without the engine's spec changing: kept on every event.
+            self.note_claims(table, node);
             return;
         }
         for problem in &translation.problems {
@@ -263,6 +265,7 @@ impl Feed {
         let name = spec.name.clone();
         debug!(node = %name, gpus = spec.gpus.len(), mode = spec.mode.as_str(), "node upserted");
         table.apply(Change::UpsertNode(spec));
+        self.note_claims(table, node);
         // New or changed capacity: pods waiting for room may fit now.
         self.state.note_freed(&name);
         self.nodes.insert(name.clone(), memo);
@@ -271,6 +274,17 @@ impl Feed {
                 self.place_inferred(table, key, &name, inference);
             }
         }
+    }
+
+    /// Keeps what kube-scheduler's node-level filters read of `node` for the estimator, under
+    /// the table's own name for it: an estimate then finds each node's claims by pointer, not
+    /// by reading both names.
+    fn note_claims(&self, table: &Table, node: &Node) {
+        let name = node_name(node);
+        let name = table
+            .node(&name)
+            .map_or(name, |known| known.spec.name.clone());
+        self.state.note_node_claims(name, node);
     }
 
     fn remove_node(&mut self, table: &mut Table, name: &NodeName) {
@@ -634,7 +648,8 @@ pub fn slim_node(node: &Node) -> Node {
 }
 
 /// A Pod with only what translation and the record read: names, uid, the `gpuCount` label, our
-/// own annotations, container resources, node name and phase. Keeps 150,000 cached pods small
+/// own annotations, container resources, node name and phase; and its controller and
+/// `PodScheduled` condition, which the requeue task and the estimator read. Keeps 150,000 cached pods small
 /// (`kubectl.kubernetes.io/last-applied-configuration` alone can be kilobytes).
 pub fn slim_pod(pod: &Pod, cfg: &Config) -> Pod {
     let keep_label = |key: &String| *key == cfg.resources.gpu_count;
@@ -670,6 +685,15 @@ pub fn slim_pod(pod: &Pod, cfg: &Config) -> Pod {
             creation_timestamp: pod.metadata.creation_timestamp.clone(),
             labels: filter(&pod.metadata.labels, &keep_label),
             annotations: filter(&pod.metadata.annotations, &keep_annotation),
+            // The controller only (its ReplicaSet, Job, ...): the estimator counts a workload's
+            // unschedulable pods by it (`GetUnschedulableReplicas`).
+            owner_references: pod.metadata.owner_references.as_ref().map(|owners| {
+                owners
+                    .iter()
+                    .filter(|owner| owner.controller == Some(true))
+                    .cloned()
+                    .collect()
+            }),
             ..ObjectMeta::default()
         },
         spec: pod.spec.as_ref().map(|spec| PodSpec {
@@ -685,7 +709,8 @@ pub fn slim_pod(pod: &Pod, cfg: &Config) -> Pod {
         }),
         status: pod.status.as_ref().map(|status| PodStatus {
             phase: status.phase.clone(),
-            // Only kube-scheduler's verdict: the requeue task looks for unschedulable pods.
+            // Only kube-scheduler's verdict: the requeue task looks for unschedulable pods, the
+            // estimator for those unschedulable longer than a threshold.
             conditions: status.conditions.as_ref().map(|conditions| {
                 conditions
                     .iter()
@@ -694,6 +719,7 @@ pub fn slim_pod(pod: &Pod, cfg: &Config) -> Pod {
                         type_: c.type_.clone(),
                         status: c.status.clone(),
                         reason: c.reason.clone(),
+                        last_transition_time: c.last_transition_time.clone(),
                         ..PodCondition::default()
                     })
                     .collect()
@@ -701,30 +727,6 @@ pub fn slim_pod(pod: &Pod, cfg: &Config) -> Pod {
             ..PodStatus::default()
         }),
     }
-}
-
-const POD_SCHEDULED: &str = "PodScheduled";
-
-/// Whether kube-scheduler has tried `pod` and found no node for it: not bound, and its
-/// `PodScheduled` condition is `False` with reason `Unschedulable` (a `SchedulerError` is not
-/// a capacity problem, and is retried by kube-scheduler itself).
-pub fn is_unschedulable(pod: &Pod) -> bool {
-    let bound = pod
-        .spec
-        .as_ref()
-        .is_some_and(|spec| spec.node_name.as_deref().is_some_and(|n| !n.is_empty()));
-    !bound
-        && pod
-            .status
-            .as_ref()
-            .and_then(|status| status.conditions.as_ref())
-            .is_some_and(|conditions| {
-                conditions.iter().any(|c| {
-                    c.type_ == POD_SCHEDULED
-                        && c.status == "False"
-                        && c.reason.as_deref() == Some("Unschedulable")
-                })
-            })
 }
 
 /// Runs the Node and Pod watchers into `feed` until both streams end (they do not, normally:

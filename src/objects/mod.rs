@@ -8,4 +8,5 @@ pub mod admission;
 mod quantity;
 pub mod quota;
 pub mod record;
+pub mod scheduling;
 pub mod translate;

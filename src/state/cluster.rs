@@ -4,7 +4,7 @@
 //! with the binder's short writes to reserve: the store/writer split of kube-runtime's
 //! reflector. Nothing here reads Kubernetes objects beyond storing the pending ones.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -16,7 +16,7 @@ use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use crate::config::Config;
 use crate::engine::quota::QuotaSet;
 use crate::engine::{NodeName, PodAllocation, PodKey, Table};
-use crate::objects::admission::node_claims_view;
+use crate::objects::admission::NodeClaims;
 
 /// The cluster as the extender knows it, shared by the feed (the writer), the HTTP handlers
 /// (readers) and the binder (short writes to reserve).
@@ -47,12 +47,17 @@ pub struct ClusterState {
     /// [`MAX_PENDING_REBUILDS`], the newest kept).
     rebuilds: Mutex<Vec<Duration>>,
     /// What kube-scheduler's node-level filters read of each node (labels, taints, cordon,
-    /// allocatable; [`node_claims_view`]): the estimator applies a template's node claims with
-    /// them. Written by the feed on every node event, read per node by estimates.
-    node_claims: DashMap<NodeName, Arc<Node>>,
+    /// allocatable; [`NodeClaims`]): the estimator applies a template's node claims with them.
+    /// Written by the feed on every node event (with the table's write lock held, so always
+    /// taken after the table's lock); read by an estimate under one read lock for all its
+    /// node lookups (hashed with foldhash, as the table's node map is), not a lock per node.
+    node_claims: RwLock<NodeClaimsMap>,
     /// The GPU quotas in force (`ElasticQuota`s, see [`super::quota`]); empty without the CRD.
     pub(super) quotas: RwLock<Arc<QuotaSet>>,
 }
+
+/// What the node-level filters read of each node, by name ([`ClusterState::node_claims`]).
+pub type NodeClaimsMap = HashMap<NodeName, NodeClaims, foldhash::fast::RandomState>;
 
 /// How a GPU pod ranks as a preemption victim when a quota reclaims GPUs: lowest priority first,
 /// then newest (the capacity-scheduling plugin's order).
@@ -122,7 +127,7 @@ impl ClusterState {
             pods: DashMap::new(),
             uids: DashMap::new(),
             ranks: DashMap::new(),
-            node_claims: DashMap::new(),
+            node_claims: RwLock::default(),
             ready: AtomicBool::new(false),
             stats: Mutex::new(FeedStats::default()),
             freed: Mutex::new(BTreeSet::new()),
@@ -293,22 +298,23 @@ impl ClusterState {
     }
 
     /// Keeps what the node-level filters read of `node`, replacing what was kept before.
-    pub fn note_node_claims(&self, node: &Node) {
-        let name = NodeName::new(node.metadata.name.as_deref().unwrap_or_default());
-        self.node_claims
-            .insert(name, Arc::new(node_claims_view(node)));
+    /// `name` is the table's own for the node (the same allocation, as the table's nodes carry
+    /// it): an estimate looks every node's claims up by the table's name, and equal pointers
+    /// compare without reading the text.
+    pub fn note_node_claims(&self, name: NodeName, node: &Node) {
+        let claims = NodeClaims::of(node);
+        self.node_claims.write().insert(name, claims);
     }
 
     /// Forgets a node that is gone.
     pub fn forget_node_claims(&self, name: &NodeName) {
-        self.node_claims.remove(name);
+        self.node_claims.write().remove(name);
     }
 
-    /// What the node-level filters read of the node, if the feed has seen it.
-    pub fn node_claims(&self, name: &NodeName) -> Option<Arc<Node>> {
-        self.node_claims
-            .get(name)
-            .map(|node| Arc::clone(node.value()))
+    /// What the node-level filters read of every node the feed has seen, by name. Node events
+    /// wait while the answer is held: take it after the table's lock, as the feed does.
+    pub fn node_claims(&self) -> RwLockReadGuard<'_, NodeClaimsMap> {
+        self.node_claims.read()
     }
 
     /// Forgets a pod that is gone; `uid` is the one the feed last saw for it, if any.

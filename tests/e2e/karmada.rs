@@ -4,7 +4,10 @@
 //! can run; then that many pods, and two more, arrive one after another through the real
 //! kube-scheduler and extender, and exactly the estimate is bound. Karmada's default
 //! `GeneralEstimator`, fed the cluster's summed allocatable (what Karmada's cluster status
-//! controller reports), promises more, before the pods and after.
+//! controller reports), promises more, before the pods and after. Then a Deployment's replicas
+//! wait in the full cluster, and Karmada's client asks how many have been unschedulable
+//! (`GetUnschedulableReplicas`): those of the Deployment's current ReplicaSet only. Over mutual
+//! TLS (`estimator.tls`), Karmada's client answers with its CA and certificate, and not without.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -12,15 +15,19 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
-use kube::api::ListParams;
+use kube::api::{ListParams, PostParams};
+use rcgen::ExtendedKeyUsagePurpose;
 use serde_json::{Value, json};
 
 use crate::harness::{Cluster, ROOT, free_port};
 use crate::objects::{
-    GPU_MEM, GpuNode, Mode, NVIDIA_GPU, PodSpec, create_pod, node_of, wait_settled,
+    GPU_MEM, GpuNode, Mode, NS, NVIDIA_GPU, PodSpec, create_pod, node_of, pods as pods_api,
+    wait_settled, wait_unschedulable,
 };
+use crate::tls::{Ca, write};
 use crate::up;
 
 /// The karmada-client binary: `$GPU_EXTENDER_KARMADA_CLIENT`, else built (once, into the cache)
@@ -68,6 +75,17 @@ pub fn built_once(
 /// Karmada's answers for `template` (a work/v1alpha2 ReplicaRequirements): the accurate
 /// estimator's (ours, over gRPC) and the general estimator's over `summary`.
 fn estimate(c: &Cluster, addr: &str, template: &Value, summary: &Value) -> Result<(i64, i64)> {
+    estimate_dialled(c, addr, template, summary, &[])
+}
+
+/// [`estimate`] with karmada-client's TLS flags `tls` (`--ca-file` and so on).
+fn estimate_dialled(
+    c: &Cluster,
+    addr: &str,
+    template: &Value,
+    summary: &Value,
+    tls: &[String],
+) -> Result<(i64, i64)> {
     let dir = c.dir.join("karmada");
     std::fs::create_dir_all(&dir)?;
     let template_path = dir.join("template.json");
@@ -86,6 +104,7 @@ fn estimate(c: &Cluster, addr: &str, template: &Value, summary: &Value) -> Resul
         .arg(&template_path)
         .arg("--summary")
         .arg(&summary_path)
+        .args(tls)
         .output()
         .context("running karmada-client")?;
     if !output.status.success() {
@@ -107,6 +126,170 @@ fn estimate(c: &Cluster, addr: &str, template: &Value, summary: &Value) -> Resul
             .ok_or_else(|| anyhow!("no {key} in {answer}"))
     };
     Ok((read("accurate")?, read("general")?))
+}
+
+#[test]
+#[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
+fn karmada_estimator_over_mutual_tls() {
+    crate::harness::run("karmada_estimator_tls", async |c| {
+        let dir = c.dir.join("estimator-tls");
+        std::fs::create_dir_all(&dir)?;
+        let serving = Ca::new("estimator serving CA")?;
+        let clients = Ca::new("karmada-scheduler client CA")?;
+        let (cert, key, _) = serving.leaf(&["127.0.0.1"], ExtendedKeyUsagePurpose::ServerAuth)?;
+        let (client_cert, client_key, _) =
+            clients.leaf(&["karmada-scheduler"], ExtendedKeyUsagePurpose::ClientAuth)?;
+        let file = |name: &str, text: &str| -> Result<String> {
+            Ok(write(&dir.join(name), text)?.display().to_string())
+        };
+        let (cert, key) = (file("tls.crt", &cert)?, file("tls.key", &key)?);
+        let client_ca = file("client-ca.crt", &clients.pem)?;
+        let ca = file("ca.crt", &serving.pem)?;
+        let (client_cert, client_key) = (
+            file("client.crt", &client_cert)?,
+            file("client.key", &client_key)?,
+        );
+        let port = free_port()?;
+        let addr = format!("127.0.0.1:{port}");
+        up(
+            c,
+            &[GpuNode::new("t4-a", Mode::Share, 4, "Tesla-T4", 16)],
+            &format!(
+                "estimator:\n  listen: {addr}\n  cluster: member\n  tls:\n    certFile: {cert}\n    \
+                 keyFile: {key}\n    clientCaFile: {client_ca}\n"
+            ),
+        )
+        .await?;
+        let template = json!({ "namespace": "default", "resourceRequest": { GPU_MEM: "10" } });
+        let summary = summary(c, &BTreeMap::from([(GPU_MEM, 10u64)]), 0).await?;
+        let flag = |name: &str, value: &str| [format!("--{name}"), value.to_owned()];
+        let trusted: Vec<String> = [
+            flag("ca-file", &ca),
+            flag("cert-file", &client_cert),
+            flag("key-file", &client_key),
+        ]
+        .concat();
+        // As karmada-scheduler with --scheduler-estimator-ca-file, -cert-file and -key-file:
+        // one 10 GiB replica per 16 GiB T4.
+        let (accurate, _) = estimate_dialled(c, &addr, &template, &summary, &trusted)?;
+        ensure!(
+            accurate == 4,
+            "estimate over mutual TLS: {accurate}, expected 4"
+        );
+        // No client certificate, a CA that did not sign the server's, or plain gRPC: no answer.
+        let refused = [
+            ("no client certificate", flag("ca-file", &ca).to_vec()),
+            (
+                "the wrong CA",
+                [
+                    flag("ca-file", &client_ca),
+                    flag("cert-file", &client_cert),
+                    flag("key-file", &client_key),
+                ]
+                .concat(),
+            ),
+            ("plain gRPC", Vec::new()),
+        ];
+        for (what, mut args) in refused {
+            // A refused handshake fails only when the dial gives up.
+            args.extend(flag("dial-timeout", "1s"));
+            ensure!(
+                estimate_dialled(c, &addr, &template, &summary, &args).is_err(),
+                "{what}: the estimator answered"
+            );
+        }
+        Ok(())
+    });
+}
+
+/// Karmada's `GetUnschedulableReplicas` for Deployment `name`, through its own client: how many
+/// of its replicas have been unschedulable longer than `threshold` (a Go duration).
+fn unschedulable(addr: &str, name: &str, threshold: &str) -> Result<i64> {
+    let output = Command::new(karmada_client()?)
+        .args(["unschedulable", "--addr", addr, "--cluster", "member"])
+        .args(["--namespace", NS, "--name", name, "--threshold", threshold])
+        .output()
+        .context("running karmada-client")?;
+    if !output.status.success() {
+        bail!(
+            "karmada-client unschedulable failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let answer: Value = serde_json::from_slice(&output.stdout)?;
+    answer["unschedulable"]
+        .as_i64()
+        .ok_or_else(|| anyhow!("no unschedulable in {answer}"))
+}
+
+/// Deployment `name` as the Deployment controller leaves it mid-rollout: its current
+/// ReplicaSet with `current` pods and an older one (another template) with `old`, each pod
+/// asking 10 GiB of GPU memory. Returns the pods' names.
+async fn workload_pods(c: &Cluster, name: &str, current: usize, old: usize) -> Result<Vec<String>> {
+    let labels = json!({ "app": name });
+    let template = |image: &str| {
+        let pod = PodSpec::new("template", GPU_MEM, 10).to_pod()?;
+        let mut spec = serde_json::to_value(pod.spec)?;
+        spec["containers"][0]["image"] = json!(image);
+        Ok::<_, anyhow::Error>(json!({ "metadata": { "labels": labels }, "spec": spec }))
+    };
+    let deployment: Deployment = serde_json::from_value(json!({
+        "metadata": { "name": name, "namespace": NS },
+        "spec": {
+            "replicas": current,
+            "selector": { "matchLabels": labels },
+            "template": template("registry.k8s.io/pause:3.10")?,
+        },
+    }))?;
+    let deployment = Api::<Deployment>::namespaced(c.client.clone(), NS)
+        .create(&PostParams::default(), &deployment)
+        .await?;
+    let owner = |kind: &str, name: &str, uid: Option<&String>| {
+        json!([{ "apiVersion": "apps/v1", "kind": kind, "name": name,
+                 "uid": uid.cloned().unwrap_or_default(), "controller": true }])
+    };
+    let mut names = Vec::new();
+    for (hash, image, pods) in [
+        ("current", "registry.k8s.io/pause:3.10", current),
+        ("old", "registry.k8s.io/pause:3.9", old),
+    ] {
+        let rs_name = format!("{name}-{hash}");
+        let mut rs_template = template(image)?;
+        rs_template["metadata"]["labels"]["pod-template-hash"] = json!(hash);
+        let replica_set: ReplicaSet = serde_json::from_value(json!({
+            "metadata": {
+                "name": rs_name, "namespace": NS,
+                "labels": rs_template["metadata"]["labels"],
+                "ownerReferences": owner("Deployment", name, deployment.metadata.uid.as_ref()),
+            },
+            "spec": {
+                "replicas": pods,
+                "selector": { "matchLabels": rs_template["metadata"]["labels"] },
+                "template": rs_template,
+            },
+        }))?;
+        let replica_set = Api::<ReplicaSet>::namespaced(c.client.clone(), NS)
+            .create(&PostParams::default(), &replica_set)
+            .await?;
+        for i in 0..pods {
+            let pod_name = format!("{rs_name}-{i}");
+            let mut pod = PodSpec::new(&pod_name, GPU_MEM, 10)
+                .label("app", name)
+                .label("pod-template-hash", hash)
+                .to_pod()?;
+            pod.metadata.owner_references = Some(serde_json::from_value(owner(
+                "ReplicaSet",
+                &rs_name,
+                replica_set.metadata.uid.as_ref(),
+            ))?);
+            pods_api(&c.client)
+                .create(&PostParams::default(), &pod)
+                .await?;
+            names.push(pod_name);
+        }
+    }
+    Ok(names)
 }
 
 /// What Karmada's cluster status controller reports: the nodes' allocatable summed, and what
@@ -218,6 +401,31 @@ fn karmada_estimator_answers_what_the_extender_places() {
             general_after == 7,
             "Karmada's general estimate after the replicas: {general_after}, expected 7"
         );
+        // A Deployment's replicas arriving at the full cluster: Karmada's descheduler asks how
+        // many have waited. No controller-manager runs here, so the Deployment, its current
+        // and an old ReplicaSet and their pods are made as the Deployment controller makes them.
+        let waiting = workload_pods(c, "trainer", 3, 1).await?;
+        for name in &waiting {
+            wait_unschedulable(&c.client, name, std::time::Duration::from_secs(30)).await?;
+        }
+        // The watch delivers the verdicts a moment after the API server has them.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+        let mut counted = unschedulable(&addr, "trainer", "0s")?;
+        while counted != 3 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            counted = unschedulable(&addr, "trainer", "0s")?;
+        }
+        ensure!(
+            counted == 3,
+            "unschedulable replicas of the current ReplicaSet: {counted}, expected 3 (the old \
+             ReplicaSet's pod and the bare pods not counted)"
+        );
+        let within_an_hour = unschedulable(&addr, "trainer", "1h")?;
+        ensure!(
+            within_an_hour == 0,
+            "replicas unschedulable for over an hour: {within_an_hour}"
+        );
+
         let metrics = c.metrics().await?;
         let answered = crate::harness::metric_sum(
             &metrics,

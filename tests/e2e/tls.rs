@@ -18,14 +18,14 @@ use crate::harness::{PROFILE_CONFIG, http_post_json};
 use crate::objects::{GPU_MEM, GpuNode, Mode, PodSpec, create_bound, create_nodes};
 use crate::record::record_of;
 
-/// A throwaway certificate authority.
-struct Ca {
+/// A throwaway certificate authority (also the Karmada estimator's TLS scenario's).
+pub(crate) struct Ca {
     issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
-    pem: String,
+    pub(crate) pem: String,
 }
 
 impl Ca {
-    fn new(name: &str) -> Result<Self> {
+    pub(crate) fn new(name: &str) -> Result<Self> {
         let key = rcgen::KeyPair::generate()?;
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
         params
@@ -40,7 +40,7 @@ impl Ca {
     }
 
     /// A leaf for `names` with `usage`: (certificate PEM, key PEM, certificate DER).
-    fn leaf(
+    pub(crate) fn leaf(
         &self,
         names: &[&str],
         usage: rcgen::ExtendedKeyUsagePurpose,
@@ -55,7 +55,7 @@ impl Ca {
     }
 }
 
-fn write(path: &Path, text: &str) -> Result<PathBuf> {
+pub(crate) fn write(path: &Path, text: &str) -> Result<PathBuf> {
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
     Ok(path.to_owned())
 }

@@ -11,6 +11,18 @@
 //	    {"accurate": N, "general": M} (general -1 without --summary), or exits non-zero with the
 //	    error, gRPC status included.
 //
+//	    With --ca-file (karmada-scheduler's --scheduler-estimator-ca-file) the call goes over
+//	    TLS, verifying the estimator's certificate; --cert-file and --key-file
+//	    (--scheduler-estimator-cert-file, --scheduler-estimator-key-file) present a client
+//	    certificate. Every subcommand that dials takes them, and --dial-timeout (default 5s).
+//
+//	karmada-client unschedulable --addr HOST:PORT --cluster NAME --namespace NS --name NAME
+//	    [--kind Deployment] [--api-version apps/v1] [--threshold DURATION]
+//	    Asks how many of the workload's replicas have been unschedulable longer than the
+//	    threshold, through Karmada's SchedulerEstimator.GetUnschedulableReplicas (what
+//	    karmada-descheduler asks), dialled as for estimate. Prints {"unschedulable": N}, or
+//	    exits non-zero with the error, gRPC status included.
+//
 //	karmada-client check-protos DIR
 //	    Checks that DIR (gpu-extender's proto/) holds this Karmada version's estimator protos
 //	    byte for byte and, for the trimmed Kubernetes files, that every message block kept
@@ -39,12 +51,14 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fail("usage: karmada-client estimate|check-protos ...")
+		fail("usage: karmada-client estimate|unschedulable|check-protos ...")
 	}
 	var err error
 	switch os.Args[1] {
 	case "estimate":
 		err = estimate(os.Args[2:])
+	case "unschedulable":
+		err = unschedulable(os.Args[2:])
 	case "check-protos":
 		if len(os.Args) != 3 {
 			fail("usage: karmada-client check-protos DIR")
@@ -77,6 +91,7 @@ func estimate(args []string) error {
 	cluster := flags.String("cluster", "member", "the member cluster's name")
 	templatePath := flags.String("template", "", "ReplicaRequirements JSON")
 	summaryPath := flags.String("summary", "", "ResourceSummary JSON (optional)")
+	tls := addTLSFlags(flags)
 	if err := flags.Parse(args); err != nil {
 		return err
 	}
@@ -103,17 +118,11 @@ func estimate(args []string) error {
 		general = answer[0].Replicas
 	}
 
-	// As karmada-scheduler connects (estimatorclient.EstablishConnection, minus the Service
-	// lookup): Karmada's dialer, its cache, its client.
-	config := grpcconnection.ClientConfig{}
-	conn, err := config.DialWithTimeOut([]string{*addr}, 5*time.Second)
+	accurate, closeConn, err := connect(*addr, *cluster, tls)
 	if err != nil {
-		return fmt.Errorf("dial: %w", err)
+		return err
 	}
-	defer conn.Close()
-	cache := estimatorclient.NewSchedulerEstimatorCache()
-	cache.AddCluster(*cluster, conn, estimatorservice.NewEstimatorClient(conn))
-	accurate := estimatorclient.NewSchedulerEstimator(cache, 5*time.Second)
+	defer closeConn()
 	answer, err := accurate.MaxAvailableReplicas(context.Background(), estimatorclient.ReplicaEstimationRequest{
 		Clusters:            []*clusterv1alpha1.Cluster{member},
 		ReplicaRequirements: &requirements,
@@ -127,6 +136,71 @@ func estimate(args []string) error {
 		return fmt.Errorf("scheduler estimator: no answer for cluster %s (replicas %d)", *cluster, answer[0].Replicas)
 	}
 	out, err := json.Marshal(map[string]int32{"accurate": answer[0].Replicas, "general": general})
+	if err != nil {
+		return err
+	}
+	fmt.Println(string(out))
+	return nil
+}
+
+// tlsFlags are karmada-scheduler's TLS settings for its estimator connections.
+// With them, how long the dial may take (a refused handshake fails only when it runs out).
+type tlsFlags struct {
+	ca, cert, key *string
+	dialTimeout   *time.Duration
+}
+
+func addTLSFlags(flags *flag.FlagSet) tlsFlags {
+	return tlsFlags{
+		ca:          flags.String("ca-file", "", "CA verifying the estimator's certificate (TLS when set)"),
+		cert:        flags.String("cert-file", "", "client certificate presented to the estimator"),
+		key:         flags.String("key-file", "", "the client certificate's key"),
+		dialTimeout: flags.Duration("dial-timeout", 5*time.Second, "how long dialling may take"),
+	}
+}
+
+// connect dials the estimator as karmada-scheduler does (estimatorclient.EstablishConnection,
+// minus the Service lookup): Karmada's dialer, its cache, its client.
+func connect(addr, cluster string, tls tlsFlags) (*estimatorclient.SchedulerEstimator, func(), error) {
+	config := grpcconnection.ClientConfig{ServerAuthCAFile: *tls.ca, CertFile: *tls.cert, KeyFile: *tls.key}
+	conn, err := config.DialWithTimeOut([]string{addr}, *tls.dialTimeout)
+	if err != nil {
+		return nil, nil, fmt.Errorf("dial: %w", err)
+	}
+	cache := estimatorclient.NewSchedulerEstimatorCache()
+	cache.AddCluster(cluster, conn, estimatorservice.NewEstimatorClient(conn))
+	return estimatorclient.NewSchedulerEstimator(cache, 5*time.Second), func() { conn.Close() }, nil
+}
+
+func unschedulable(args []string) error {
+	flags := flag.NewFlagSet("unschedulable", flag.ContinueOnError)
+	addr := flags.String("addr", "", "the estimator's host:port")
+	cluster := flags.String("cluster", "member", "the member cluster's name")
+	namespace := flags.String("namespace", "default", "the workload's namespace")
+	name := flags.String("name", "", "the workload's name")
+	kind := flags.String("kind", "Deployment", "the workload's kind")
+	apiVersion := flags.String("api-version", "apps/v1", "the workload's apiVersion")
+	threshold := flags.Duration("threshold", 0, "how long a replica must have been unschedulable")
+	tls := addTLSFlags(flags)
+	if err := flags.Parse(args); err != nil {
+		return err
+	}
+	accurate, closeConn, err := connect(*addr, *cluster, tls)
+	if err != nil {
+		return err
+	}
+	defer closeConn()
+	answer, err := accurate.GetUnschedulableReplicas(context.Background(), []string{*cluster},
+		&workv1alpha2.ObjectReference{APIVersion: *apiVersion, Kind: *kind, Namespace: *namespace, Name: *name},
+		*threshold)
+	if err != nil {
+		return fmt.Errorf("scheduler estimator: %w", err)
+	}
+	// As for estimate: a failed call is UnauthenticReplica (-1) in Karmada's answer.
+	if answer[0].Replicas < 0 {
+		return fmt.Errorf("scheduler estimator: no answer for cluster %s (replicas %d)", *cluster, answer[0].Replicas)
+	}
+	out, err := json.Marshal(map[string]int32{"unschedulable": answer[0].Replicas})
 	if err != nil {
 		return err
 	}
