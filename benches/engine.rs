@@ -575,15 +575,19 @@ fn bench_estimate(c: &mut Criterion<Clock>) {
         }
         .encode_to_vec()
     };
-    for (label, generated, resources) in [
-        (
-            "share",
-            &shared,
-            [
-                (cfg.resources.gpu_mem.clone(), "8"),
-                ("cpu".to_owned(), "2"),
-            ],
-        ),
+    let share = [
+        (cfg.resources.gpu_mem.clone(), "8"),
+        ("cpu".to_owned(), "2"),
+    ];
+    let zone_a = Some(pb::NodeClaim {
+        node_selector: [("zone".to_owned(), "a".to_owned())].into(),
+        ..pb::NodeClaim::default()
+    });
+    // With a node selector, every node's claims are read; without one (`share-unclaimed`, the
+    // common template), only those of cordoned or tainted nodes are.
+    for (label, generated, resources, node_claim) in [
+        ("share", &shared, share.clone(), zone_a.clone()),
+        ("share-unclaimed", &shared, share, None),
         (
             "whole2",
             &whole,
@@ -591,16 +595,14 @@ fn bench_estimate(c: &mut Criterion<Clock>) {
                 (cfg.resources.whole_gpu.clone(), "2"),
                 ("cpu".to_owned(), "8"),
             ],
+            zone_a.clone(),
         ),
     ] {
         let service = service(generated);
         let request = pb::MaxAvailableReplicasRequest {
             cluster: "member".to_owned(),
             replica_requirements: Some(pb::ReplicaRequirements {
-                node_claim: Some(pb::NodeClaim {
-                    node_selector: [("zone".to_owned(), "a".to_owned())].into(),
-                    ..pb::NodeClaim::default()
-                }),
+                node_claim,
                 namespace: "default".to_owned(),
                 resource_request_bytes: resources
                     .iter()

@@ -26,7 +26,7 @@ use super::template::{Template, template};
 use super::workload::{WorkloadError, Workloads, pod_controlled_by};
 use crate::config::Config;
 use crate::engine::{NodeState, max_replicas};
-use crate::objects::admission::{claim_refusal, resource_asks};
+use crate::objects::admission::{claim_refusal, names_nodes, resource_asks};
 use crate::objects::scheduling::unschedulable_since;
 use crate::state::{ClusterState, PolicyCell};
 use crate::telemetry::Metrics;
@@ -188,13 +188,17 @@ impl EstimatorService {
         // The template's resources are read once, not once per node.
         let asks = resource_asks(&template.pod, &self.config)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        // Most templates name no node and most nodes are open to them: their claims are then
+        // not read (the same answer as reading them, checked by the admission unit tests).
+        let unclaimed = !names_nodes(&template.pod);
         let mut admitted = Vec::new();
         let claims_by_node = self.cluster.node_claims();
         for node in nodes {
             // By the table's name, which the feed keys the claims with: found by pointer.
             let refused = match claims_by_node.get(&node.spec.name) {
                 Some(claims) => {
-                    claims.claim_refusal(&template.pod).is_some()
+                    let claims_checked = !(unclaimed && claims.admits_unclaimed());
+                    (claims_checked && claims.claim_refusal(&template.pod).is_some())
                         || claims.resource_refusal(&asks, None).is_some()
                 }
                 // A node the feed has not described (a table built by hand): no labels, taints

@@ -160,6 +160,25 @@ pub fn claim_refusal(node: &Node, pod: &Pod) -> Option<NodeRefusal> {
     })
 }
 
+/// Whether `pod` restricts the nodes it runs on by labels or name: a non-empty node selector, or
+/// required node affinity (even with no terms, which matches no node). A pod that names no node
+/// is refused only by cordon and taints ([`NodeClaims::admits_unclaimed`]).
+pub fn names_nodes(pod: &Pod) -> bool {
+    let Some(spec) = pod.spec.as_ref() else {
+        return false;
+    };
+    let selects = spec.node_selector.as_ref().is_some_and(|s| !s.is_empty());
+    let requires = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .is_some_and(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .is_some()
+        });
+    selects || requires
+}
+
 /// What `pod` asks of each of [`checked_resources`] it asks any of: read once, then compared
 /// with many nodes by [`resource_refusal`].
 pub fn resource_asks(pod: &Pod, cfg: &Config) -> Result<Vec<(String, u64)>, TranslateError> {
@@ -212,6 +231,9 @@ fn refusal_by_allocatable(
 #[derive(Clone, Debug)]
 pub struct NodeClaims {
     node: Node,
+    /// Neither cordoned nor tainted NoSchedule or NoExecute: only a pod's node selector or
+    /// required affinity can keep it off this node ([`NodeClaims::admits_unclaimed`]).
+    open: bool,
     /// `status.allocatable` as kube-scheduler counts it; a quantity that does not read as a
     /// whole number is absent here, so it counts 0 as [`allocatable`] counts it.
     allocatable: BTreeMap<String, u64>,
@@ -231,8 +253,17 @@ impl NodeClaims {
                 (amount > 0).then(|| (name.clone(), amount))
             })
             .collect();
+        let cordoned = node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+        let repelling = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_deref())
+            .unwrap_or(&[])
+            .iter()
+            .any(|t| t.effect == "NoSchedule" || t.effect == "NoExecute");
         Self {
             node: claims_only(node),
+            open: !cordoned && !repelling,
             allocatable,
         }
     }
@@ -240,6 +271,14 @@ impl NodeClaims {
     /// [`claim_refusal`] on this node.
     pub fn claim_refusal(&self, pod: &Pod) -> Option<NodeRefusal> {
         claim_refusal(&self.node, pod)
+    }
+
+    /// Whether [`claim_refusal`] admits, without reading them, every pod that names no node
+    /// ([`names_nodes`] false): the node is neither cordoned nor tainted NoSchedule or
+    /// NoExecute, so tolerations do not matter and no selector or affinity is asked. Lets the
+    /// estimator skip the claims of most nodes for most templates.
+    pub fn admits_unclaimed(&self) -> bool {
+        self.open
     }
 
     /// [`resource_refusal`] on this node.
@@ -479,6 +518,53 @@ mod tests {
             json!([{"key": "k", "effect": "PreferNoSchedule"}]),
         );
         assert_eq!(refusal(&soft, &gpu_pod(json!({}))), None);
+    }
+
+    #[test]
+    fn an_open_node_admits_every_pod_that_names_no_node_as_the_full_check_does() {
+        let nodes = [
+            gpu_node(json!({"zone": "a"}), json!([])),
+            gpu_node(
+                json!({}),
+                json!([{"key": "k", "effect": "PreferNoSchedule"}]),
+            ),
+            gpu_node(json!({}), json!([{"key": "k", "effect": "NoSchedule"}])),
+            gpu_node(
+                json!({}),
+                json!([{"key": "k", "value": "v", "effect": "NoExecute"}]),
+            ),
+            node(json!({"metadata": {"name": "n"}, "spec": {"unschedulable": true}})),
+        ];
+        let pods = [
+            gpu_pod(json!({})),
+            gpu_pod(json!({"nodeSelector": {}})),
+            gpu_pod(json!({"tolerations": [{"operator": "Exists"}]})),
+            gpu_pod(json!({"tolerations": [{"key": "k", "operator": "Exists"}]})),
+            gpu_pod(json!({"affinity": {"nodeAffinity": {}}})),
+            gpu_pod(json!({"nodeSelector": {"zone": "b"}})),
+            gpu_pod(json!({"affinity": {"nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}
+            }}})),
+        ];
+        let open: Vec<bool> = nodes
+            .iter()
+            .map(|n| NodeClaims::of(n).admits_unclaimed())
+            .collect();
+        assert_eq!(open, [true, true, false, false, false]);
+        let naming: Vec<bool> = pods.iter().map(names_nodes).collect();
+        assert_eq!(naming, [false, false, false, false, false, true, true]);
+        for node in &nodes {
+            let claims = NodeClaims::of(node);
+            for pod in &pods {
+                if claims.admits_unclaimed() && !names_nodes(pod) {
+                    assert_eq!(claims.claim_refusal(pod), None, "{node:?} {pod:?}");
+                }
+            }
+        }
+        // The two pods that name nodes are refused by the open node for their own reasons.
+        let claims = NodeClaims::of(&nodes[0]);
+        assert!(claims.claim_refusal(&pods[5]).is_some());
+        assert!(claims.claim_refusal(&pods[6]).is_some());
     }
 
     #[test]
