@@ -37,6 +37,6 @@ pub use request::{
     ContainerRequest, GpuConstraints, GpuDemand, ModelPattern, PodRequest, RequestError,
     ShareRules, TopologyPreference,
 };
-pub use state::{GpuUsage, NodeState, PerGpu};
+pub use state::{GpuUsage, NodeState, PerGpu, shape_hash};
 pub use table::{Change, Hold, PodEntry, Table, TableError};
 pub use topology::TopologyIndex;

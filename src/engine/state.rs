@@ -165,9 +165,9 @@ impl GpuProfile {
     }
 }
 
-/// Hashes what [`same_shape`] compares, with a fixed seed so that equal shapes hash
-/// alike in every node.
-fn shape_hash(spec: &NodeSpec) -> u64 {
+/// Hashes what [`same_shape`] compares (everything of a spec placement reads, but its name and
+/// GPU UUIDs), with a fixed seed so that equal shapes hash alike in every node.
+pub fn shape_hash(spec: &NodeSpec) -> u64 {
     let mut state = foldhash::fast::FixedState::default().build_hasher();
     spec.cpu.hash(&mut state);
     spec.memory.hash(&mut state);

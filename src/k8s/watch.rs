@@ -32,7 +32,7 @@ use tracing::{debug, info, warn};
 use crate::config::Config;
 use crate::engine::{
     Change, CpuMilli, MemMiB, NodeName, NodeSpec, NodeState, PodAllocation, PodKey, PodRequest,
-    Policy, Table, fit,
+    Policy, Table, fit, shape_hash,
 };
 use crate::objects::record;
 use crate::objects::scheduling::POD_SCHEDULED;
@@ -595,24 +595,15 @@ fn fingerprint(allocation: &PodAllocation) -> u64 {
     hasher.finish()
 }
 
-/// Everything of a spec the engine uses, hashed: an unchanged node costs no write.
+/// Everything of a spec the engine uses, hashed: an unchanged node costs no write. Its shape
+/// ([`shape_hash`]) and what tells one node and its GPUs from another of the same shape.
 fn spec_fingerprint(spec: &NodeSpec) -> u64 {
     let mut hasher = DefaultHasher::new();
     spec.name.hash(&mut hasher);
-    spec.cpu.hash(&mut hasher);
-    spec.memory.hash(&mut hasher);
-    spec.max_pods.hash(&mut hasher);
-    spec.mode.hash(&mut hasher);
-    spec.placement.hash(&mut hasher);
     for gpu in &spec.gpus {
-        gpu.index.hash(&mut hasher);
         gpu.uuid.hash(&mut hasher);
-        gpu.model.hash(&mut hasher);
-        gpu.memory.hash(&mut hasher);
-        gpu.numa.hash(&mut hasher);
-        gpu.healthy.hash(&mut hasher);
     }
-    spec.links.hash(&mut hasher);
+    shape_hash(spec).hash(&mut hasher);
     hasher.finish()
 }
 
