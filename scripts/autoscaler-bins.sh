@@ -41,11 +41,11 @@ VERSION_DIR="$CACHE_ROOT/autoscaler/${STAMP_HASH:0:16}"
 BIN_DIR="$VERSION_DIR/bin"
 BINS=(kwok test-autoscaler)
 
+# shellcheck source=scripts/go-lib.sh
+source "$ROOT/scripts/go-lib.sh"
 up_to_date() {
     [[ "${AUTOSCALER_BINS_REBUILD:-0}" != 1 ]] || return 1
-    [[ -f "$BIN_DIR/.stamp" && "$(cat "$BIN_DIR/.stamp")" == "$STAMP_HASH" ]] || return 1
-    local b
-    for b in "${BINS[@]}"; do [[ -x "$BIN_DIR/$b" ]] || return 1; done
+    stamp_current "$BIN_DIR/.stamp" "$STAMP_HASH" "${BINS[@]/#/$BIN_DIR/}"
 }
 
 if up_to_date; then
@@ -54,8 +54,6 @@ if up_to_date; then
     exit 0
 fi
 
-# shellcheck source=scripts/go-lib.sh
-source "$ROOT/scripts/go-lib.sh"
 find_go autoscaler-bins
 lock_build_dir "$VERSION_DIR"
 if up_to_date; then

@@ -3,6 +3,7 @@
 #   mod_version <go.mod> <module path>   the version a go.mod requires
 #   find_go <tool name>                  sets GO_CMD to a working go, or explains and exits 2
 #   lock_build_dir <dir>                 takes <dir>/.lock on fd 9, waiting for another builder
+#   stamp_current <stamp> <text> <bin>...  the stamp file holds <text> and every <bin> runs
 #   start_go_build <dir>                 sets STAGE to a scratch folder in <dir> (removed on exit)
 #                                        and the Go environment every build here uses
 # The caller sets `log` (progress to stderr) before calling find_go or lock_build_dir.
@@ -33,6 +34,15 @@ $what: error: the Go toolchain is missing ($why).
   Only the Go module proxy (GOPROXY) is needed to fetch the sources; no binaries are downloaded.
 MSG
     exit 2
+}
+
+# Whether a build is still current: its stamp holds exactly what the pins make of it now, and
+# every binary it made is there and executable.
+stamp_current() {
+    local stamp=$1 text=$2 bin
+    shift 2
+    [[ -f "$stamp" && "$(cat "$stamp")" == "$text" ]] || return 1
+    for bin in "$@"; do [[ -x "$bin" ]] || return 1; done
 }
 
 # One builder at a time per cache folder: parallel test runs may all call the build scripts.

@@ -54,7 +54,7 @@ stamp_text() {
 
 up_to_date() {
     [[ "${HELM_BIN_REBUILD:-0}" != 1 ]] || return 1
-    [[ -f "$STAMP" ]] && [[ "$(cat "$STAMP")" == "$(stamp_text)" ]] && [[ -x "$BIN_DIR/helm" ]]
+    stamp_current "$STAMP" "$(stamp_text)" "$BIN_DIR/helm"
 }
 
 cached() {

@@ -52,9 +52,7 @@ ALL_BINS=("${K8S_BINS[@]}" etcd)
 
 up_to_date() {
     [[ "${K8S_BINS_REBUILD:-0}" != 1 ]] || return 1
-    [[ -f "$STAMP" ]] && [[ "$(cat "$STAMP")" == "$(stamp_text)" ]] || return 1
-    local b
-    for b in "${ALL_BINS[@]}"; do [[ -x "$BIN_DIR/$b" ]] || return 1; done
+    stamp_current "$STAMP" "$(stamp_text)" "${ALL_BINS[@]/#/$BIN_DIR/}"
 }
 
 if up_to_date; then

@@ -49,9 +49,9 @@ stamp_text() {
     cat "$MOD_DIR/go.mod" "$MOD_DIR/go.sum" "${BASH_SOURCE[0]}" | sha256sum | cut -d' ' -f1
 }
 up_to_date() {
-    local name
-    for name in "${!COMMANDS[@]}"; do [[ -x "$OUT_DIR/$name" ]] || return 1; done
-    [[ -d "$OUT_DIR/crds" && -f "$STAMP" && "$(cat "$STAMP")" == "$(stamp_text)" ]]
+    local name bins=()
+    for name in "${!COMMANDS[@]}"; do bins+=("$OUT_DIR/$name"); done
+    [[ -d "$OUT_DIR/crds" ]] && stamp_current "$STAMP" "$(stamp_text)" "${bins[@]}"
 }
 cached() {
     log "karmada $VERSION: cached in $OUT_DIR"

@@ -37,7 +37,7 @@ stamp_text() {
     printf 'karmada %s\n' "$VERSION"
     cat "$MOD_DIR/go.mod" "$MOD_DIR/go.sum" "$MOD_DIR/main.go" "${BASH_SOURCE[0]}" | sha256sum | cut -d' ' -f1
 }
-up_to_date() { [[ -x "$BIN" && -f "$STAMP" && "$(cat "$STAMP")" == "$(stamp_text)" ]]; }
+up_to_date() { stamp_current "$STAMP" "$(stamp_text)" "$BIN"; }
 
 if up_to_date; then
     log "karmada $VERSION: cached in $BIN"

@@ -10,16 +10,21 @@
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 status=0
-fuzz_build() { FUZZ_SANITIZER=none FUZZ_BUILD_ONLY=1 "$ROOT/scripts/fuzz.sh"; }
-for script in k8s-bins autoscaler-bins helm karmada-client fuzz_build; do
+# step NAME COMMAND...: runs one build, output to stderr, and says how long it took.
+step() {
+    local name=$1 start
+    shift
     start=$(date +%s)
-    if [[ $script == fuzz_build ]]; then step=(fuzz_build); else step=("$ROOT/scripts/$script.sh"); fi
-    if "${step[@]}" >/dev/null; then
-        printf 'test-tooling: %s ready after %ss\n' "$script" "$(( $(date +%s) - start ))" >&2
+    if "$@" >/dev/null; then
+        printf 'test-tooling: %s ready after %ss\n' "$name" "$(( $(date +%s) - start ))" >&2
     else
         printf 'test-tooling: %s failed (exit %s); make test builds it again in the foreground\n' \
-            "$script" "$?" >&2
+            "$name" "$?" >&2
         status=1
     fi
+}
+for script in k8s-bins autoscaler-bins helm karmada-client; do
+    step "$script" "$ROOT/scripts/$script.sh"
 done
+step fuzz_build env FUZZ_SANITIZER=none FUZZ_BUILD_ONLY=1 "$ROOT/scripts/fuzz.sh"
 exit "$status"

@@ -3,6 +3,7 @@
 //! invariants. Time is passed in (milliseconds on any monotonic clock the caller owns).
 
 use std::collections::{BTreeSet, HashMap};
+use std::hash::Hash;
 use std::sync::{Arc, Weak};
 
 use thiserror::Error;
@@ -196,25 +197,11 @@ impl Table {
         if let Some(peer) = &old.profile.shape_peer
             && Arc::strong_count(peer) == 1
         {
-            let hash = old.shape_hash();
-            if self
-                .shapes
-                .get(&hash)
-                .is_some_and(|known| known.as_ptr() == Arc::as_ptr(peer))
-            {
-                self.shapes.remove(&hash);
-            }
+            forget_interned(&mut self.shapes, &old.shape_hash(), peer);
         }
         drop(old);
         if Arc::strong_count(&index) == 1 {
-            let key = index.links();
-            if self
-                .topologies
-                .get(key)
-                .is_some_and(|known| known.as_ptr() == Arc::as_ptr(&index))
-            {
-                self.topologies.remove(key);
-            }
+            forget_interned(&mut self.topologies, index.links(), &index);
         }
     }
 
@@ -447,6 +434,17 @@ fn node_violations(node: &NodeState, max_shares_per_gpu: u16) -> Vec<String> {
         ));
     }
     violations
+}
+
+/// Removes `map`'s entry for `key` if it is `last`, the final holder of an interned value
+/// ([`Table::intern`], `Table::intern_shape`): an entry another value has taken stays.
+fn forget_interned<K: Hash + Eq, T>(map: &mut HashMap<K, Weak<T>>, key: &K, last: &Arc<T>) {
+    if map
+        .get(key)
+        .is_some_and(|known| known.as_ptr() == Arc::as_ptr(last))
+    {
+        map.remove(key);
+    }
 }
 
 #[cfg(test)]

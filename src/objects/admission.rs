@@ -228,7 +228,7 @@ fn refusal_by_allocatable(
 /// node to apply a template's node claims: a copy of the node with only its name, labels,
 /// cordon and taints, and its allocatable read once as whole numbers (parsing each quantity on
 /// every estimate was a fifth of an estimate's cost over thousands of nodes).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct NodeClaims {
     node: Node,
     /// Neither cordoned nor tainted NoSchedule or NoExecute: only a pod's node selector or

@@ -303,6 +303,11 @@ impl ClusterState {
     /// compare without reading the text.
     pub fn note_node_claims(&self, name: NodeName, node: &Node) {
         let claims = NodeClaims::of(node);
+        // Most node events are status heartbeats that change nothing read here: no write lock
+        // for them, which would hold up estimates reading every node's claims.
+        if self.node_claims.read().get(&name) == Some(&claims) {
+            return;
+        }
         self.node_claims.write().insert(name, claims);
     }
 
