@@ -108,6 +108,7 @@ pub const KEYS: &[&str] = &[
     "server.requestTimeoutMs",
     "bind.reservationTtlSeconds",
     "bind.events",
+    "watch.protobuf",
     "requeue.enabled",
     "requeue.maxPodsPerNode",
     "requeue.minIntervalSeconds",
@@ -167,6 +168,7 @@ pub struct Config {
     pub policy: PolicyConfig,
     pub server: ServerConfig,
     pub bind: BindConfig,
+    pub watch: WatchConfig,
     pub requeue: RequeueConfig,
     pub quota: QuotaConfig,
     pub limits: Limits,
@@ -516,6 +518,22 @@ impl Default for BindConfig {
             reservation_ttl_seconds: 120,
             events: false,
         }
+    }
+}
+
+/// The Node and Pod watches that keep the allocation table (`src/k8s/watch.rs`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct WatchConfig {
+    /// List and watch Pods in kube-apiserver's protobuf encoding, as kube-scheduler does
+    /// (`src/k8s/watch/protobuf.rs`): the API server encodes each Pod event once for both, and
+    /// the extender decodes only the fields it reads. `false`: JSON, through kube-runtime.
+    pub protobuf: bool,
+}
+
+impl Default for WatchConfig {
+    fn default() -> Self {
+        Self { protobuf: true }
     }
 }
 

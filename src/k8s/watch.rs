@@ -22,7 +22,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Container, Node, Pod, PodCondition, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::{
+    Container, Node, Pod, PodCondition, PodSpec, PodStatus, ResourceRequirements,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, watcher as watch_stream};
@@ -662,9 +664,14 @@ pub fn slim_pod(pod: &Pod, cfg: &Config) -> Pod {
                 .collect::<BTreeMap<_, _>>()
         })
     };
+    // Without `claims` (DRA claim names), which no GPU decision reads: the protobuf watch
+    // does not decode them either.
     let slim_container = |c: &Container| Container {
         name: c.name.clone(),
-        resources: c.resources.clone(),
+        resources: c.resources.as_ref().map(|r| ResourceRequirements {
+            claims: None,
+            ..r.clone()
+        }),
         restart_policy: c.restart_policy.clone(),
         ..Container::default()
     };
@@ -722,8 +729,9 @@ pub fn slim_pod(pod: &Pod, cfg: &Config) -> Pod {
 
 /// Runs the Node and Pod watchers into `feed` until both streams end (they do not, normally:
 /// errors are retried with kube-runtime's default backoff), and expires reservations every
-/// second on the `epoch` time base.
+/// second on the `epoch` time base. Pods are watched in protobuf unless `watch.protobuf` is off.
 pub async fn run(client: kube::Client, mut feed: Feed, epoch: Instant) {
+    let protobuf = feed.cfg.watch.protobuf;
     // Boxed: a Pod event is kilobytes, and both kinds share one stream.
     enum Item {
         Node(Box<Result<Event<Node>, watcher::Error>>),
@@ -735,12 +743,20 @@ pub async fn run(client: kube::Client, mut feed: Feed, epoch: Instant) {
         .map(|item| Item::Node(Box::new(item)));
     // Finished pods hold nothing: leaving them out of the list keeps it small, and a pod that
     // finishes leaves the selection, which the watch reports as a delete.
-    let pods = watch_stream(
-        Api::<Pod>::all(client),
-        watcher::Config::default().fields("status.phase!=Succeeded,status.phase!=Failed"),
-    )
-    .default_backoff()
-    .modify(|pod| pod.managed_fields_mut().clear())
+    let selector = "status.phase!=Succeeded,status.phase!=Failed";
+    let pods = if protobuf {
+        protobuf::pod_watch(client, selector)
+            .default_backoff()
+            .boxed()
+    } else {
+        watch_stream(
+            Api::<Pod>::all(client),
+            watcher::Config::default().fields(selector),
+        )
+        .default_backoff()
+        .modify(|pod| pod.managed_fields_mut().clear())
+        .boxed()
+    }
     .map(|item| Item::Pod(Box::new(item)));
     let mut events = std::pin::pin!(futures::stream::select(nodes, pods));
     let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -773,6 +789,9 @@ pub async fn run(client: kube::Client, mut feed: Feed, epoch: Instant) {
         }
     }
 }
+
+mod protobuf;
+pub use protobuf::pod_watch;
 
 #[cfg(test)]
 mod tests;

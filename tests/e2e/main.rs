@@ -31,6 +31,7 @@ mod replay;
 mod restart;
 mod state;
 mod tls;
+mod watch;
 mod web_view;
 
 use std::time::Duration;
