@@ -12,13 +12,14 @@ use futures::StreamExt;
 use gpu_extender::config::Config;
 use gpu_extender::k8s::watch::{pod_watch, slim_pod};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher::Event;
 use serde_json::json;
 
 use crate::objects::{
-    GPU_MEM, GpuNode, Mode, NVIDIA_GPU, PodSpec, create_bound, delete_pod, pods, wait_unschedulable,
+    GPU_MEM, GpuNode, Mode, NVIDIA_GPU, PodSpec, delete_pod, pods, wait_unschedulable,
 };
 use crate::{BIND, up};
 
@@ -103,7 +104,36 @@ fn the_protobuf_pod_watch_reads_what_the_json_watch_reads() {
             .await
             .context("creating pw-bound")?;
         crate::objects::wait_bound(&c.client, "pw-bound", BIND).await?;
-        create_bound(&c.client, &PodSpec::new("pw-whole", NVIDIA_GPU, 2), BIND).await?;
+        // Pod-level resources, and an overhead the RuntimeClass admission plugin sets.
+        let runtime_class: RuntimeClass = serde_json::from_value(json!({
+            "metadata": {"name": "pw-kata"},
+            "handler": "kata",
+            "overhead": {"podFixed": {"cpu": "250m", "memory": "120Mi"}},
+        }))?;
+        kube::Api::<RuntimeClass>::all(c.client.clone())
+            .create(&PostParams::default(), &runtime_class)
+            .await
+            .context("creating the RuntimeClass")?;
+        let mut whole = PodSpec::new("pw-whole", NVIDIA_GPU, 2).to_pod()?;
+        if let Some(spec) = whole.spec.as_mut() {
+            spec.runtime_class_name = Some("pw-kata".into());
+            spec.resources = Some(serde_json::from_value(
+                json!({"requests": {"cpu": "100m", "memory": "64Mi"}}),
+            )?);
+        }
+        pods(&c.client)
+            .create(&PostParams::default(), &whole)
+            .await
+            .context("creating pw-whole")?;
+        let whole = crate::objects::wait_bound(&c.client, "pw-whole", BIND).await?;
+        ensure!(
+            whole
+                .spec
+                .as_ref()
+                .is_some_and(|s| s.overhead.is_some() && s.resources.is_some()),
+            "pw-whole lacks its overhead or pod-level resources: {:?}",
+            whole.spec
+        );
         // Turned away: kube-scheduler's PodScheduled=False condition, with its reason and time.
         crate::objects::create_pod(&c.client, &PodSpec::new("pw-waiting", NVIDIA_GPU, 8)).await?;
         wait_unschedulable(&c.client, "pw-waiting", BIND).await?;
