@@ -453,3 +453,37 @@ async fn a_refused_list_gives_the_api_server_s_status_and_is_retried_from_the_st
     assert!(asked[4].contains("resourceVersion=3"), "{asked:?}");
     assert!(!asked[5].contains("watch=true"), "{asked:?}");
 }
+
+proptest::proptest! {
+    /// Whatever bytes the API server (or something in between) sends, the decoder answers with
+    /// frames, events or errors, never a panic; a valid stream with bytes flipped included.
+    #[test]
+    fn arbitrary_watch_bytes_never_panic(
+        noise in proptest::collection::vec(proptest::num::u8::ANY, 0..512),
+        flips in proptest::collection::vec((0usize..4096, proptest::num::u8::ANY), 0..8),
+        chunk in 1usize..64,
+    ) {
+        let mut stream: Vec<u8> = [
+            frame("ADDED", enveloped("Pod", &pod("a", "1", None))),
+            frame("ERROR", enveloped("Status", &status(410, "Expired"))),
+        ]
+        .concat();
+        for (at, byte) in flips {
+            let len = stream.len();
+            if let Some(b) = stream.get_mut(at % len) {
+                *b ^= byte;
+            }
+        }
+        stream.extend_from_slice(&noise);
+        let mut frames = Frames::default();
+        let mut version = String::new();
+        for piece in stream.chunks(chunk) {
+            frames.push(piece);
+            while let Ok(Some(frame)) = frames.next_frame() {
+                let _ = watch_step(&frame, &mut version);
+            }
+        }
+        let _ = decode_object::<pb::PodList>(&noise);
+        let _ = failure_status(500, &noise);
+    }
+}
