@@ -233,13 +233,12 @@ impl Source {
         let request = Request::new("/api/v1/pods")
             .list(&params)
             .map_err(kube::Error::BuildRequest)?;
-        let response = self.send(request).await?;
-        let body = response
+        let body = self
+            .send(request)
+            .await?
             .into_body()
-            .collect()
-            .await
-            .map_err(|error| kube::Error::Service(Box::new(error)))?
-            .to_bytes();
+            .collect_bytes()
+            .await?;
         decode_object::<pb::PodList>(&body)
             .map_err(|error| kube::Error::ReadEvents(invalid("the pod list", error)))
     }
@@ -278,12 +277,7 @@ impl Source {
             return Ok(response);
         }
         let code = response.status().as_u16();
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(|error| kube::Error::Service(Box::new(error)))?
-            .to_bytes();
+        let body = response.into_body().collect_bytes().await?;
         Err(kube::Error::Api(Box::new(failure_status(code, &body))))
     }
 }
@@ -295,8 +289,8 @@ fn is_gone(error: &kube::Error) -> bool {
 
 /// The Status a failed request answered: protobuf, JSON, or (a proxy's page) its text.
 fn failure_status(code: u16, body: &[u8]) -> Status {
-    if let Ok(status) = decode_object::<pb::Status>(body)
-        && body.starts_with(MAGIC)
+    if body.starts_with(MAGIC)
+        && let Ok(status) = decode_object::<pb::Status>(body)
     {
         return status_of(status, code);
     }
