@@ -105,16 +105,17 @@ impl TypicalPods {
     pub fn set_census(&mut self, census: &ScarcityCensus) -> bool {
         let total = census.total;
         let classes = self.pods.iter().chain(&self.rare);
+        let counts = census.empty.iter().zip(&census.now);
         let scarce: Vec<(TypicalPod, f64)> = classes
-            .enumerate()
-            .filter_map(|(index, pod)| {
-                let empty = excess_scarcity(total, census.empty[index]);
+            .zip(counts)
+            .filter_map(|(pod, (&empty, &now))| {
+                let empty = excess_scarcity(total, empty);
                 // Only the classes scarce by their shape follow the nodes as they fill: those
                 // that name models, measured now, cost the model-constrained workloads half a
                 // point at full load (docs/policies.md, "Scarcity measured now").
                 let excess = match census.how {
                     Scarcity::Now if empty >= MIN_EXCESS_SCARCITY && pod.models.is_empty() => {
-                        grown(empty, excess_scarcity(total, census.now[index]))
+                        grown(empty, excess_scarcity(total, now))
                     }
                     _ => empty,
                 };
