@@ -59,6 +59,24 @@ fn the_built_in_example_runs_under_every_policy() {
 }
 
 #[test]
+fn scarcity_measured_now_is_a_knob_of_fgd_plus() {
+    let now = SimPolicy::parse("fgd-plus:scarcity=now").unwrap();
+    assert_eq!(now.name(), "fgd-plus:scarcity=now");
+    assert_eq!(
+        SimPolicy::parse("fgd-plus:scarcity=empty").unwrap().name(),
+        "fgd-plus",
+        "empty is the default"
+    );
+    assert!(SimPolicy::parse("fgd-plus:scarcity=later").is_none());
+    // The census kept per placement replays like any other run.
+    let prepared = example();
+    let a = run(&prepared, now, 7, 1.3, true, &|_| {});
+    let b = run(&prepared, now, 7, 1.3, true, &|_| {});
+    assert_eq!(a.steps, b.steps);
+    assert!(a.last.used_milli > 0);
+}
+
+#[test]
 fn a_seed_replays_identically() {
     let prepared = example();
     for policy in [

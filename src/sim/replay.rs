@@ -15,6 +15,7 @@ use super::go_rand::GoRand;
 use super::metrics::{Curves, PodKind, Rejections, Step};
 use super::protocol::{self, Arrivals};
 use super::trace::{Cluster, Workload};
+use crate::engine::policy::fgd::{Scarcity, ScarcityCensus};
 use crate::engine::policy::reference::{
     self, GpuClass, GpuClassMix, GpuSelection, PodShape, ReferencePolicy,
 };
@@ -117,6 +118,13 @@ impl SimPolicy {
                     "reserve" => tuning.reserve = number()?,
                     "scarce" => tuning.scarce = number()?,
                     "shape" => tuning.scarce_shape = number()?,
+                    "scarcity" => {
+                        tuning.scarcity = match value {
+                            "empty" => Scarcity::Empty,
+                            "now" => Scarcity::Now,
+                            _ => return None,
+                        }
+                    }
                     "hostby" => {
                         tuning.host_by = match value {
                             "mean" => fgd_plus::HostBy::Mean,
@@ -178,6 +186,13 @@ fn tuning_knobs(tuning: &fgd_plus::Tuning) -> Vec<String> {
             fgd_plus::HostBy::Constrained => "constrained",
         };
         knobs.push(format!("hostby={by}"));
+    }
+    if tuning.scarcity != default.scarcity {
+        let scarcity = match tuning.scarcity {
+            Scarcity::Empty => "empty",
+            Scarcity::Now => "now",
+        };
+        knobs.push(format!("scarcity={scarcity}"));
     }
     if tuning.tie_break != default.tie_break {
         let tie = match tuning.tie_break {
@@ -373,10 +388,13 @@ struct Scorer {
     policy: SimPolicy,
     /// The engine policy for fit (and for scores, for FGD and engine policies).
     engine: Policy,
+    /// For FGD+ with `scarcity=now`: the nodes that can run each class, kept current as nodes
+    /// change, from which `engine`'s scarcity is measured again after every change.
+    census: Option<ScarcityCensus>,
 }
 
 impl Scorer {
-    fn new(policy: SimPolicy, typical: &TypicalPods) -> Self {
+    fn new(policy: SimPolicy, typical: &TypicalPods, nodes: &[NodeState]) -> Self {
         let engine = match policy {
             SimPolicy::Reference(ReferencePolicy::Fgd) => Policy {
                 scoring: ScoringPolicy::Fgd,
@@ -395,7 +413,39 @@ impl Scorer {
             ..engine
         }
         .with_typical(typical.clone());
-        Self { policy, engine }
+        let census = (engine.weighs_scarcity() && engine.fgd_plus.scarcity != Scarcity::Empty)
+            .then(|| ScarcityCensus::of(&engine.typical, engine.fgd_plus.scarcity, nodes));
+        let mut scorer = Self {
+            policy,
+            engine,
+            census,
+        };
+        scorer.remeasure();
+        scorer
+    }
+
+    /// Takes a node that is about to change out of the census.
+    fn node_changing(&mut self, node: &NodeState) {
+        if let Some(census) = &mut self.census {
+            census.remove(&self.engine.typical, node);
+        }
+    }
+
+    /// Counts a node that just changed back into the census and measures scarcity again;
+    /// returns whether that changed the scores of every node.
+    fn node_changed(&mut self, node: &NodeState) -> bool {
+        if let Some(census) = &mut self.census {
+            census.add(&self.engine.typical, node);
+        }
+        self.remeasure()
+    }
+
+    /// Measures the classes' scarcity from the census (if kept); whether it changed.
+    fn remeasure(&mut self) -> bool {
+        match &self.census {
+            Some(census) => self.engine.typical.set_census(census),
+            None => false,
+        }
     }
 
     /// Feasibility and score of a class on a node (`None`: the pod does not fit).
@@ -535,6 +585,13 @@ impl Live {
     }
 }
 
+/// Makes every cached (node, class) answer stale: a change of scarcity moves every score.
+fn invalidate_all(generation: &mut [u32]) {
+    for node in generation {
+        *node += 1;
+    }
+}
+
 /// Replays one seed of `policy` on `prepared`, resizing arrivals to `tune` × capacity.
 /// `progress` is told how many pods were just submitted, every few hundred.
 pub fn run(
@@ -546,7 +603,7 @@ pub fn run(
     progress: &(dyn Fn(u64) + Sync),
 ) -> RunResult {
     let (arrivals, priority, mut go) = prepared.plan(seed, tune);
-    let scorer = Scorer::new(policy, &prepared.typical);
+    let mut scorer = Scorer::new(policy, &prepared.typical, &prepared.nodes);
     let node_count = prepared.nodes.len();
     let class_count = prepared.classes.len();
     let mut nodes = prepared.nodes.clone();
@@ -578,8 +635,12 @@ pub fn run(
                 }
                 leaving.pop();
                 if let Some((n, left_class, allocation)) = running[index].take() {
+                    scorer.node_changing(&nodes[n]);
                     nodes[n].remove(&allocation);
                     generation[n] += 1;
+                    if scorer.node_changed(&nodes[n]) {
+                        invalidate_all(&mut generation);
+                    }
                     if let Some(gpu_class) = prepared.classes[left_class].class {
                         mixes[n].remove(gpu_class);
                     }
@@ -615,8 +676,12 @@ pub fn run(
         });
         match placed {
             Some((n, allocation)) => {
+                scorer.node_changing(&nodes[n]);
                 nodes[n].add(&allocation);
                 generation[n] += 1;
+                if scorer.node_changed(&nodes[n]) {
+                    invalidate_all(&mut generation);
+                }
                 if let Some(gpu_class) = class.class {
                     mixes[n].add(gpu_class);
                 }

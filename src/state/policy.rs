@@ -88,9 +88,10 @@ pub fn relearn(
         configured.clone()
     };
     let current = cell.load();
-    // FGD+ weighs the classes few nodes can run by how scarce their nodes are in this cluster.
+    // FGD+ weighs the classes few nodes can run by how scarce their nodes are in this cluster
+    // (as if empty, or as they are now: `fgd_plus.scarcity`).
     let wanted = if current.weighs_scarcity() {
-        wanted.with_cluster(table.nodes())
+        wanted.with_scarcity(table.nodes(), current.fgd_plus.scarcity)
     } else {
         wanted
     };

@@ -84,37 +84,55 @@ impl TypicalPods {
     /// every node has none; one that only a twentieth of the GPUs can take has 19. Classes that
     /// fit no node have none either (no placement can keep room for them). The rare classes
     /// count too; only classes with at least [`MIN_EXCESS_SCARCITY`] are kept.
-    pub fn with_cluster<'a>(mut self, nodes: impl IntoIterator<Item = &'a NodeState>) -> Self {
-        let classes: Vec<&TypicalPod> = self.pods.iter().chain(&self.rare).collect();
-        let mut total = 0.0;
-        let mut feasible = vec![0.0; classes.len()];
-        for node in nodes {
-            let gpus = node.gpus.len() as f64;
-            total += gpus;
-            for (pod, capacity) in classes.iter().zip(feasible.iter_mut()) {
-                if pod.gpus > 0
-                    && node.spec.cpu >= pod.cpu
-                    && node.spec.memory >= pod.memory
-                    && accessible_count(pod, node) >= usize::from(pod.gpus)
-                {
-                    *capacity += gpus;
-                }
-            }
-        }
-        let scarce = classes
-            .into_iter()
-            .zip(feasible)
-            .filter_map(|(pod, capacity)| {
-                let excess = if capacity > 0.0 {
-                    (total / capacity - 1.0).max(0.0)
-                } else {
-                    0.0
+    pub fn with_cluster<'a>(self, nodes: impl IntoIterator<Item = &'a NodeState>) -> Self {
+        self.with_scarcity(nodes, Scarcity::Empty)
+    }
+
+    /// [`TypicalPods::with_cluster`] with the nodes that can run a class judged as `how` says:
+    /// as if empty, or as they are now.
+    pub fn with_scarcity<'a>(
+        mut self,
+        nodes: impl IntoIterator<Item = &'a NodeState>,
+        how: Scarcity,
+    ) -> Self {
+        let census = ScarcityCensus::of(&self, how, nodes);
+        self.set_census(&census);
+        self
+    }
+
+    /// Measures each class's scarcity from `census` (taken of this distribution's classes);
+    /// returns whether the scarce classes or their weights changed.
+    pub fn set_census(&mut self, census: &ScarcityCensus) -> bool {
+        let total = census.total;
+        let classes = self.pods.iter().chain(&self.rare);
+        let counts = census.empty.iter().zip(&census.now);
+        let scarce: Vec<(TypicalPod, f64)> = classes
+            .zip(counts)
+            .filter_map(|(pod, (&empty, &now))| {
+                let empty = excess_scarcity(total, empty);
+                // Only the classes scarce by their shape follow the nodes as they fill: those
+                // that name models, measured now, cost the model-constrained workloads half a
+                // point at full load (docs/policies.md, "Scarcity measured now").
+                let excess = match census.how {
+                    Scarcity::Now if empty >= MIN_EXCESS_SCARCITY && pod.models.is_empty() => {
+                        grown(empty, excess_scarcity(total, now))
+                    }
+                    _ => empty,
                 };
                 (excess >= MIN_EXCESS_SCARCITY).then(|| (pod.clone(), pod.weight * excess))
             })
             .collect();
+        if scarce == self.scarce {
+            return false;
+        }
         self.scarce = scarce;
-        self
+        true
+    }
+
+    /// Each scarce class with its weight times its excess scarcity
+    /// ([`TypicalPods::with_cluster`]).
+    pub fn scarce(&self) -> &[(TypicalPod, f64)] {
+        &self.scarce
     }
 
     /// The expected fragmentation with each class weighted by its excess scarcity (not
@@ -230,15 +248,7 @@ impl TypicalPods {
         self.pods
             .iter()
             .chain(self.scarce.iter().map(|(pod, _)| pod))
-            .map(|pod| {
-                if pod.models.is_empty() {
-                    return all;
-                }
-                models
-                    .iter()
-                    .filter(|(model, _)| pod.models.iter().any(|p| p.matches_normalized(model)))
-                    .fold(0u64, |mask, (_, positions)| mask | positions)
-            })
+            .map(|pod| access_mask(pod, node, all))
             .collect()
     }
 
@@ -512,6 +522,157 @@ fn lost(pod: &TypicalPod, cpu_free: CpuMilli, free_milli: &[u32], mask: u64, tot
     }
 }
 
+/// The GPU positions of `node` whose model `pod` accepts; `all` is every position's bit.
+fn access_mask(pod: &TypicalPod, node: &NodeState, all: u64) -> u64 {
+    if pod.models.is_empty() {
+        return all;
+    }
+    node.profile
+        .models
+        .iter()
+        .filter(|(model, _)| pod.models.iter().any(|p| p.matches_normalized(model)))
+        .fold(0u64, |mask, (_, positions)| mask | positions)
+}
+
+/// Where [`TypicalPods::with_scarcity`] judges whether a node can run a class.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Scarcity {
+    /// On the node as if it were empty: its GPUs, CPU and memory. Measured once, it does not
+    /// see the nodes able to run the big classes become fewer as the cluster fills.
+    #[default]
+    Empty,
+    /// For the classes that accept any model and are scarce on the empty cluster (by GPU
+    /// count, CPU or memory): on the node as it is, its free CPU and memory and enough GPUs of
+    /// an accepted model with room for the class, so that such a class grows scarcer as the
+    /// nodes that could take it fill (in steps, [`SCARCITY_STEPS_PER_DOUBLING`]) and less
+    /// scarce as they empty. The other classes keep the empty measure.
+    Now,
+}
+
+/// The cluster's GPUs over the GPUs of the nodes that can run a class, less one (0 when no
+/// node can: no placement can keep room for it).
+fn excess_scarcity(total: u64, capacity: u64) -> f64 {
+    if capacity > 0 {
+        (total as f64 / capacity as f64 - 1.0).max(0.0)
+    } else {
+        0.0
+    }
+}
+
+/// Steps per doubling of (1 + excess scarcity) by which the current measure moves away from the
+/// empty one: a replay measures scarcity again after every placement, but only a step moves the
+/// scores of every node (and so makes every cached score stale).
+const SCARCITY_STEPS_PER_DOUBLING: f64 = 4.0;
+
+/// The current excess scarcity `now`, rounded down to a step from the empty measure `empty`
+/// ([`SCARCITY_STEPS_PER_DOUBLING`]); 0 when `now` is (no node can run the class now).
+fn grown(empty: f64, now: f64) -> f64 {
+    if now <= 0.0 {
+        return 0.0;
+    }
+    let ratio = ((1.0 + now) / (1.0 + empty)).max(1.0);
+    let steps = (ratio.log2() * SCARCITY_STEPS_PER_DOUBLING).floor();
+    (1.0 + empty) * (steps / SCARCITY_STEPS_PER_DOUBLING).exp2() - 1.0
+}
+
+/// Per class of a [`TypicalPods`] (typical, then rare), the GPUs of the nodes that can run it
+/// empty and (unless only that is asked) as they are now, and the GPUs of all nodes: what
+/// [`TypicalPods::set_census`] turns into scarcity. Counted in whole GPUs, so that a replay
+/// keeps it current by taking a node out before it changes and putting it back after
+/// ([`ScarcityCensus::remove`], [`ScarcityCensus::add`]) instead of counting the cluster again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScarcityCensus {
+    how: Scarcity,
+    total: u64,
+    empty: Vec<u64>,
+    now: Vec<u64>,
+}
+
+impl ScarcityCensus {
+    /// The census of `nodes` for `typical`'s classes.
+    pub fn of<'a>(
+        typical: &TypicalPods,
+        how: Scarcity,
+        nodes: impl IntoIterator<Item = &'a NodeState>,
+    ) -> Self {
+        let classes = typical.pods.len() + typical.rare.len();
+        let mut census = Self {
+            how,
+            total: 0,
+            empty: vec![0; classes],
+            now: vec![0; classes],
+        };
+        for node in nodes {
+            census.add(typical, node);
+        }
+        census
+    }
+
+    /// Counts `node` in (as it is now too, for [`Scarcity::Now`]).
+    pub fn add(&mut self, typical: &TypicalPods, node: &NodeState) {
+        self.count(typical, node, true);
+    }
+
+    /// Counts `node` out: call it with the node as it was when added.
+    pub fn remove(&mut self, typical: &TypicalPods, node: &NodeState) {
+        self.count(typical, node, false);
+    }
+
+    fn count(&mut self, typical: &TypicalPods, node: &NodeState, add: bool) {
+        let gpus = node.gpus.len() as u64;
+        let apply = |value: &mut u64| {
+            *value = if add {
+                value.saturating_add(gpus)
+            } else {
+                value.saturating_sub(gpus)
+            };
+        };
+        apply(&mut self.total);
+        let all = node
+            .profile
+            .models
+            .iter()
+            .fold(0u64, |mask, (_, positions)| mask | positions);
+        let classes = typical.pods.iter().chain(&typical.rare);
+        let counts = self.empty.iter_mut().zip(self.now.iter_mut());
+        for (pod, (empty, now)) in classes.zip(counts) {
+            if runs_empty(pod, node) {
+                apply(empty);
+                if self.how != Scarcity::Empty && runs_now(pod, node, all) {
+                    apply(now);
+                }
+            }
+        }
+    }
+}
+
+/// Whether an empty `node` can run `pod`; never a CPU-only pod (its scarcity is not GPU
+/// scarcity).
+fn runs_empty(pod: &TypicalPod, node: &NodeState) -> bool {
+    pod.gpus > 0
+        && node.spec.cpu >= pod.cpu
+        && node.spec.memory >= pod.memory
+        && accessible_count(pod, node) >= usize::from(pod.gpus)
+}
+
+/// Whether `node` as it is can run `pod`: free CPU and memory, and enough GPUs of an accepted
+/// model with room for it. `all` is every position's bit.
+fn runs_now(pod: &TypicalPod, node: &NodeState, all: u64) -> bool {
+    if pod.gpus == 0 || node.cpu_free() < pod.cpu || node.mem_free() < pod.memory {
+        return false;
+    }
+    let mask = access_mask(pod, node, all);
+    let roomy = node
+        .gpus
+        .iter()
+        .enumerate()
+        .filter(|&(position, usage)| {
+            mask & bit(position) != 0 && node.free_milli_under(position, usage) >= pod.milli
+        })
+        .count();
+    roomy >= usize::from(pod.gpus)
+}
+
 /// How many GPUs of `node` accept `pod`'s models.
 fn accessible_count(pod: &TypicalPod, node: &NodeState) -> usize {
     if pod.models.is_empty() {
@@ -655,7 +816,155 @@ pub fn reference_score(reduction: f64) -> f64 {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+    use crate::engine::model::{ComputeMilli, GpuMode, NodeSpec};
+    use crate::engine::request::{GpuDemand, PodRequest};
+    use crate::engine::{Policy, ScoringPolicy, fit};
+
+    /// A mixed cluster: CPU-rich 8-GPU V100 nodes, CPU-poor 8-GPU T4 nodes, 4-GPU T4 nodes.
+    fn mixed_cluster() -> Vec<NodeState> {
+        let node = |name: &str, gpus: u16, model: &str, cpu: u64| {
+            NodeState::new(
+                NodeSpec::uniform(name, GpuMode::CoreMem, gpus, model, MemMiB(0)).with_host(
+                    CpuMilli(cpu),
+                    MemMiB(1 << 20),
+                    1001,
+                ),
+            )
+        };
+        let mut nodes = vec![
+            node("v0", 8, "V100", 128_000),
+            node("v1", 8, "V100", 128_000),
+        ];
+        nodes.extend((0..4).map(|i| node(&format!("t{i}"), 8, "T4", 64_000)));
+        nodes.extend((0..4).map(|i| node(&format!("s{i}"), 4, "T4", 32_000)));
+        nodes
+    }
+
+    /// Classes of every kind: common small ones, a CPU-heavy 8-GPU class only the V100 hosts
+    /// take, a 4-GPU class, a V100-only class, a CPU-only class.
+    fn mixed_classes() -> TypicalPods {
+        let mut v100_only = class(4_000, 1, 1000, 1.0);
+        v100_only.models = vec![ModelPattern::parse("V100").unwrap()];
+        TypicalPods::new(vec![
+            class(4_000, 1, 1000, 5.0),
+            class(2_000, 1, 500, 3.0),
+            class(100_000, 8, 1000, 1.0),
+            class(16_000, 4, 1000, 1.0),
+            v100_only,
+            class(8_000, 0, 0, 2.0),
+        ])
+    }
+
+    /// A class's weight times excess scarcity (0 when it is not scarce).
+    fn scarcity_of(typical: &TypicalPods, pod: &TypicalPod) -> f64 {
+        typical
+            .scarce()
+            .iter()
+            .find(|(scarce, _)| scarce == pod)
+            .map_or(0.0, |(_, weight)| *weight)
+    }
+
+    #[test]
+    fn scarcity_now_on_an_empty_cluster_is_the_empty_measure() {
+        let nodes = mixed_cluster();
+        let empty = mixed_classes().with_cluster(&nodes);
+        let now = mixed_classes().with_scarcity(&nodes, Scarcity::Now);
+        assert!(!empty.scarce().is_empty(), "the cluster has scarce classes");
+        assert_eq!(now, empty);
+        assert_eq!(
+            ScarcityCensus::of(&empty, Scarcity::Now, &nodes),
+            ScarcityCensus {
+                how: Scarcity::Now,
+                now: ScarcityCensus::of(&empty, Scarcity::Now, &nodes).empty,
+                ..ScarcityCensus::of(&empty, Scarcity::Empty, &nodes)
+            }
+        );
+    }
+
+    #[test]
+    fn scarcity_now_sees_a_class_s_nodes_fill() {
+        // Only the two V100 nodes can run the CPU-heavy 8-GPU class: 16 of 64 GPUs, excess 3.
+        // One GPU taken on one of them leaves 8 of 64, excess 7.
+        let mut nodes = mixed_cluster();
+        let typical = mixed_classes();
+        let big = typical.pods()[2].clone();
+        let before = typical.clone().with_scarcity(&nodes, Scarcity::Now);
+        assert!((scarcity_of(&before, &big) - big.weight * 3.0).abs() < 1e-9);
+        let policy = Policy::scoring(ScoringPolicy::Binpack);
+        let one = PodRequest::single(CpuMilli(1000), MemMiB(0), GpuDemand::Whole { count: 1 });
+        let allocation = fit(&nodes[0], &one, &policy).unwrap();
+        nodes[0].add(&allocation);
+        let after = typical.clone().with_scarcity(&nodes, Scarcity::Now);
+        assert!((scarcity_of(&after, &big) - big.weight * 7.0).abs() < 1e-9);
+        assert_eq!(
+            typical.clone().with_cluster(&nodes),
+            before,
+            "the empty measure does not move"
+        );
+    }
+
+    proptest! {
+        /// Kept per node change, the census equals a fresh count of the cluster; a placement
+        /// never makes a class that some node can still run less scarce.
+        #[test]
+        fn scarcity_now_follows_placements_and_departures(
+            steps in prop::collection::vec((0usize..10, 0usize..4, any::<bool>()), 1..60),
+        ) {
+            let mut nodes = mixed_cluster();
+            let mut typical = mixed_classes();
+            let mut census = ScarcityCensus::of(&typical, Scarcity::Now, &nodes);
+            typical.set_census(&census);
+            let policy = Policy::scoring(ScoringPolicy::FgdPlus).with_typical(typical.clone());
+            let pods = [
+                PodRequest::single(CpuMilli(4_000), MemMiB(0), GpuDemand::Whole { count: 1 }),
+                PodRequest::single(CpuMilli(30_000), MemMiB(0), GpuDemand::Whole { count: 2 }),
+                PodRequest::single(
+                    CpuMilli(2_000),
+                    MemMiB(0),
+                    GpuDemand::Share {
+                        gpus: 1,
+                        mem_per_gpu: MemMiB(0),
+                        compute_per_gpu: ComputeMilli(400),
+                    },
+                ),
+                PodRequest::single(CpuMilli(20_000), MemMiB(0), GpuDemand::None),
+            ];
+            let mut running = Vec::new();
+            for (n, kind, leave) in steps {
+                let before = typical.clone();
+                let placing = !leave || running.is_empty();
+                if placing {
+                    let Ok(allocation) = fit(&nodes[n], &pods[kind], &policy) else {
+                        continue;
+                    };
+                    census.remove(&typical, &nodes[n]);
+                    nodes[n].add(&allocation);
+                    census.add(&typical, &nodes[n]);
+                    running.push((n, allocation));
+                } else {
+                    let (n, allocation) = running.swap_remove(kind % running.len());
+                    census.remove(&typical, &nodes[n]);
+                    nodes[n].remove(&allocation);
+                    census.add(&typical, &nodes[n]);
+                }
+                typical.set_census(&census);
+                prop_assert_eq!(&census, &ScarcityCensus::of(&typical, Scarcity::Now, &nodes));
+                if placing {
+                    for (pod, &capacity) in typical.pods().iter().zip(&census.now) {
+                        if capacity > 0 {
+                            prop_assert!(
+                                scarcity_of(&typical, pod) >= scarcity_of(&before, pod),
+                                "{:?} grew less scarce", pod
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     fn class(cpu: u64, gpus: u16, milli: u32, weight: f64) -> TypicalPod {
         TypicalPod {

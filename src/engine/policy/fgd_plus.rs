@@ -17,7 +17,7 @@ use crate::engine::state::{GpuUsage, NodeState};
 use crate::engine::topology::{bit, positions};
 
 use super::binpack;
-use super::fgd::{self, TypicalPod, TypicalPods};
+use super::fgd::{self, Scarcity, TypicalPod, TypicalPods};
 use super::pick::{Picked, ShareAsk, free_milli};
 
 /// The knobs of the policy; [`Tuning::default`] is the measured best on the openb traces.
@@ -49,6 +49,9 @@ pub struct Tuning {
     /// Weight (hundredths) of the fragmentation of the scarce classes that accept any model,
     /// scarce by their shape (GPU count, CPU, memory); 0 turns it off.
     pub scarce_shape: u32,
+    /// Whether a class's scarcity is measured on the nodes as if empty or as they are now
+    /// ([`Scarcity`]); only read where scarcity is weighed.
+    pub scarcity: Scarcity,
 }
 
 impl Tuning {
@@ -71,6 +74,7 @@ impl Default for Tuning {
             host_by: HostBy::Mean,
             scarce: 500,
             scarce_shape: 2000,
+            scarcity: Scarcity::Empty,
         }
     }
 }
