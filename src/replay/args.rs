@@ -102,7 +102,8 @@ pub struct ThroughputArgs {
     #[arg(long = "throughput-pods", default_value_t = 2000)]
     pub pod_count: usize,
 
-    /// Measurements of each setup, alternating (with, without, with, ...).
+    /// Measurements of each setup, alternating (with, without, with, ...), after one warm-up
+    /// round of both that is not reported.
     #[arg(long = "throughput-rounds", default_value_t = 1)]
     pub rounds: usize,
 
