@@ -273,13 +273,36 @@ impl Source {
         );
         let request = http::Request::from_parts(parts, kube::client::Body::from(body));
         let response = self.client.send(request).await?;
-        if response.status().is_success() {
-            return Ok(response);
-        }
         let code = response.status().as_u16();
+        if response.status().is_success() {
+            // A proxy in front of the API server may answer JSON whatever was asked: say so,
+            // rather than fail to decode it as protobuf.
+            return match response.headers().get(http::header::CONTENT_TYPE) {
+                Some(kind) if !kind.as_bytes().starts_with(PROTOBUF.as_bytes()) => {
+                    let kind = String::from_utf8_lossy(kind.as_bytes()).into_owned();
+                    Err(not_protobuf(code, &format!("answered {kind}")))
+                }
+                _ => Ok(response),
+            };
+        }
         let body = response.into_body().collect_bytes().await?;
+        if code == 406 {
+            return Err(not_protobuf(code, "refused it (406 Not Acceptable)"));
+        }
         Err(kube::Error::Api(Box::new(failure_status(code, &body))))
     }
+}
+
+/// The error for an API server (or proxy) that does not serve Pods in protobuf: `answered`
+/// says what it did instead.
+fn not_protobuf(code: u16, answered: &str) -> kube::Error {
+    let message = format!(
+        "asked for Pods in protobuf, the API server {answered}; \
+         set watch.protobuf: false to watch them in JSON"
+    );
+    kube::Error::Api(Box::new(
+        Status::failure(&message, "NotProtobuf").with_code(code),
+    ))
 }
 
 /// Whether `error` says the resourceVersion asked for is gone (410): only a relist helps.

@@ -283,6 +283,14 @@ type Answer = (u16, Vec<Vec<u8>>);
 /// A kube client whose API server answers `script` in order (by request), recording the URIs
 /// and Accept headers it was asked with.
 fn scripted(script: Vec<Answer>) -> (kube::Client, Arc<Mutex<Vec<String>>>) {
+    scripted_with_type(script, None)
+}
+
+/// [`scripted`] with every answer's Content-Type set to `content_type`.
+fn scripted_with_type(
+    script: Vec<Answer>,
+    content_type: Option<&'static str>,
+) -> (kube::Client, Arc<Mutex<Vec<String>>>) {
     let asked = Arc::new(Mutex::new(Vec::new()));
     let script = Arc::new(Mutex::new(VecDeque::from(script)));
     let log = Arc::clone(&asked);
@@ -306,6 +314,12 @@ fn scripted(script: Vec<Answer>) -> (kube::Client, Arc<Mutex<Vec<String>>>) {
             );
             let mut response = http::Response::new(StreamBody::new(frames));
             *response.status_mut() = http::StatusCode::from_u16(code).unwrap_or_default();
+            if let Some(kind) = content_type {
+                response.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static(kind),
+                );
+            }
             Ok::<_, Infallible>(response)
         }
     });
@@ -406,6 +420,33 @@ async fn lists_watches_resumes_and_relists_as_kube_runtime_does() {
     assert!(
         asked[0].contains("fieldSelector=status.phase%21%3DFailed"),
         "{asked:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_api_server_that_does_not_serve_protobuf_is_named_with_the_way_out() {
+    let script = vec![
+        (406, vec![b"only JSON here".to_vec()]),
+        (200, vec![b"{\"kind\":\"PodList\"}".to_vec()]),
+    ];
+    let (client, _) = scripted_with_type(script, Some("application/json"));
+    let errors: Vec<String> = pod_watch(client, "")
+        .take(2)
+        .map(|item| match item {
+            Err(Error::InitialListFailed(kube::Error::Api(status))) => {
+                format!("{} {} {}", status.code, status.reason, status.message)
+            }
+            other => format!("unexpected {other:?}"),
+        })
+        .collect()
+        .await;
+    for (error, code) in errors.iter().zip(["406", "200"]) {
+        assert!(error.starts_with(&format!("{code} NotProtobuf")), "{error}");
+        assert!(error.contains("set watch.protobuf: false"), "{error}");
+    }
+    assert!(
+        errors[1].contains("answered application/json"),
+        "{errors:?}"
     );
 }
 
