@@ -321,8 +321,8 @@ pub fn report(measurements: &[Measurement], nodes: usize) -> String {
             with / without
         );
     }
-    // On shared cores pods/s follows the CPU all processes spend per pod; that sum varies less
-    // from round to round than pods/s on a busy machine, so it is reported beside it.
+    // On shared cores pods/s follows the CPU all processes spend per pod: the sum and its ratio
+    // say how much of a change in pods/s is CPU, beside the per-process columns.
     if let (Some(with), Some(without)) = (
         mean(true, Measurement::cpu_ms_per_pod),
         mean(false, Measurement::cpu_ms_per_pod),
