@@ -241,10 +241,7 @@ impl TypicalPods {
     pub fn access_masks(&self, node: &NodeState) -> Vec<u64> {
         // Patterns are matched once per distinct model of the node (nodes rarely mix models),
         // and classes that name no model accept every GPU without matching anything.
-        let models = &node.profile.models;
-        let all = models
-            .iter()
-            .fold(0u64, |mask, (_, positions)| mask | positions);
+        let all = every_position(node);
         self.pods
             .iter()
             .chain(self.scarce.iter().map(|(pod, _)| pod))
@@ -522,6 +519,14 @@ fn lost(pod: &TypicalPod, cpu_free: CpuMilli, free_milli: &[u32], mask: u64, tot
     }
 }
 
+/// Every GPU position of `node`, one bit each (as [`access_mask`] takes it).
+fn every_position(node: &NodeState) -> u64 {
+    node.profile
+        .models
+        .iter()
+        .fold(0u64, |mask, (_, positions)| mask | positions)
+}
+
 /// The GPU positions of `node` whose model `pod` accepts; `all` is every position's bit.
 fn access_mask(pod: &TypicalPod, node: &NodeState, all: u64) -> u64 {
     if pod.models.is_empty() {
@@ -628,17 +633,16 @@ impl ScarcityCensus {
             };
         };
         apply(&mut self.total);
-        let all = node
-            .profile
-            .models
-            .iter()
-            .fold(0u64, |mask, (_, positions)| mask | positions);
+        // Only the current measure looks at which GPUs have room.
+        let all = (self.how != Scarcity::Empty).then(|| every_position(node));
         let classes = typical.pods.iter().chain(&typical.rare);
         let counts = self.empty.iter_mut().zip(self.now.iter_mut());
         for (pod, (empty, now)) in classes.zip(counts) {
             if runs_empty(pod, node) {
                 apply(empty);
-                if self.how != Scarcity::Empty && runs_now(pod, node, all) {
+                if let Some(all) = all
+                    && runs_now(pod, node, all)
+                {
                     apply(now);
                 }
             }

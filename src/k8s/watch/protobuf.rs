@@ -101,8 +101,8 @@ impl PodWatch {
                     let page = match self.source.list_page(next_page).await {
                         Ok(page) => page,
                         Err(error) => {
-                            // A failed page restarts the list: a continue token can expire.
-                            self.phase = Phase::List { next_page: None };
+                            // A failed page restarts the list (the token was taken: the phase
+                            // is the first page again), as a continue token can expire.
                             return Err(Error::InitialListFailed(error));
                         }
                     };
@@ -126,8 +126,8 @@ impl PodWatch {
                             Phase::Resume { version }
                         }
                         (None, None) => {
+                            // Listed again from the first page.
                             self.queue.clear();
-                            self.phase = Phase::List { next_page: None };
                             return Err(Error::NoResourceVersion);
                         }
                     };
@@ -167,22 +167,19 @@ impl PodWatch {
                                     continue;
                                 }
                                 Ok(Some(Err(error))) => {
-                                    let version = std::mem::take(version);
-                                    self.phase = Phase::Resume { version };
+                                    self.resume();
                                     return Err(Error::WatchFailed(kube::Error::ReadEvents(error)));
                                 }
                                 // The API server ended the watch (its timeout), or it went
                                 // silent: resume from the last version seen.
                                 Ok(None) | Err(_) => {
-                                    let version = std::mem::take(version);
-                                    self.phase = Phase::Resume { version };
+                                    self.resume();
                                     continue;
                                 }
                             }
                         }
                         Err(error) => {
-                            let version = std::mem::take(version);
-                            self.phase = Phase::Resume { version };
+                            self.resume();
                             return Err(Error::WatchFailed(kube::Error::ReadEvents(error)));
                         }
                     };
@@ -203,13 +200,21 @@ impl PodWatch {
                         Err(WatchFrameError::Decode(error)) => {
                             // Resume from the last good event: the next watch starts on a
                             // frame boundary.
-                            let version = std::mem::take(version);
-                            self.phase = Phase::Resume { version };
+                            self.resume();
                             return Err(Error::WatchFailed(kube::Error::ReadEvents(error)));
                         }
                     }
                 }
             }
+        }
+    }
+
+    /// Ends a watch: the next step starts another from the last version it saw.
+    fn resume(&mut self) {
+        if let Phase::Watch { version, .. } =
+            std::mem::replace(&mut self.phase, Phase::List { next_page: None })
+        {
+            self.phase = Phase::Resume { version };
         }
     }
 }
