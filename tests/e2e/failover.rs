@@ -29,6 +29,7 @@ use anyhow::{Context, Result, anyhow, bail, ensure};
 
 use crate::harness::{
     Cluster, ExtenderLaunch, PROFILE_CONFIG, free_port, http_get, launch_extender, metric_sum,
+    table_holdings,
 };
 use crate::objects::{
     GPU_MEM, GpuNode, Mode, NVIDIA_GPU, PodSpec, bound_count, create_nodes, create_pod, list_pods,
@@ -302,25 +303,6 @@ fn record_holdings(usage: &Usage) -> BTreeSet<(String, u16, String)> {
                 .map(|pod| (node.clone(), *index, pod.clone()))
         })
         .collect()
-}
-
-/// Every (node, GPU, pod) holding in an `/inspect` report.
-fn table_holdings(report: &serde_json::Value) -> BTreeSet<(String, u16, String)> {
-    let mut out = BTreeSet::new();
-    for node in report["nodes"].as_array().into_iter().flatten() {
-        let name = node["name"].as_str().unwrap_or_default();
-        for gpu in node["gpus"].as_array().into_iter().flatten() {
-            let index =
-                u16::try_from(gpu["index"].as_u64().unwrap_or(u64::MAX)).unwrap_or(u16::MAX);
-            for pod in gpu["pods"].as_array().into_iter().flatten() {
-                if let Some(pod) = pod.as_str() {
-                    let pod = pod.rsplit('/').next().unwrap_or(pod);
-                    out.insert((name.to_owned(), index, pod.to_owned()));
-                }
-            }
-        }
-    }
-    out
 }
 
 /// The takeover check: every allocation the records show now must already be in `serving`'s

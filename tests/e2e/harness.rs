@@ -1008,6 +1008,27 @@ pub fn tail_file(path: &Path, lines: usize) -> String {
     }
 }
 
+/// Every (node, GPU, pod) holding in an `/inspect` report.
+pub fn table_holdings(
+    report: &serde_json::Value,
+) -> std::collections::BTreeSet<(String, u16, String)> {
+    let mut out = std::collections::BTreeSet::new();
+    for node in report["nodes"].as_array().into_iter().flatten() {
+        let name = node["name"].as_str().unwrap_or_default();
+        for gpu in node["gpus"].as_array().into_iter().flatten() {
+            let index =
+                u16::try_from(gpu["index"].as_u64().unwrap_or(u64::MAX)).unwrap_or(u16::MAX);
+            for pod in gpu["pods"].as_array().into_iter().flatten() {
+                if let Some(pod) = pod.as_str() {
+                    let pod = pod.rsplit('/').next().unwrap_or(pod);
+                    out.insert((name.to_owned(), index, pod.to_owned()));
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Sum of the samples of a metric whose labels include all of `labels`, from Prometheus text.
 pub fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     text.lines()

@@ -18,6 +18,7 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher::Event;
 use serde_json::json;
 
+use crate::harness::table_holdings;
 use crate::objects::{
     GPU_MEM, GpuNode, Mode, NVIDIA_GPU, PodSpec, delete_pod, pods, wait_unschedulable,
 };
@@ -180,6 +181,17 @@ fn the_protobuf_pod_watch_reads_what_the_json_watch_reads() {
         delete_pod(&c.client, "pw-waiting").await?;
         // kube-scheduler may still update it before the delete lands.
         while let Event::Apply(_) = next_event_of(&mut stream, "pw-waiting").await? {}
+
+        // The extender on the JSON watch (`watch.protobuf: false`) builds the same table.
+        let on_protobuf = table_holdings(&c.inspect().await?);
+        ensure!(on_protobuf.len() >= 3, "the table holds {on_protobuf:?}");
+        c.stop_extender();
+        c.start_extender("watch:\n  protobuf: false\n").await?;
+        let on_json = table_holdings(&c.inspect().await?);
+        ensure!(
+            on_json == on_protobuf,
+            "on the JSON watch the table holds {on_json:?}, on protobuf {on_protobuf:?}"
+        );
         Ok(())
     });
 }
