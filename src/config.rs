@@ -32,6 +32,8 @@ use serde::{Deserialize, Serialize};
 use serde_yaml_ng::{Mapping, Value};
 use thiserror::Error;
 
+use crate::engine::policy::fgd::Scarcity;
+use crate::engine::policy::fgd_plus;
 use crate::engine::{ModelPattern, Policy, ScoringPolicy, ShareRules, TypicalPod, TypicalPods};
 
 /// The prefix of every environment variable this module reads.
@@ -94,6 +96,7 @@ pub const KEYS: &[&str] = &[
     "policy.typicalPods.learn",
     "policy.typicalPods.learnIntervalSeconds",
     "policy.typicalPods.pods",
+    "policy.typicalPods.scarcity",
     "policy.filterBestOnly",
     "server.listen",
     "server.urlPrefix",
@@ -355,6 +358,8 @@ pub struct TypicalPodsConfig {
     /// How often the distribution is relearned.
     pub learn_interval_seconds: u64,
     pub pods: Vec<TypicalPodConfig>,
+    /// How `fgd-plus` judges which nodes can run a class it weighs as scarce.
+    pub scarcity: ScarcityConfig,
 }
 
 impl Default for TypicalPodsConfig {
@@ -363,6 +368,28 @@ impl Default for TypicalPodsConfig {
             learn: false,
             learn_interval_seconds: 30,
             pods: Vec::new(),
+            scarcity: ScarcityConfig::default(),
+        }
+    }
+}
+
+/// `policy.typicalPods.scarcity`: the engine's [`Scarcity`], by name.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScarcityConfig {
+    /// The classes scarce by their shape are measured on the nodes as they are, again every
+    /// second (docs/policies.md, "Scarcity measured now").
+    #[default]
+    Now,
+    /// Every class is measured on the nodes as if empty.
+    Empty,
+}
+
+impl From<ScarcityConfig> for Scarcity {
+    fn from(value: ScarcityConfig) -> Self {
+        match value {
+            ScarcityConfig::Now => Self::Now,
+            ScarcityConfig::Empty => Self::Empty,
         }
     }
 }
@@ -1016,6 +1043,10 @@ impl Config {
             max_shares_per_gpu: self.policy.max_pods_per_shared_gpu,
             typical: TypicalPods::with_rare(classes(typical), classes(rare)),
             filter_best_only: self.policy.filter_best_only,
+            fgd_plus: fgd_plus::Tuning {
+                scarcity: self.policy.typical_pods.scarcity.into(),
+                ..fgd_plus::Tuning::default()
+            },
             ..Policy::default()
         }
     }

@@ -61,11 +61,11 @@ fn the_built_in_example_runs_under_every_policy() {
 #[test]
 fn scarcity_measured_now_is_a_knob_of_fgd_plus() {
     let now = SimPolicy::parse("fgd-plus:scarcity=now").unwrap();
-    assert_eq!(now.name(), "fgd-plus:scarcity=now");
+    assert_eq!(now.name(), "fgd-plus", "now is the default");
+    assert_eq!(now, SimPolicy::parse("fgd-plus").unwrap());
     assert_eq!(
         SimPolicy::parse("fgd-plus:scarcity=empty").unwrap().name(),
-        "fgd-plus",
-        "empty is the default"
+        "fgd-plus:scarcity=empty"
     );
     assert!(SimPolicy::parse("fgd-plus:scarcity=later").is_none());
     // The census kept per placement replays like any other run.

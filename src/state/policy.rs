@@ -5,7 +5,8 @@
 //! task swaps in a policy with a new distribution every `policy.typicalPods.learnIntervalSeconds`
 //! when what the table holds has changed it. Until the table holds [`MIN_LEARNED_PODS`] pods the
 //! configured distribution (`policy.typicalPods.pods`, possibly empty) stays in force: a handful
-//! of pods is no distribution.
+//! of pods is no distribution. With `policy.typicalPods.scarcity: now` the same task measures
+//! FGD+'s scarce classes again every second, on the nodes as they are.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,6 +16,7 @@ use arc_swap::ArcSwap;
 use tracing::info;
 
 use super::cluster::ClusterState;
+use crate::engine::policy::fgd::Scarcity;
 use crate::engine::{Policy, TypicalPods, learn_typical};
 
 /// Pods the table must hold before a learned distribution replaces the configured one.
@@ -111,8 +113,36 @@ pub fn relearn(
     (current.typical.pods().len(), counted)
 }
 
+/// Measures the scarce classes of the distribution in force again on the nodes as they are,
+/// keeping the distribution itself: with `scarcity: now` a class's weight follows the nodes
+/// able to run it as they fill, which a learning interval of 30 s would leave thousands of
+/// placements behind. Stores a new policy only when a weight moved a step. Whether it did.
+pub fn remeasure_scarcity(cluster: &ClusterState, cell: &PolicyCell) -> bool {
+    let current = cell.load();
+    if !current.weighs_scarcity() || current.fgd_plus.scarcity != Scarcity::Now {
+        return false;
+    }
+    let table = cluster.read();
+    let measured = current
+        .typical
+        .clone()
+        .with_scarcity(table.nodes(), Scarcity::Now);
+    drop(table);
+    if measured.scarce() == current.typical.scarce() {
+        return false;
+    }
+    let mut next = Policy::clone(&current);
+    next.typical = measured;
+    cell.store(next);
+    true
+}
+
+/// How often [`remeasure_scarcity`] runs between two learning rounds.
+pub const SCARCITY_REMEASURE: Duration = Duration::from_secs(1);
+
 /// Relearns (with `learn`; otherwise only measures the classes' scarcity on the cluster's
-/// nodes) as soon as the initial lists are applied, then every `every`, forever.
+/// nodes) as soon as the initial lists are applied, then every `every`, forever; in between,
+/// measures the scarce classes again every [`SCARCITY_REMEASURE`] (when measured now).
 pub async fn run(
     cluster: Arc<ClusterState>,
     cell: PolicyCell,
@@ -123,11 +153,19 @@ pub async fn run(
     while !cluster.is_ready() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut learning = tokio::time::interval(every);
+    learning.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut measuring = tokio::time::interval(SCARCITY_REMEASURE);
+    measuring.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tick.tick().await;
-        relearn(&cluster, &cell, &configured, learn);
+        tokio::select! {
+            _ = learning.tick() => {
+                relearn(&cluster, &cell, &configured, learn);
+            }
+            _ = measuring.tick() => {
+                remeasure_scarcity(&cluster, &cell);
+            }
+        }
     }
 }
 
@@ -205,6 +243,81 @@ mod tests {
         assert_eq!(
             cell.load().typical,
             configured().with_cluster(many.read().nodes())
+        );
+    }
+
+    #[test]
+    fn scarcity_measured_now_follows_a_placement_without_relearning() {
+        // Two 128-core nodes can run the 120-core 8-GPU class, six 64-core ones cannot: excess
+        // scarcity 64/16 - 1 = 3 while both are free, 64/8 - 1 = 7 once one is taken.
+        let mut table = Table::new(20);
+        let node = |name: &str, cpu: u64| {
+            NodeSpec::uniform(name, GpuMode::CoreMem, 8, "G2", MemMiB(0)).with_host(
+                CpuMilli(cpu),
+                MemMiB(1 << 30),
+                110,
+            )
+        };
+        for (i, cpu) in [
+            128_000, 128_000, 64_000, 64_000, 64_000, 64_000, 64_000, 64_000,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            table.apply(Change::UpsertNode(node(&format!("n{i}"), cpu)));
+        }
+        let cluster = ClusterState::with_table(table);
+        let class = |cpu: u64, gpus: u16, weight: f64| TypicalPod {
+            cpu: CpuMilli(cpu),
+            memory: MemMiB(0),
+            gpus,
+            milli: 1000,
+            models: Vec::new(),
+            weight,
+        };
+        let configured = TypicalPods::new(vec![class(8_000, 1, 9.0), class(120_000, 8, 1.0)]);
+        let policy = |how| Policy {
+            typical: configured.clone(),
+            fgd_plus: crate::engine::policy::fgd_plus::Tuning {
+                scarcity: how,
+                ..Default::default()
+            },
+            ..Policy::scoring(crate::engine::ScoringPolicy::FgdPlus)
+        };
+        let now = PolicyCell::from(policy(Scarcity::Now));
+        let empty = PolicyCell::from(policy(Scarcity::Empty));
+        for cell in [&now, &empty] {
+            relearn(&cluster, cell, &configured, false);
+            assert!(!remeasure_scarcity(&cluster, cell), "nothing moved yet");
+        }
+        let weight = |cell: &PolicyCell| cell.load().typical.scarce()[0].1;
+        assert!((weight(&now) - 0.1 * 3.0).abs() < 1e-9, "{}", weight(&now));
+
+        // A one-GPU pod with 16 cores on a 128-core node: only one node can run the class now.
+        let request =
+            PodRequest::single(CpuMilli(16_000), MemMiB(0), GpuDemand::Whole { count: 1 });
+        let allocation = {
+            let table = cluster.read();
+            let Some(state) = table.node_by_str("n0") else {
+                panic!("node n0 is missing");
+            };
+            fit(state, &request, &Policy::default())
+                .unwrap_or_else(|reason| panic!("the pod does not fit: {reason:?}"))
+        };
+        cluster.write().apply(Change::PodBound {
+            pod: PodKey::new("ns", "p"),
+            allocation,
+        });
+        assert!(remeasure_scarcity(&cluster, &now));
+        assert!((weight(&now) - 0.1 * 7.0).abs() < 1e-9, "{}", weight(&now));
+        assert_eq!(now.load().typical.pods(), configured.pods(), "same classes");
+        assert!(!remeasure_scarcity(&cluster, &now), "measured already");
+        // Measured as if empty, a placement changes nothing.
+        assert!(!remeasure_scarcity(&cluster, &empty));
+        assert!(
+            (weight(&empty) - 0.1 * 3.0).abs() < 1e-9,
+            "{}",
+            weight(&empty)
         );
     }
 

@@ -806,8 +806,22 @@ const REDUCTION_GRID: f64 = (1u64 << 20) as f64;
 /// higher means the placement reduced fragmentation. On 0..=100. Changes equal to within
 /// floating-point noise score exactly equal (`REDUCTION_GRID`).
 pub fn score_from_reduction(reduction: f64) -> f64 {
-    let reduction = (reduction * REDUCTION_GRID).round() / REDUCTION_GRID;
-    100.0 / (1.0 + (-reduction / 1000.0).exp())
+    100.0 / (1.0 + (-on_grid(reduction) / 1000.0).exp())
+}
+
+/// [`score_from_reduction`] through `x / (1 + |x|)` instead of the logistic curve: the same
+/// order, 50 for no change, on 0..100, but it keeps reductions of tens of thousands of
+/// milli-GPU apart. FGD+'s weighted terms reach those (an 8-GPU pod filling an empty node
+/// clears eight GPUs of look-ahead, about 40,000), and there the logistic curve rounds every
+/// candidate to exactly 100 in `f64`, so the node order, not the measure, chose.
+pub fn wide_score_from_reduction(reduction: f64) -> f64 {
+    let x = on_grid(reduction) / 1000.0;
+    50.0 + 50.0 * x / (1.0 + x.abs())
+}
+
+/// `reduction` rounded to the grid on which changes equal within floating-point noise are equal.
+fn on_grid(reduction: f64) -> f64 {
+    (reduction * REDUCTION_GRID).round() / REDUCTION_GRID
 }
 
 /// The reference implementation's integer score (truncated), which is what its ties come from.
@@ -1101,6 +1115,33 @@ mod tests {
         assert!(score_from_reduction(2000.0) > 85.0);
         assert!(score_from_reduction(-2000.0) < 15.0);
         assert!((0.0..=100.0).contains(&score_from_reduction(1e9)));
+        assert_eq!(wide_score_from_reduction(0.0), 50.0);
+        assert!(wide_score_from_reduction(2000.0) > 50.0);
+        assert!(wide_score_from_reduction(-2000.0) < 50.0);
+        for reduction in [1e9, -1e9, 1e15, -1e15] {
+            let score = wide_score_from_reduction(reduction);
+            assert!(score > 0.0 && score < 100.0, "{reduction}: {score}");
+        }
+    }
+
+    #[test]
+    fn the_wide_score_keeps_large_reductions_apart() {
+        // Where the logistic curve has rounded both to 100, the wide one still orders them.
+        assert_eq!(
+            score_from_reduction(40_000.0),
+            score_from_reduction(41_000.0)
+        );
+        assert!(wide_score_from_reduction(41_000.0) > wide_score_from_reduction(40_000.0));
+        // One milli-GPU apart at 100,000 (past any reduction measured on openb) still differs
+        // by more than FGD+'s tie-break between nodes (1e-6).
+        let step = wide_score_from_reduction(100_001.0) - wide_score_from_reduction(100_000.0);
+        assert!(step > 1e-6, "{step}");
+        // The same order as the logistic curve wherever that one resolves.
+        let reductions = [-9000.0, -1000.0, -17.0, 0.0, 0.5, 17.0, 1000.0, 9000.0];
+        for pair in reductions.windows(2) {
+            assert!(score_from_reduction(pair[0]) < score_from_reduction(pair[1]));
+            assert!(wide_score_from_reduction(pair[0]) < wide_score_from_reduction(pair[1]));
+        }
     }
 
     #[test]

@@ -74,7 +74,7 @@ impl Default for Tuning {
             host_by: HostBy::Mean,
             scarce: 500,
             scarce_shape: 2000,
-            scarcity: Scarcity::Empty,
+            scarcity: Scarcity::Now,
         }
     }
 }
@@ -230,7 +230,8 @@ pub fn host_stranded(
 }
 
 /// Scale of the tie-break: far below any difference of measure that matters (scores move by
-/// about 0.025 per milli-GPU near the centre).
+/// 0.05 per milli-GPU near the centre, and by more than this per milli-GPU up to reductions of
+/// 100,000: `fgd::wide_score_from_reduction`).
 const TIE_BREAK: f64 = 1e-6;
 
 /// The score of `allocation` on `node` (0..=100, 50 = no change), given the node's per-GPU
@@ -307,11 +308,13 @@ pub fn score_taking(
     if taking.gpus && node_idle {
         reduction -= f64::from(tuning.idle_node_penalty);
     }
-    let mut score = fgd::score_from_reduction(reduction);
-    if tuning.quantum > 0 {
+    let score = if tuning.quantum > 0 {
+        // Quantised like FGD's integer scores: on FGD's own curve.
         let step = f64::from(tuning.quantum) / 100.0;
-        score = (score / step).floor() * step;
-    }
+        (fgd::score_from_reduction(reduction) / step).floor() * step
+    } else {
+        fgd::wide_score_from_reduction(reduction)
+    };
     let order = match tuning.tie_break {
         TieBreak::None => 0.0,
         TieBreak::Pack => fullness(node, cpu_after, after),
@@ -591,6 +594,45 @@ mod tests {
         let measured = cut.scarce_fragmentation(CpuMilli(128_000), &free, &access, 1.0, 1.0);
         // Weight 1/99 on the kept classes' scale, excess 3, 7000 lost.
         assert!((measured - 3.0 * 7000.0 / 99.0).abs() < 1e-6, "{measured}");
+    }
+
+    #[test]
+    fn a_whole_node_pod_leaves_the_node_only_a_scarce_class_can_run_even_when_both_score_high() {
+        // The CPU-rich node is the only one the 120-core class can run on. An 8-GPU pod that
+        // fits either should take a CPU-poor node. With a large look-ahead (here raised, on
+        // openb an 8-GPU pod's is about 40,000 milli-GPU), filling either empty node reduces the
+        // measure by so much that the logistic score of both was exactly 100 in f64, and the
+        // node order chose; the wide score keeps the scarce class's charge.
+        let node = |cpu: u64| {
+            NodeState::new(
+                NodeSpec::uniform("n", GpuMode::CoreMem, 8, "G2", MemMiB(0)).with_host(
+                    CpuMilli(cpu),
+                    MemMiB(1 << 30),
+                    1001,
+                ),
+            )
+        };
+        let big = node(128_000);
+        let small = node(64_000);
+        let typical = TypicalPods::new(vec![
+            class(8_000, 0, 1, 1000, 6.0),
+            class(4_000, 0, 1, 600, 3.0),
+            class(120_000, 0, 8, 1000, 1.0),
+        ])
+        .with_cluster(&[big.clone(), small.clone(), small.clone(), small.clone()]);
+        let policy = Policy {
+            fgd_plus: Tuning {
+                lookahead: 16_000,
+                ..Tuning::default()
+            },
+            ..Policy::scoring(ScoringPolicy::FgdPlus).with_typical(typical)
+        };
+        let pod = PodRequest::single(CpuMilli(64_000), MemMiB(0), GpuDemand::Whole { count: 8 });
+        let on_big = policy.evaluate(&big, &pod).unwrap().score;
+        let on_small = policy.evaluate(&small, &pod).unwrap().score;
+        assert!(on_big > 99.0, "both reductions are large: {on_big}");
+        assert!(on_small > on_big, "{on_small} vs {on_big}");
+        assert!(on_small < 100.0, "{on_small}");
     }
 
     #[test]
