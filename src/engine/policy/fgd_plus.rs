@@ -357,6 +357,17 @@ mod tests {
         }
     }
 
+    /// An idle 8-GPU node with `cpu` milli-cores and memory to spare.
+    fn eight_gpu_node(cpu: u64) -> NodeState {
+        NodeState::new(
+            NodeSpec::uniform("n", GpuMode::CoreMem, 8, "G2", MemMiB(0)).with_host(
+                CpuMilli(cpu),
+                MemMiB(1 << 30),
+                1001,
+            ),
+        )
+    }
+
     #[test]
     fn demand_weighting_makes_big_pods_count_for_their_gpus() {
         // 90% of pods are 100-milli shares, 10% take 8 whole GPUs.
@@ -508,17 +519,8 @@ mod tests {
     fn a_class_few_nodes_can_run_is_weighed_by_how_scarce_they_are() {
         // One 8-GPU node with 128 cores, three 8-GPU nodes with 64: an 8-GPU pod that needs 120
         // cores runs on a quarter of the GPUs; a one-GPU pod runs anywhere.
-        let node = |cpu: u64| {
-            NodeState::new(
-                NodeSpec::uniform("n", GpuMode::CoreMem, 8, "G2", MemMiB(0)).with_host(
-                    CpuMilli(cpu),
-                    MemMiB(1 << 30),
-                    1001,
-                ),
-            )
-        };
-        let big = node(128_000);
-        let small = node(64_000);
+        let big = eight_gpu_node(128_000);
+        let small = eight_gpu_node(64_000);
         let typical = TypicalPods::new(vec![
             class(8_000, 0, 1, 1000, 9.0),
             class(120_000, 0, 8, 1000, 1.0),
@@ -603,17 +605,8 @@ mod tests {
         // openb an 8-GPU pod's is about 40,000 milli-GPU), filling either empty node reduces the
         // measure by so much that the logistic score of both was exactly 100 in f64, and the
         // node order chose; the wide score keeps the scarce class's charge.
-        let node = |cpu: u64| {
-            NodeState::new(
-                NodeSpec::uniform("n", GpuMode::CoreMem, 8, "G2", MemMiB(0)).with_host(
-                    CpuMilli(cpu),
-                    MemMiB(1 << 30),
-                    1001,
-                ),
-            )
-        };
-        let big = node(128_000);
-        let small = node(64_000);
+        let big = eight_gpu_node(128_000);
+        let small = eight_gpu_node(64_000);
         let typical = TypicalPods::new(vec![
             class(8_000, 0, 1, 1000, 6.0),
             class(4_000, 0, 1, 600, 3.0),
