@@ -25,6 +25,7 @@ use std::time::Instant;
 use criterion::measurement::{Measurement, ValueFormatter};
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use gpu_extender::config::Config;
+use gpu_extender::engine::policy::fgd::Scarcity;
 use gpu_extender::engine::{
     Change, CpuMilli, GpuDemand, GpuMode, GpuPlacement, Link, LinkMatrix, MemMiB, ModelPattern,
     NodeSpec, NodeState, PodAllocation, PodKey, PodRequest, Policy, RejectReason, ScoringPolicy,
@@ -485,6 +486,30 @@ fn bench_table(c: &mut Criterion<Clock>) {
     group.finish();
 }
 
+/// What FGD+'s scarcity measured now costs the extender each second
+/// (`state::policy::remeasure_scarcity`): the typical classes measured over every node of a
+/// mixed, partly used cluster, as they are.
+fn bench_scarcity(c: &mut Criterion<Clock>) {
+    let mut group = c.benchmark_group("scarcity");
+    group.sample_size(20);
+    for count in [1000, 5000] {
+        let cluster = cluster(count, Pool::Whole, Fill::Mixed, 11);
+        let typical = typical_pods();
+        group.bench_with_input(
+            BenchmarkId::new("remeasure_now", count),
+            &cluster.table,
+            |b, table| {
+                b.iter(|| {
+                    typical
+                        .clone()
+                        .with_scarcity(black_box(table).nodes(), Scarcity::Now)
+                })
+            },
+        );
+    }
+    group.finish();
+}
+
 /// What indexing one node's link matrix costs (every node update builds its spec's index):
 /// tabulated as the engine builds it, and by search only, for comparison.
 fn bench_topology(c: &mut Criterion<Clock>) {
@@ -631,6 +656,6 @@ fn config() -> Criterion<Clock> {
 criterion_group! {
     name = benches;
     config = config();
-    targets = bench_evaluate, bench_table, bench_topology, bench_estimate
+    targets = bench_evaluate, bench_table, bench_scarcity, bench_topology, bench_estimate
 }
 criterion_main!(benches);

@@ -377,8 +377,8 @@ impl Default for TypicalPodsConfig {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ScarcityConfig {
-    /// The classes scarce by their shape are measured on the nodes as they are, again every
-    /// second (docs/policies.md, "Scarcity measured now").
+    /// The classes scarce by their shape are measured on the nodes as they are, again within
+    /// 100 ms of a change to the table (docs/policies.md, "Scarcity measured now").
     #[default]
     Now,
     /// Every class is measured on the nodes as if empty.

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
@@ -23,6 +23,8 @@ use crate::objects::admission::NodeClaims;
 #[derive(Debug)]
 pub struct ClusterState {
     table: RwLock<Table>,
+    /// Times the table was taken for writing ([`ClusterState::writes`]).
+    writes: AtomicU64,
     /// Pending GPU pods, slimmed to what translation needs: the binder reads the pod it binds
     /// from here, the requeue task the pods it may touch. Bound pods are not kept: their use is
     /// in the table, and at 150,000 pods a slimmed `Pod` each (7.5 KiB, the k8s-openapi structs
@@ -124,6 +126,7 @@ impl ClusterState {
     pub fn new(max_shares_per_gpu: u16) -> Self {
         Self {
             table: RwLock::new(Table::new(max_shares_per_gpu)),
+            writes: AtomicU64::new(0),
             pods: DashMap::new(),
             uids: DashMap::new(),
             ranks: DashMap::new(),
@@ -167,7 +170,14 @@ impl ClusterState {
 
     /// The table for writing: the feed and the binder's reservation only, briefly.
     pub fn write(&self) -> RwLockWriteGuard<'_, Table> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
         self.table.write()
+    }
+
+    /// How many times the table has been taken for writing: when it has not moved, the table
+    /// is as it was, and what was measured on it still holds.
+    pub fn writes(&self) -> u64 {
+        self.writes.load(Ordering::Relaxed)
     }
 
     /// Whether both initial lists have been applied: before that the table may miss

@@ -540,17 +540,16 @@ fn access_mask(pod: &TypicalPod, node: &NodeState, all: u64) -> u64 {
 }
 
 /// Where [`TypicalPods::with_scarcity`] judges whether a node can run a class.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Scarcity {
     /// On the node as if it were empty: its GPUs, CPU and memory. Measured once, it does not
     /// see the nodes able to run the big classes become fewer as the cluster fills.
-    #[default]
     Empty,
     /// For the classes that accept any model and are scarce on the empty cluster (by GPU
     /// count, CPU or memory): on the node as it is, its free CPU and memory and enough GPUs of
     /// an accepted model with room for the class, so that such a class grows scarcer as the
     /// nodes that could take it fill (in steps, [`SCARCITY_STEPS_PER_DOUBLING`]) and less
-    /// scarce as they empty. The other classes keep the empty measure.
+    /// scarce as they empty. The other classes keep the empty measure. FGD+'s default.
     Now,
 }
 
