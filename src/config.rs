@@ -385,11 +385,13 @@ pub enum ScarcityConfig {
     Empty,
 }
 
-impl From<ScarcityConfig> for Scarcity {
-    fn from(value: ScarcityConfig) -> Self {
-        match value {
-            ScarcityConfig::Now => Self::Now,
-            ScarcityConfig::Empty => Self::Empty,
+impl ScarcityConfig {
+    /// The engine's value. A method of the configuration's type, not a `From` impl on the
+    /// engine's, so that the engine never refers to the configuration (scripts/module-graph.sh).
+    pub fn engine(self) -> Scarcity {
+        match self {
+            Self::Now => Scarcity::Now,
+            Self::Empty => Scarcity::Empty,
         }
     }
 }
@@ -1044,7 +1046,7 @@ impl Config {
             typical: TypicalPods::with_rare(classes(typical), classes(rare)),
             filter_best_only: self.policy.filter_best_only,
             fgd_plus: fgd_plus::Tuning {
-                scarcity: self.policy.typical_pods.scarcity.into(),
+                scarcity: self.policy.typical_pods.scarcity.engine(),
                 ..fgd_plus::Tuning::default()
             },
             ..Policy::default()
