@@ -16,7 +16,7 @@ use arc_swap::ArcSwap;
 use tracing::info;
 
 use super::cluster::ClusterState;
-use crate::engine::policy::fgd::Scarcity;
+use crate::engine::policy::fgd::{Scarcity, ScarcityCensus};
 use crate::engine::{Policy, TypicalPods, learn_typical};
 
 /// Pods the table must hold before a learned distribution replaces the configured one.
@@ -45,6 +45,15 @@ impl PolicyCell {
     /// Puts `policy` in force for every decision that starts from now on.
     pub fn store(&self, policy: Policy) {
         self.0.policy.store(Arc::new(policy));
+    }
+
+    /// Puts `current` with the distribution `typical` in force: what learning and measuring
+    /// scarcity swap in.
+    fn store_typical(&self, current: &Policy, typical: TypicalPods) {
+        self.store(Policy {
+            typical,
+            ..current.clone()
+        });
     }
 
     /// Pods the typical-pod distribution was last learned from (for the metrics).
@@ -104,10 +113,8 @@ pub fn relearn(
             pods = counted,
             "typical-pod distribution relearned"
         );
-        let mut next = Policy::clone(&current);
-        next.typical = wanted;
-        let classes = next.typical.pods().len();
-        cell.store(next);
+        let classes = wanted.pods().len();
+        cell.store_typical(&current, wanted);
         return (classes, counted);
     }
     (current.typical.pods().len(), counted)
@@ -122,18 +129,12 @@ pub fn remeasure_scarcity(cluster: &ClusterState, cell: &PolicyCell) -> bool {
     if !current.weighs_scarcity() || current.fgd_plus.scarcity != Scarcity::Now {
         return false;
     }
-    let table = cluster.read();
-    let measured = current
-        .typical
-        .clone()
-        .with_scarcity(table.nodes(), Scarcity::Now);
-    drop(table);
-    if measured.scarce() == current.typical.scarce() {
+    let census = ScarcityCensus::of(&current.typical, Scarcity::Now, cluster.read().nodes());
+    let mut measured = current.typical.clone();
+    if !measured.set_census(&census) {
         return false;
     }
-    let mut next = Policy::clone(&current);
-    next.typical = measured;
-    cell.store(next);
+    cell.store_typical(&current, measured);
     true
 }
 
