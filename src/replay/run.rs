@@ -22,6 +22,7 @@ use super::objects::{
 use crate::config::Config;
 use crate::engine::{NodeName, PodAllocation, ScoringPolicy};
 use crate::objects::{record, translate};
+use crate::sim::ceiling::RunCeiling;
 use crate::sim::metrics::{Curves, Rejections};
 use crate::sim::progress::Progress;
 use crate::sim::replay::Live;
@@ -341,6 +342,12 @@ pub async fn replay_pods(
     let elapsed = started.elapsed();
     progress.finish();
     let curves = Curves::of_steps(&steps, capacity);
+    let ceiling = RunCeiling::of_run(
+        prepared.workload().pods(),
+        &arrivals.order,
+        &steps,
+        capacity,
+    );
     let last = steps
         .last()
         .copied()
@@ -361,6 +368,7 @@ pub async fn replay_pods(
             last,
             evaluations: 0,
             end_nodes: Some(nodes),
+            ceiling: Some(ceiling),
         },
         decisions,
         elapsed,

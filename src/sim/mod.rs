@@ -2,10 +2,11 @@
 //! `../shared/docs/simulation.md`, the project's notes beside the clone; the protocol and usage
 //! are in `docs/simulate.md`, the openb traces' origin in [`cli::OPENB_SOURCE`]) run through the same engine the
 //! extender uses. Loading (`load`, `trace`), the seeded protocol
-//! (`protocol`, drawn from Go's `math/rand` in `go_rand`), one run (`replay`), measurements (`metrics`), and outputs (`report`, `cli`);
+//! (`protocol`, drawn from Go's `math/rand` in `go_rand`), one run (`replay`), measurements (`metrics`), the bound no online policy exceeds (`ceiling`), and outputs (`report`, `cli`);
 //! harder workloads sampled from a trace (`generate`).
 //! Randomness lives here, never in the engine: draws are passed into engine functions.
 
+pub mod ceiling;
 pub mod cli;
 pub mod generate;
 pub mod go_rand;

@@ -11,6 +11,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
+use super::ceiling::RunCeiling;
 use super::go_rand::GoRand;
 use super::metrics::{Curves, PodKind, Rejections, Step};
 use super::protocol::{self, Arrivals};
@@ -381,6 +382,9 @@ pub struct RunResult {
     pub evaluations: u64,
     /// The nodes after the last pod, kept with the steps.
     pub end_nodes: Option<Vec<NodeState>>,
+    /// What no online policy exceeds on this arrival order (none with departures, where the
+    /// bound does not hold: freed GPUs undo its reasoning).
+    pub ceiling: Option<RunCeiling>,
 }
 
 /// How a run ranks nodes for a pod class.
@@ -707,6 +711,8 @@ pub fn run(
     }
     progress(arrivals.order.len() as u64 - reported);
     let curves = Curves::of_steps(&steps, capacity);
+    let ceiling = (!prepared.departures)
+        .then(|| RunCeiling::of_run(prepared.workload.pods(), &arrivals.order, &steps, capacity));
     let last = steps
         .last()
         .copied()
@@ -726,6 +732,7 @@ pub fn run(
         last,
         evaluations,
         end_nodes: keep_steps.then_some(nodes),
+        ceiling,
     }
 }
 

@@ -8,6 +8,7 @@ use plotters::drawing::DrawingAreaErrorKind;
 use plotters::prelude::*;
 use serde::Serialize;
 
+use super::ceiling::RunSliver;
 use super::metrics::{LAST_COLUMN, PodKind, mean, std_dev};
 use super::replay::{RunResult, SimPolicy};
 use crate::engine::policy::reference::ReferencePolicy;
@@ -97,7 +98,53 @@ pub fn summary_markdown(results: &[RunResult]) -> String {
         );
     }
     curve_tables(&mut out, results);
+    ceiling_table(&mut out, results);
     out
+}
+
+/// The ceiling beside each (trace, policy): the allocation no online policy exceeds on the
+/// same arrival orders, the lower bound for policies that never reject a pod of the sliver
+/// class, and how many of the runs did reject one (means over seeds, at the last pod).
+fn ceiling_table(out: &mut String, results: &[RunResult]) {
+    let groups: Vec<Group<'_>> = group(results)
+        .into_iter()
+        .filter(|g| g.runs.iter().all(|r| r.ceiling.is_some()))
+        .collect();
+    if groups.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\nCeiling at the last pod (mean over seeds; docs/simulate.md, \"Ceiling\"): no online policy allocates more than `any`; one that rejects no pod of the sliver class (one GPU, more than half of it) no more than `sliver placed`:\n"
+    );
+    let _ = writeln!(
+        out,
+        "| trace | policy | alloc % | ceiling % (any) | sliver milli | ceiling % (sliver placed) | runs that rejected a sliver pod |"
+    );
+    let _ = writeln!(out, "|---|---|---:|---:|---:|---:|---:|");
+    for group in groups {
+        let alloc = group.mean_of(|r| Some(r.last.alloc_percent(r.capacity_milli)));
+        let any = group.mean_of(|r| r.ceiling.as_ref().map(|c| c.last_any));
+        let placed = group.mean_of(|r| sliver(r).map(|s| s.last_while_placed));
+        let milli = sliver(group.runs[0]).map_or_else(|| "–".to_owned(), |s| s.milli.to_string());
+        let rejecting = group
+            .runs
+            .iter()
+            .filter(|r| sliver(r).is_some_and(|s| s.rejected))
+            .count();
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} of {} |",
+            group.trace,
+            group.policy.label(),
+            cell(alloc),
+            cell(any),
+            milli,
+            cell(placed),
+            rejecting,
+            group.runs.len(),
+        );
+    }
 }
 
 /// The arrival columns the curve tables show: every 10 points from 50% to 130%.
@@ -241,9 +288,14 @@ struct RunRow<'a> {
     frag_ratio_50: String,
     final_alloc: String,
     final_idle_gpu_nodes: u32,
+    ceiling_130: String,
+    ceiling_final: String,
+    sliver_milli: String,
+    sliver_ceiling_final: String,
+    sliver_rejected: String,
 }
 
-const RUNS_HEADER: [&str; 13] = [
+const RUNS_HEADER: [&str; 18] = [
     "trace",
     "policy",
     "seed",
@@ -257,6 +309,11 @@ const RUNS_HEADER: [&str; 13] = [
     "frag_ratio_50",
     "final_alloc",
     "final_idle_gpu_nodes",
+    "ceiling_130",
+    "ceiling_final",
+    "sliver_milli",
+    "sliver_ceiling_final",
+    "sliver_rejected",
 ];
 
 /// One CSV row per run.
@@ -277,8 +334,18 @@ pub fn runs_csv(results: &[RunResult]) -> Result<String, csv::Error> {
             frag_ratio_50: fixed(r.curves.frag_ratio[50], 4),
             final_alloc: fixed(Some(r.last.alloc_percent(r.capacity_milli)), 4),
             final_idle_gpu_nodes: r.last.idle_nodes,
+            ceiling_130: fixed(r.ceiling.as_ref().and_then(|c| c.any[LAST_COLUMN]), 4),
+            ceiling_final: fixed(r.ceiling.as_ref().map(|c| c.last_any), 4),
+            sliver_milli: sliver(r).map_or_else(String::new, |s| s.milli.to_string()),
+            sliver_ceiling_final: fixed(sliver(r).map(|s| s.last_while_placed), 4),
+            sliver_rejected: sliver(r).map_or_else(String::new, |s| s.rejected.to_string()),
         }),
     )
+}
+
+/// The run's sliver-class bound, where its workload has one (docs/simulate.md, "Ceiling").
+fn sliver(result: &RunResult) -> Option<&RunSliver> {
+    result.ceiling.as_ref()?.sliver.as_ref()
 }
 
 /// The reference's `analysis_allo_discrete.csv`: one row per run, columns 0..=130.
@@ -474,8 +541,9 @@ mod tests {
         results
             .iter()
             .map(|r| {
+                let sliver = sliver(r);
                 format!(
-                    "{},{},{},{},{},{},{},{},{},{},{},{:.4},{}",
+                    "{},{},{},{},{},{},{},{},{},{},{},{:.4},{},{},{},{},{},{}",
                     r.trace,
                     r.policy.name(),
                     r.seed,
@@ -489,6 +557,11 @@ mod tests {
                     opt(r.curves.frag_ratio[50]),
                     r.last.alloc_percent(r.capacity_milli),
                     r.last.idle_nodes,
+                    opt(r.ceiling.as_ref().and_then(|c| c.any[LAST_COLUMN])),
+                    opt(r.ceiling.as_ref().map(|c| c.last_any)),
+                    sliver.map_or_else(String::new, |s| s.milli.to_string()),
+                    opt(sliver.map(|s| s.last_while_placed)),
+                    sliver.map_or_else(String::new, |s| s.rejected.to_string()),
                 )
             })
             .collect()
@@ -504,7 +577,8 @@ mod tests {
                 lines.next(),
                 Some(
                     "trace,policy,seed,pods,added,failed,failed_gpu_milli,alloc_100,alloc_130,\
-                     frag_amount_100,frag_ratio_50,final_alloc,final_idle_gpu_nodes"
+                     frag_amount_100,frag_ratio_50,final_alloc,final_idle_gpu_nodes,ceiling_130,\
+                     ceiling_final,sliver_milli,sliver_ceiling_final,sliver_rejected"
                 )
             );
             assert_eq!(
@@ -564,7 +638,8 @@ mod tests {
         assert_eq!(
             runs_csv(&[]).unwrap(),
             "trace,policy,seed,pods,added,failed,failed_gpu_milli,alloc_100,alloc_130,\
-             frag_amount_100,frag_ratio_50,final_alloc,final_idle_gpu_nodes\n"
+             frag_amount_100,frag_ratio_50,final_alloc,final_idle_gpu_nodes,ceiling_130,\
+             ceiling_final,sliver_milli,sliver_ceiling_final,sliver_rejected\n"
         );
         let mut results = results(1.3);
         results[0].steps = None;
@@ -580,7 +655,7 @@ mod tests {
         );
         let mut reader = csv::Reader::from_reader(runs.as_bytes());
         let row = reader.records().nth(1).unwrap().unwrap();
-        assert_eq!((&row[0], row.len()), ("a,b \"c\"", 13));
+        assert_eq!((&row[0], row.len()), ("a,b \"c\"", RUNS_HEADER.len()));
     }
 
     /// The cells of the summary row that starts with `prefix` (after the prefix's own cells).
