@@ -12,8 +12,6 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use futures::{Stream, StreamExt as _};
-use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
@@ -26,7 +24,7 @@ use super::template::{Template, template};
 use super::workload::{WorkloadError, Workloads, pod_controlled_by};
 use crate::config::Config;
 use crate::engine::{NodeState, max_replicas};
-use crate::objects::admission::{claim_refusal, names_nodes, resource_asks};
+use crate::objects::admission::PodClaims;
 use crate::objects::scheduling::unschedulable_since;
 use crate::state::{ClusterState, PolicyCell};
 use crate::telemetry::Metrics;
@@ -186,30 +184,15 @@ impl EstimatorService {
         template: &Template,
     ) -> Result<Vec<&'t NodeState>, Status> {
         // The template's resources are read once, not once per node.
-        let asks = resource_asks(&template.pod, &self.config)
+        let pod = PodClaims::of(&template.pod, &self.config)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        // Most templates name no node and most nodes are open to them: their claims are then
-        // not read (the same answer as reading them, checked by the admission unit tests).
-        let unclaimed = !names_nodes(&template.pod);
-        let mut admitted = Vec::new();
         let claims_by_node = self.cluster.node_claims();
-        for node in nodes {
-            // By the table's name, which the feed keys the claims with: found by pointer.
-            let refused = match claims_by_node.get(&node.spec.name) {
-                Some(claims) => {
-                    let claims_checked = !(unclaimed && claims.admits_unclaimed());
-                    (claims_checked && claims.claim_refusal(&template.pod).is_some())
-                        || claims.resource_refusal(&asks, None).is_some()
-                }
-                // A node the feed has not described (a table built by hand): no labels, taints
-                // or cordon, and no allocatable to check (the engine's fit counts its GPUs).
-                None => claim_refusal(&bare_node(node), &template.pod).is_some(),
-            };
-            if !refused {
-                admitted.push(node);
-            }
-        }
-        Ok(admitted)
+        // By the table's name, which the feed keys the claims with: found by pointer.
+        Ok(nodes
+            .filter(|node| {
+                pod.admitted_by(node.spec.name.as_str(), claims_by_node.get(&node.spec.name))
+            })
+            .collect())
     }
 
     fn check_cluster(&self, asked: &str) -> Result<(), Status> {
@@ -236,17 +219,6 @@ impl EstimatorService {
             .estimator_duration
             .with_label_values(&[method])
             .observe(started.elapsed().as_secs_f64());
-    }
-}
-
-/// A node known only by name.
-fn bare_node(node: &NodeState) -> Node {
-    Node {
-        metadata: ObjectMeta {
-            name: Some(node.spec.name.as_str().to_owned()),
-            ..ObjectMeta::default()
-        },
-        ..Node::default()
     }
 }
 

@@ -19,10 +19,11 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tower_http::classify::{ServerErrorsAsFailures, SharedClassifier};
 use tower_http::trace::{DefaultOnFailure, TraceLayer};
-use tracing::{Instrument, Level, info_span, warn};
+use tracing::{Instrument, Level, debug, info_span, warn};
 
 use crate::config::Config;
 use crate::engine::{NodeState, PodRequest, RejectReason};
+use crate::objects::admission::PodClaims;
 use crate::objects::quota::quota_names;
 use crate::objects::translate;
 use crate::state::decide::{self, FilterVerdict, NotReady, Proposal};
@@ -398,7 +399,7 @@ async fn filter(State(state): State<AppState>, body: Bytes) -> Response {
         };
         let answer = match over_quota.as_deref() {
             Some(reason) => quota_refused(&state, &candidates, reason),
-            None => filter_decision(&state, request.as_ref(), &candidates),
+            None => filter_decision(&state, args.pod.as_ref(), request.as_ref(), &candidates),
         };
         timer.finish(if answer.error.is_empty() {
             "ok"
@@ -413,6 +414,7 @@ async fn filter(State(state): State<AppState>, body: Bytes) -> Response {
 /// body has no pod.
 fn filter_decision<'a>(
     state: &AppState,
+    pod: Option<&Pod>,
     request: Option<&'a Result<Option<PodRequest>, String>>,
     candidates: &'a Candidates<'_>,
 ) -> FilterAnswer<'a> {
@@ -450,6 +452,11 @@ fn filter_decision<'a>(
                 }
             };
             record_verdict(&state.metrics, &verdict);
+            if verdict.passed.is_empty()
+                && let Some(pod) = pod
+            {
+                count_window_miss(state, pod, names, request);
+            }
             let passed = verdict
                 .passed
                 .iter()
@@ -559,6 +566,27 @@ fn quota_refused<'a>(
 /// `SchedulerError`.
 fn reject_all<'a>(names: impl IntoIterator<Item = &'a str>, message: &'a str) -> NodeReasons<'a> {
     NodeReasons::from_pairs(names.into_iter().map(|name| (name, message)).collect())
+}
+
+/// Counts a filter that fitted none of the candidates while a node kube-scheduler did not send
+/// would have taken the pod (`gpu_extender_filter_window_misses_total`): kube-scheduler's
+/// `percentageOfNodesToScore` window hid it, and the pod waits for a retry that may see it.
+fn count_window_miss(state: &AppState, pod: &Pod, names: &[&str], request: &PodRequest) {
+    // A pod whose resources do not read was refused by kube-scheduler's own check already.
+    let Ok(claims) = PodClaims::of(pod, &state.config) else {
+        return;
+    };
+    if state
+        .cluster
+        .fits_outside(names, &claims, request, &state.policy.load())
+    {
+        state.metrics.filter_window_misses.inc();
+        debug!(
+            pod = %pod_name(Some(pod)),
+            candidates = names.len(),
+            "no candidate fits, but a node kube-scheduler did not send would"
+        );
+    }
 }
 
 fn record_verdict(metrics: &Metrics, verdict: &FilterVerdict<'_>) {
@@ -817,7 +845,7 @@ mod tests {
         let args: CandidateArgs<'_> = decode("filter", &body).unwrap();
         let candidates = candidates(&args, &state.config);
         let request = args.pod.as_ref().map(|pod| state.placement_request(pod));
-        let answer = filter_decision(&state, request.as_ref(), &candidates);
+        let answer = filter_decision(&state, args.pod.as_ref(), request.as_ref(), &candidates);
         assert_eq!(
             serde_json::to_string(&answer).unwrap(),
             format!(
@@ -827,6 +855,89 @@ mod tests {
         );
         let count = |label| state.metrics.filter_nodes.with_label_values(&[label]).get();
         assert_eq!((count("unknown"), count("failed")), (2, 0));
+    }
+
+    /// No candidate holds the pod while a node kube-scheduler did not send would: a window miss
+    /// is counted. Not counted: a fitting candidate, a node outside whose taint the pod does not
+    /// tolerate, and a pod no node can hold.
+    #[test]
+    fn a_fitting_node_outside_kube_schedulers_window_is_counted_as_a_miss() {
+        use crate::engine::{GpuMode, MemMiB, NodeSpec};
+        use k8s_openapi::api::core::v1::{NodeSpec as KubeNodeSpec, Taint};
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+        let table = Table::rebuild(
+            20,
+            [
+                NodeSpec::uniform("small", GpuMode::Exclusive, 1, "T4", MemMiB(16 * 1024)),
+                NodeSpec::uniform("large", GpuMode::Exclusive, 4, "A100", MemMiB(80 * 1024)),
+            ],
+            [],
+        );
+        let state = AppState {
+            cluster: Arc::new(ClusterState::with_table(table)),
+            ..state()
+        };
+        let filter = |gpus: u32, tolerates: bool, names: &[&str]| -> (Vec<String>, u64) {
+            let tolerations = if tolerates {
+                r#","tolerations":[{"key":"pool","operator":"Exists","effect":"NoSchedule"}]"#
+            } else {
+                ""
+            };
+            let body = Bytes::from(format!(
+                r#"{{"Pod":{{"metadata":{{"namespace":"ns","name":"p"}},"spec":{{"containers":[{{"name":"c","resources":{{"limits":{{"nvidia.com/gpu":"{gpus}"}}}}}}]{tolerations}}}}},"NodeNames":{}}}"#,
+                serde_json::to_string(names).unwrap()
+            ));
+            let args: CandidateArgs<'_> = decode("filter", &body).unwrap();
+            let candidates = candidates(&args, &state.config);
+            let request = args.pod.as_ref().map(|pod| state.placement_request(pod));
+            let answer = filter_decision(&state, args.pod.as_ref(), request.as_ref(), &candidates);
+            let passed = answer
+                .node_names
+                .unwrap_or_default()
+                .iter()
+                .map(|n| (*n).to_owned())
+                .collect();
+            (passed, state.metrics.filter_window_misses.get())
+        };
+        // Two GPUs: "small" cannot, "large" can.
+        assert_eq!(filter(2, false, &["small"]), (vec![], 1));
+        assert_eq!(
+            filter(2, false, &["small", "large"]),
+            (vec!["large".to_owned()], 1)
+        );
+        // Eight GPUs fit nowhere: the cluster is full for it, not the window.
+        assert_eq!(filter(8, false, &["small"]), (vec![], 1));
+        // "large" tainted: kube-scheduler would never have sent it to this pod.
+        let name = state
+            .cluster
+            .read()
+            .node_by_str("large")
+            .unwrap()
+            .spec
+            .name
+            .clone();
+        let tainted = Node {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some("large".into()),
+                ..Default::default()
+            },
+            spec: Some(KubeNodeSpec {
+                taints: Some(vec![Taint {
+                    key: "pool".into(),
+                    effect: "NoSchedule".into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            status: Some(k8s_openapi::api::core::v1::NodeStatus {
+                allocatable: Some([("nvidia.com/gpu".to_owned(), Quantity("4".into()))].into()),
+                ..Default::default()
+            }),
+        };
+        state.cluster.note_node_claims(name, &tainted);
+        assert_eq!(filter(2, false, &["small"]), (vec![], 1));
+        assert_eq!(filter(2, true, &["small"]), (vec![], 2));
     }
 
     /// A team at its quota's max: every candidate is refused as full, with the quota's reason;
@@ -893,6 +1004,7 @@ mod tests {
                 Some(reason) => serde_json::to_string(&quota_refused(&state, &candidates, &reason)),
                 None => serde_json::to_string(&filter_decision(
                     &state,
+                    Some(pod),
                     Some(&Ok(Some(request))),
                     &candidates,
                 )),

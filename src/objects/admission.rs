@@ -295,6 +295,54 @@ impl NodeClaims {
     }
 }
 
+/// One pod as kube-scheduler's node-level filters read it, for checking many nodes: its GPU
+/// resource asks read once, and whether it restricts the nodes it runs on at all.
+#[derive(Clone, Debug)]
+pub struct PodClaims<'p> {
+    pod: &'p Pod,
+    asks: Vec<(String, u64)>,
+    unclaimed: bool,
+}
+
+impl<'p> PodClaims<'p> {
+    /// Reads `pod`'s asks of [`checked_resources`]; an unreadable quantity is an error.
+    pub fn of(pod: &'p Pod, cfg: &Config) -> Result<Self, TranslateError> {
+        Ok(Self {
+            pod,
+            asks: resource_asks(pod, cfg)?,
+            unclaimed: !names_nodes(pod),
+        })
+    }
+
+    /// Whether the node-level filters admit the pod on the node `name`, whose claims are
+    /// `claims` (its labels, taints, cordon and allocatable), by allocatable alone: what the
+    /// node's other pods use is the engine's to judge. A node with no claims recorded (a table
+    /// built by hand) has no labels, taints or cordon, and no allocatable to check.
+    pub fn admitted_by(&self, name: &str, claims: Option<&NodeClaims>) -> bool {
+        match claims {
+            // Most pods name no node and most nodes are open to them: their claims are then not
+            // read (the same answer as reading them, checked by the unit tests).
+            Some(claims) => {
+                let claims_checked = !(self.unclaimed && claims.admits_unclaimed());
+                !(claims_checked && claims.claim_refusal(self.pod).is_some())
+                    && claims.resource_refusal(&self.asks, None).is_none()
+            }
+            None => claim_refusal(&named_node(name), self.pod).is_none(),
+        }
+    }
+}
+
+/// A node known only by its name.
+fn named_node(name: &str) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..ObjectMeta::default()
+        },
+        ..Node::default()
+    }
+}
+
 /// A copy of `node` with only what [`claim_refusal`] reads: its name and labels, cordon and
 /// taints.
 fn claims_only(node: &Node) -> Node {

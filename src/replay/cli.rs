@@ -175,7 +175,29 @@ async fn replay_one(
         started.elapsed().as_secs_f64(),
         plane.dir().display()
     );
-    replay_pods(&client, &plan, &names).await
+    let replayed = replay_pods(&client, &plan, &names).await?;
+    if let Some(admin) = plane.admin_addr() {
+        match window_misses(admin).await {
+            Ok(misses) => eprintln!(
+                "replay: {misses} filter calls fitted none of kube-scheduler's candidates while \
+                 a node it did not send would have taken the pod \
+                 (gpu_extender_filter_window_misses_total)"
+            ),
+            Err(error) => eprintln!("replay: the extender's metrics could not be read: {error:#}"),
+        }
+    }
+    Ok(replayed)
+}
+
+/// The extender's `gpu_extender_filter_window_misses_total`, read from its metrics at `admin`.
+async fn window_misses(admin: std::net::SocketAddr) -> Result<u64> {
+    const NAME: &str = "gpu_extender_filter_window_misses_total";
+    let text = crate::http::client::http_get(&format!("http://{admin}/metrics")).await?;
+    text.lines()
+        .find_map(|line| line.strip_prefix(NAME)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse::<f64>().ok())
+        .map(|value| value as u64)
+        .with_context(|| format!("no {NAME} sample in the extender's metrics"))
 }
 
 /// Arrival points where both curves have a value: `(k, simulate, real)`.

@@ -3,11 +3,14 @@
 //! [`ClusterState`] methods take one consistent snapshot of the live table and decide on it. No
 //! HTTP here: the handlers decode, ask these, and encode.
 
+use std::collections::HashSet;
+
 use super::cluster::ClusterState;
 use crate::engine::quota::{
     Amounts, back_within_max, may_preempt, namespace_of, usage, victims_needed,
 };
 use crate::engine::{NodeState, PodAllocation, PodRequest, Policy, RejectReason};
+use crate::objects::admission::PodClaims;
 
 /// The reason given for a candidate the extender has not seen yet (its watch may lag the
 /// scheduler's); resolvable, because it will be known shortly.
@@ -175,6 +178,29 @@ impl ClusterState {
             verdict.unresolvable.clear();
         }
         Ok(verdict)
+    }
+
+    /// Whether a node kube-scheduler did not send would take the pod: not among `names`, and
+    /// both the policy's fit and the node's labels, taints, cordon and allocatable admit it.
+    /// Asked when no candidate fits, it tells kube-scheduler's window apart from a full cluster:
+    /// kube-scheduler stops filtering once it has found `percentageOfNodesToScore` of the
+    /// nodes feasible by its own checks, which do not see the GPUs the engine checks.
+    pub fn fits_outside(
+        &self,
+        names: &[&str],
+        pod: &PodClaims<'_>,
+        request: &PodRequest,
+        policy: &Policy,
+    ) -> bool {
+        let table = self.read();
+        let sent: HashSet<&str> = names.iter().copied().collect();
+        let claims = self.node_claims();
+        table.nodes().any(|node| {
+            let name = node.spec.name.as_str();
+            !sent.contains(name)
+                && policy.evaluate_score(node, request).is_ok()
+                && pod.admitted_by(name, claims.get(&node.spec.name))
+        })
     }
 
     /// Prioritize over the live table, on one snapshot: (name, 0..=10) in candidate order.

@@ -37,6 +37,9 @@ pub struct Metrics {
     pub filter_nodes: IntCounterVec,
     /// Node rejections by reason code.
     pub rejections: IntCounterVec,
+    /// Filter calls that fitted no candidate while a node kube-scheduler did not send would
+    /// have taken the pod (its `percentageOfNodesToScore` window).
+    pub filter_window_misses: IntCounter,
     /// Requests answered 503 because they waited too long for a turn under the concurrency limit.
     pub requests_shed: IntCounter,
     /// Pods whose GPU request could not be read (malformed quantities, uneven splits...).
@@ -113,6 +116,10 @@ impl Metrics {
             ),
             &["reason"],
         )?;
+        let filter_window_misses = IntCounter::new(
+            "gpu_extender_filter_window_misses_total",
+            "Filter calls that fitted none of the candidate nodes while a node kube-scheduler did not send would have taken the pod.",
+        )?;
         let invalid_requests = IntCounter::new(
             "gpu_extender_invalid_requests_total",
             "Filter calls for pods whose GPU request could not be read.",
@@ -179,6 +186,7 @@ impl Metrics {
         register(&registry, &mut names, requests.clone())?;
         register(&registry, &mut names, filter_nodes.clone())?;
         register(&registry, &mut names, rejections.clone())?;
+        register(&registry, &mut names, filter_window_misses.clone())?;
         register(&registry, &mut names, invalid_requests.clone())?;
         register(&registry, &mut names, quota_refusals.clone())?;
         register(&registry, &mut names, binds.clone())?;
@@ -210,6 +218,7 @@ impl Metrics {
             requests,
             filter_nodes,
             rejections,
+            filter_window_misses,
             invalid_requests,
             quota_refusals,
             binds,
