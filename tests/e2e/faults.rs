@@ -519,10 +519,18 @@ fn a_stream_of_pods_survives_severed_watches_an_api_restart_timeouts_and_a_node_
             .filter(|name| !pinned(name_index(name)))
             .collect();
         ensure!(stuck.is_empty(), "pods left unbound: {stuck:?}");
-        ensure!(
-            metric(c, "gpu_extender_relists_total", &[]).await? > relists,
-            "the restarted API server did not make the watches relist"
-        );
+        // A watch that lost its API server retries with kube-runtime's default backoff, up to
+        // 30 s between attempts (12 s once, when the restart took 8 s), so its relist may come
+        // after the pods settled: poll for it, for longer than one such wait.
+        const RELIST: Duration = Duration::from_secs(60);
+        let deadline = Instant::now() + RELIST;
+        while metric(c, "gpu_extender_relists_total", &[]).await? <= relists {
+            ensure!(
+                Instant::now() < deadline,
+                "the restarted API server did not make the watches relist within {RELIST:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         let survivors: Vec<GpuNode> = nodes.into_iter().filter(|n| n.name != "f-doomed").collect();
         check_table(c, &survivors, "after the stream").await?;
         wait_inspect(c, "f-doomed gone", |r| {
