@@ -9,7 +9,7 @@ use super::cluster::ClusterState;
 use crate::engine::quota::{
     Amounts, back_within_max, may_preempt, namespace_of, usage, victims_needed,
 };
-use crate::engine::{NodeState, PodAllocation, PodRequest, Policy, RejectReason};
+use crate::engine::{NodeState, PodAllocation, PodRequest, Policy, RejectReason, fit};
 use crate::objects::admission::PodClaims;
 
 /// The reason given for a candidate the extender has not seen yet (its watch may lag the
@@ -195,11 +195,14 @@ impl ClusterState {
         let table = self.read();
         let sent: HashSet<&str> = names.iter().copied().collect();
         let claims = self.node_claims();
+        // Cheapest first: the name, the node's claims (map lookups), then the fit alone; a
+        // node's score does not matter here, and scoring every node of a full cluster would be
+        // the costliest part of a failing filter.
         table.nodes().any(|node| {
             let name = node.spec.name.as_str();
             !sent.contains(name)
-                && policy.evaluate_score(node, request).is_ok()
                 && pod.admitted_by(name, claims.get(&node.spec.name))
+                && fit(node, request, policy).is_ok()
         })
     }
 
