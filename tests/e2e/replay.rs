@@ -113,6 +113,17 @@ fn replay_the_real_loop_places_as_simulate_does() {
             printed.contains("simulate vs the real loop"),
             "no comparison printed:\n{printed}"
         );
+        // 32 nodes, fewer than kube-scheduler's 100-node floor: it sends every node it finds
+        // feasible, so a node outside the candidates is one it refused, and a window miss
+        // counted here would be the check disagreeing with kube-scheduler.
+        let misses = printed
+            .lines()
+            .filter(|line| line.contains("gpu_extender_filter_window_misses_total"))
+            .collect::<Vec<_>>();
+        ensure!(
+            misses.len() == 2 && misses.iter().all(|line| line.starts_with("replay: 0 ")),
+            "the window misses, one line per policy, all 0:\n{printed}"
+        );
         for file in [
             "runs.csv",
             "discrete.csv",
