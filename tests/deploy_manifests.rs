@@ -521,6 +521,11 @@ fn the_pieces_of_the_deployment_agree() {
         dedicated["profiles"], scheduler["profiles"],
         "the profile differs between deploy/ and scheduler-config/gpu-scheduler-dedicated.yaml"
     );
+    assert_eq!(
+        dedicated["percentageOfNodesToScore"], scheduler["percentageOfNodesToScore"],
+        "the window (percentageOfNodesToScore) differs between deploy/ and \
+         scheduler-config/gpu-scheduler-dedicated.yaml"
+    );
 
     // The configurations that share a kube-scheduler with the default profile call the extender
     // only for pods that ask for its resources: managedResources are the extender's names.
@@ -1679,6 +1684,7 @@ const EVERY_OPTION: &[&str] = &[
     "inspectReader.enabled=true",
     "tls.enabled=true",
     "karmadaEstimator.enabled=true",
+    "kubeScheduler.percentageOfNodesToScore=20",
 ];
 /// What Helm adds to deploy/'s objects: its own labels, the pod template's configuration
 /// checksum (kustomize rolls the pods through hashed ConfigMap names instead), and the
@@ -1951,6 +1957,22 @@ fn helm_chart_renders_the_objects_of_deploy() {
     };
     assert_eq!(secret_mount("gpu-extender", cert), "gpu-extender-tls");
     assert_eq!(secret_mount("kube-scheduler", ca), "gpu-extender-tls");
+    // The window: set when given (EVERY_OPTION sets 20), left out by default, as deploy/ leaves
+    // it (kube-scheduler's adaptive default, decision 0006).
+    assert_eq!(
+        with_tls.scheduler_config()["percentageOfNodesToScore"].as_u64(),
+        Some(20)
+    );
+    let by_default = Rendered {
+        text: String::new(),
+        objects: helm_objects(&chart),
+    };
+    assert!(
+        by_default
+            .scheduler_config()
+            .get("percentageOfNodesToScore")
+            .is_none()
+    );
 
     // 4. The Karmada estimator: deploy/ with its karmada-estimator component, object for object
     //    (the Deployment's env and port included).

@@ -199,12 +199,14 @@ pub fn pod_object(
     ]);
     let mut limits = BTreeMap::new();
     let mut annotations = BTreeMap::new();
+    let mut affinity = Value::Null;
     if let Some((resource, amount)) = gpu_resource(pod, config)? {
         requests.insert(resource.clone(), amount.clone());
         limits.insert(resource, amount);
         let models: Vec<&str> = pod.gpu_spec.split('|').filter(|m| !m.is_empty()).collect();
         if !models.is_empty() {
             annotations.insert(config.annotations.model_include.clone(), models.join(","));
+            affinity = model_affinity(&config.node_labels.model, &models);
         }
     }
     let object = json!({
@@ -216,6 +218,7 @@ pub fn pod_object(
         },
         "spec": {
             "schedulerName": scheduler,
+            "affinity": affinity,
             "terminationGracePeriodSeconds": 0,
             "containers": [{
                 "name": "main",
@@ -226,6 +229,20 @@ pub fn pod_object(
     });
     // Every field above is one the Pod type has; a failure here is a bug, not bad input.
     Ok(serde_json::from_value(object).unwrap_or_default())
+}
+
+/// Required node affinity on the model label for a pod that names its models: what a
+/// Kubernetes user writes for an exact list of models, and what kube-scheduler's own filter sees.
+/// Without it kube-scheduler counts nodes of every model feasible, and a window of
+/// `percentageOfNodesToScore` may hold none of the pod's models (the window misses of
+/// docs/operations.md). The `model-include` annotation stays beside it: it is how the extender
+/// reads the same constraint, so its request equals `simulate`'s (checked below).
+fn model_affinity(model_label: &str, models: &[&str]) -> Value {
+    json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{
+            "key": model_label, "operator": "In", "values": models,
+        }]}],
+    }}})
 }
 
 /// The name of the `index`-th submission (resampled pods repeat a trace row).
@@ -402,8 +419,31 @@ mod tests {
         let constrained =
             pod_object(&sim_pod("m", 1, 1000, "T4|P100"), 0, "x", "run-1", &config).unwrap();
         assert_eq!(
-            constrained.metadata.annotations.unwrap()["gpu-extender.io/model-include"],
+            constrained.metadata.annotations.clone().unwrap()["gpu-extender.io/model-include"],
             "T4,P100"
+        );
+        // kube-scheduler sees the same constraint: a node of another model fails its
+        // NodeAffinity filter, a node of one of the models passes it.
+        let model_node = |model: &str| -> Node {
+            serde_json::from_value(json!({"metadata": {"name": "n", "labels": {
+                "aliyun.accelerator/nvidia_name": model,
+            }}}))
+            .unwrap()
+        };
+        let refusal =
+            crate::objects::admission::claim_refusal(&model_node("V100M32"), &constrained);
+        assert_eq!(
+            refusal.map(|r| r.layer),
+            Some(crate::objects::admission::Layer::NodeAffinity)
+        );
+        assert_eq!(
+            crate::objects::admission::claim_refusal(&model_node("P100"), &constrained),
+            None
+        );
+        let free = pod_object(&sim_pod("f", 1, 1000, ""), 0, "x", "run-1", &config).unwrap();
+        assert!(
+            free.spec.unwrap().affinity.is_none(),
+            "no models, no affinity"
         );
         assert_eq!(
             pod_name(&sim_pod("openb-pod-0001", 1, 1000, ""), 42),

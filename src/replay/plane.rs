@@ -373,6 +373,14 @@ mod tests {
             "http://127.0.0.1:4242/scheduler"
         );
         assert_eq!(rendered["extenders"][0]["weight"], 5, "the rest is kept");
+        let kept: Value =
+            serde_yaml_ng::from_str(&SchedulerSetup::shipped().render(Some(addr)).unwrap())
+                .unwrap();
+        let file: Value = serde_yaml_ng::from_str(DEDICATED_PROFILE).unwrap();
+        assert_eq!(
+            kept["percentageOfNodesToScore"], file["percentageOfNodesToScore"],
+            "without an override the file's window is kept"
+        );
 
         let baseline = SchedulerSetup {
             base: SHIPPED_PROFILE.to_owned(),

@@ -15,6 +15,9 @@ leaderElection:
   renewDeadline: {{ .Values.leaderElection.renewDeadline }}
   retryPeriod: {{ .Values.leaderElection.retryPeriod }}
 {{- end }}
+{{- with .Values.kubeScheduler.percentageOfNodesToScore }}
+percentageOfNodesToScore: {{ . }}
+{{- end }}
 profiles:
   - schedulerName: {{ .Values.schedulerName }}
     pluginConfig:
