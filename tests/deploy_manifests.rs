@@ -2020,6 +2020,10 @@ fn helm_lint_passes_and_the_schema_refuses_bad_values() {
         ),
         ("replicas: 0\n", "'/replicas': minimum: got 0, want 1"),
         (
+            "kubeScheduler:\n  percentageOfNodesToScore: 101\n",
+            "'/kubeScheduler/percentageOfNodesToScore': maximum: got 101, want 100",
+        ),
+        (
             "config:\n  policy:\n    scorng: spread\n",
             "'/config/policy': additional properties 'scorng' not allowed",
         ),

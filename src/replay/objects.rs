@@ -286,6 +286,7 @@ fn gpu_resource(pod: &SimPod, config: &Config) -> Result<Option<(String, String)
 mod tests {
     use super::*;
     use crate::engine::{CpuMilli, MemMiB};
+    use crate::objects::admission::{Layer, claim_refusal};
     use crate::objects::translate;
     use crate::sim::{Cluster, Prepared, load};
     use std::path::Path;
@@ -430,16 +431,11 @@ mod tests {
             }}}))
             .unwrap()
         };
-        let refusal =
-            crate::objects::admission::claim_refusal(&model_node("V100M32"), &constrained);
         assert_eq!(
-            refusal.map(|r| r.layer),
-            Some(crate::objects::admission::Layer::NodeAffinity)
+            claim_refusal(&model_node("V100M32"), &constrained).map(|r| r.layer),
+            Some(Layer::NodeAffinity)
         );
-        assert_eq!(
-            crate::objects::admission::claim_refusal(&model_node("P100"), &constrained),
-            None
-        );
+        assert_eq!(claim_refusal(&model_node("P100"), &constrained), None);
         let free = pod_object(&sim_pod("f", 1, 1000, ""), 0, "x", "run-1", &config).unwrap();
         assert!(
             free.spec.unwrap().affinity.is_none(),
