@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail};
 
 use super::args::ReplayArgs;
 use super::objects::{dns_name, extender_config};
-use super::plane::{Plane, SchedulerSetup, client_from, k8s_bins};
+use super::plane::{Plane, SchedulerSetup, client_from, k8s_bins, series_value};
 use super::run::{
     ReplayPlan, Replayed, clean_up, create_cluster, refuse_foreign_objects, replay_pods,
 };
@@ -176,26 +176,22 @@ async fn replay_one(
         plane.dir().display()
     );
     let replayed = replay_pods(&client, &plan, &names).await?;
-    if let Some(admin) = plane.admin_addr() {
-        match window_misses(admin).await {
-            Ok(misses) => eprintln!(
-                "replay: {misses} filter calls fitted none of kube-scheduler's candidates while \
-                 a node it did not send would have taken the pod \
-                 (gpu_extender_filter_window_misses_total)"
-            ),
-            Err(error) => eprintln!("replay: the extender's metrics could not be read: {error:#}"),
-        }
+    match window_misses(&plane).await {
+        Ok(misses) => eprintln!(
+            "replay: {misses} filter calls fitted none of kube-scheduler's candidates while \
+             a node it did not send would have taken the pod \
+             (gpu_extender_filter_window_misses_total)"
+        ),
+        Err(error) => eprintln!("replay: the extender's metrics could not be read: {error:#}"),
     }
     Ok(replayed)
 }
 
-/// The extender's `gpu_extender_filter_window_misses_total`, read from its metrics at `admin`.
-async fn window_misses(admin: std::net::SocketAddr) -> Result<u64> {
+/// The extender's `gpu_extender_filter_window_misses_total`, read from its metrics.
+async fn window_misses(plane: &Plane) -> Result<u64> {
     const NAME: &str = "gpu_extender_filter_window_misses_total";
-    let text = crate::http::client::http_get(&format!("http://{admin}/metrics")).await?;
-    text.lines()
-        .find_map(|line| line.strip_prefix(NAME)?.strip_prefix(' '))
-        .and_then(|value| value.trim().parse::<f64>().ok())
+    let text = plane.extender_metrics().await?;
+    series_value(&text, NAME)
         .map(|value| value as u64)
         .with_context(|| format!("no {NAME} sample in the extender's metrics"))
 }

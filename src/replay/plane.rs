@@ -254,6 +254,14 @@ impl Plane {
         self.admin_addr
     }
 
+    /// The running extender's metrics, in Prometheus text format.
+    pub async fn extender_metrics(&self) -> Result<String> {
+        let admin = self
+            .admin_addr
+            .ok_or_else(|| anyhow!("the extender is not running"))?;
+        crate::http::client::http_get(&format!("http://{admin}/metrics")).await
+    }
+
     /// (Re)starts kube-scheduler with `setup`, pointed at the running extender.
     pub fn start_scheduler(&self, setup: &SchedulerSetup) -> Result<()> {
         let rendered = setup.render(self.extender_addr)?;
@@ -296,6 +304,15 @@ impl Drop for Plane {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// The value of one series in Prometheus text format: `series` is the metric's name with its
+/// labels as the exposition writes them, e.g. `gpu_extender_requests_total{verb="filter"}` (the
+/// prometheus crate writes labels in the order they were declared).
+pub fn series_value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
 }
 
 /// A client for the cluster `kubeconfig` names.

@@ -2,7 +2,8 @@
 //! API allows against M eight-GPU nodes, timed until all are bound, once through gpu-extender
 //! (the `gpu-scheduler` profile) and once without it (the default profile, whole GPUs counted by
 //! kube-scheduler alone), the same kube-scheduler with the same client QPS, back to back. Reports
-//! pods/s, their ratio, and the CPU each process spent per pod.
+//! pods/s, their ratio, the CPU each process spent per pod, and the time the extender's filter
+//! handler took per pod (of kube-scheduler's serial cycle, the part the extender answers in).
 
 use std::collections::HashSet;
 use std::fmt::Write as _;
@@ -16,7 +17,9 @@ use kube::runtime::watcher::{self, Event};
 
 use super::args::ReplayArgs;
 use super::objects::{NAMESPACE, OWNER_LABEL, extender_config, pod_object};
-use super::plane::{DEFAULT_SCHEDULER, GPU_SCHEDULER, Plane, SHIPPED_PROFILE, cpu_time, k8s_bins};
+use super::plane::{
+    DEFAULT_SCHEDULER, GPU_SCHEDULER, Plane, SHIPPED_PROFILE, cpu_time, k8s_bins, series_value,
+};
 use super::run::{clean_up, create_cluster};
 use crate::engine::{CpuMilli, MemMiB, ScoringPolicy, TypicalPods};
 use crate::sim::{Cluster, SimNode, SimPod};
@@ -29,11 +32,52 @@ pub struct Measurement {
     pub elapsed: Duration,
     /// CPU spent per process during the batch.
     pub cpu: Vec<(&'static str, Duration)>,
+    /// The extender's filter calls during the batch, from its metrics (with the extender only).
+    pub filter: Option<FilterCalls>,
+}
+
+/// Filter calls the extender answered and the time its handler took for them (decoding the
+/// request and deciding; not reading the body off the socket or writing the answer).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct FilterCalls {
+    pub calls: f64,
+    pub seconds: f64,
+}
+
+impl FilterCalls {
+    const CALLS: &str = r#"gpu_extender_request_duration_seconds_count{verb="filter"}"#;
+    const SECONDS: &str = r#"gpu_extender_request_duration_seconds_sum{verb="filter"}"#;
+
+    /// The totals so far in the extender's metrics text; none before the first filter call.
+    fn read(metrics: &str) -> Self {
+        Self {
+            calls: series_value(metrics, Self::CALLS).unwrap_or(0.0),
+            seconds: series_value(metrics, Self::SECONDS).unwrap_or(0.0),
+        }
+    }
+
+    fn since(self, before: Self) -> Self {
+        Self {
+            calls: self.calls - before.calls,
+            seconds: self.seconds - before.seconds,
+        }
+    }
 }
 
 impl Measurement {
     pub fn pods_per_second(&self) -> f64 {
         self.pods as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// Wall-clock milliseconds per pod: kube-scheduler's cycle where it is the bottleneck.
+    pub fn ms_per_pod(&self) -> f64 {
+        self.elapsed.as_secs_f64() * 1000.0 / self.pods.max(1) as f64
+    }
+
+    /// The extender's filter handler time in milliseconds per pod.
+    pub fn filter_ms_per_pod(&self) -> Option<f64> {
+        self.filter
+            .map(|f| f.seconds * 1000.0 / self.pods.max(1) as f64)
     }
 
     /// The CPU every measured process spent, in milliseconds per pod.
@@ -184,6 +228,7 @@ async fn measure(
         }
     }
     let pids = plane.pids();
+    let filter_before = filter_calls(plane, with_extender).await?;
     let cpu_before: Vec<Option<Duration>> = pids.iter().map(|&(_, pid)| cpu_time(pid)).collect();
     let template = SimPod {
         name: "tp".into(),
@@ -237,12 +282,29 @@ async fn measure(
         .zip(cpu_before)
         .filter_map(|(&(name, pid), before)| Some((name, cpu_time(pid)?.saturating_sub(before?))))
         .collect();
+    let filter = match (filter_calls(plane, with_extender).await?, filter_before) {
+        (Some(after), Some(before)) => Some(after.since(before)),
+        _ => None,
+    };
     Ok(Measurement {
         with_extender,
         pods: count,
         elapsed,
         cpu,
+        filter,
     })
+}
+
+/// The extender's filter totals so far, when it runs.
+async fn filter_calls(plane: &Plane, with_extender: bool) -> Result<Option<FilterCalls>> {
+    if !with_extender {
+        return Ok(None);
+    }
+    let metrics = plane
+        .extender_metrics()
+        .await
+        .context("reading the extender's metrics")?;
+    Ok(Some(FilterCalls::read(&metrics)))
 }
 
 /// Deletes the batch's pods and waits until they are gone.
@@ -274,9 +336,9 @@ pub fn report(measurements: &[Measurement], nodes: usize) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "\n| setup | pods | nodes | seconds | pods/s | CPU ms per pod: kube-scheduler | kube-apiserver | etcd | gpu-extender | all |"
+        "\n| setup | pods | nodes | seconds | pods/s | CPU ms per pod: kube-scheduler | kube-apiserver | etcd | gpu-extender | all | extender filter ms per pod |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
     for m in measurements {
         let per_pod = |name: &str| {
             m.cpu
@@ -287,7 +349,7 @@ pub fn report(measurements: &[Measurement], nodes: usize) -> String {
         };
         let _ = writeln!(
             out,
-            "| {} | {} | {nodes} | {:.1} | {:.1} | {} | {} | {} | {} | {:.2} |",
+            "| {} | {} | {nodes} | {:.1} | {:.1} | {} | {} | {} | {} | {:.2} | {} |",
             if m.with_extender {
                 "with gpu-extender"
             } else {
@@ -301,6 +363,8 @@ pub fn report(measurements: &[Measurement], nodes: usize) -> String {
             per_pod("etcd"),
             per_pod("gpu-extender"),
             m.cpu_ms_per_pod(),
+            m.filter_ms_per_pod()
+                .map_or_else(|| "-".to_owned(), |ms| format!("{ms:.3}")),
         );
     }
     let mean = |with: bool, of: fn(&Measurement) -> f64| {
@@ -333,6 +397,25 @@ pub fn report(measurements: &[Measurement], nodes: usize) -> String {
             with / without
         );
     }
+    // Where the processes have cores to spare, pods/s follows kube-scheduler's serial cycle: what
+    // the extender adds to each pod's time, against what its filter handler itself took.
+    if let (Some(with), Some(without), Some(filter), Some(calls)) = (
+        mean(true, Measurement::ms_per_pod),
+        mean(false, Measurement::ms_per_pod),
+        mean(true, |m| m.filter_ms_per_pod().unwrap_or(f64::NAN)),
+        mean(true, |m| {
+            m.filter
+                .map_or(f64::NAN, |f| f.calls / m.pods.max(1) as f64)
+        }),
+    ) && filter.is_finite()
+    {
+        // More than one call per pod means pods were tried again (none fitted the window).
+        let _ = writeln!(
+            out,
+            "time per pod: {with:.3} / {without:.3} ms ({:+.3} ms); the extender's filter handler: {filter:.3} ms of it ({calls:.2} filter calls per pod)",
+            with - without
+        );
+    }
     out
 }
 
@@ -349,7 +432,30 @@ mod tests {
                 .iter()
                 .map(|(name, ms)| (*name, Duration::from_millis(*ms)))
                 .collect(),
+            filter: with_extender.then_some(FilterCalls {
+                calls: 1000.0,
+                seconds: 0.25,
+            }),
         }
+    }
+
+    #[test]
+    fn filter_calls_are_read_from_the_extenders_own_metrics_text() {
+        let metrics = crate::telemetry::metrics::Metrics::new().expect("metrics");
+        let before = FilterCalls::read(&metrics.render().expect("render"));
+        assert_eq!(before, FilterCalls::default(), "no filter call yet");
+        let filter = metrics.request_duration.with_label_values(&["filter"]);
+        filter.observe(0.002);
+        filter.observe(0.003);
+        // Other verbs do not count.
+        metrics
+            .request_duration
+            .with_label_values(&["bind"])
+            .observe(1.0);
+        let after = FilterCalls::read(&metrics.render().expect("render"));
+        let batch = after.since(before);
+        assert_eq!(batch.calls, 2.0);
+        assert!((batch.seconds - 0.005).abs() < 1e-12, "{batch:?}");
     }
 
     #[test]
@@ -373,6 +479,16 @@ mod tests {
             report.contains("| 2.00 | - | - | 3.00 | 5.00 |"),
             "{report}"
         );
-        assert!(report.contains("| 4.00 | - | - | - | 4.00 |"), "{report}");
+        assert!(
+            report.contains("| 4.00 | - | - | - | 4.00 | - |"),
+            "{report}"
+        );
+        assert!(report.contains("| 5.00 | 0.250 |"), "{report}");
+        assert!(
+            report.contains(
+                "time per pod: 4.000 / 2.000 ms (+2.000 ms); the extender's filter handler: 0.250 ms of it (1.00 filter calls per pod)"
+            ),
+            "{report}"
+        );
     }
 }
