@@ -249,11 +249,6 @@ impl Plane {
         self.admin_addr = None;
     }
 
-    /// The extender's admin address, while it runs.
-    pub fn admin_addr(&self) -> Option<SocketAddr> {
-        self.admin_addr
-    }
-
     /// The running extender's metrics, in Prometheus text format.
     pub async fn extender_metrics(&self) -> Result<String> {
         let admin = self

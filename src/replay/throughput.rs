@@ -80,6 +80,11 @@ impl Measurement {
             .map(|f| f.seconds * 1000.0 / self.pods.max(1) as f64)
     }
 
+    /// The extender's filter calls per pod: more than one means pods were tried again.
+    pub fn filter_calls_per_pod(&self) -> Option<f64> {
+        self.filter.map(|f| f.calls / self.pods.max(1) as f64)
+    }
+
     /// The CPU every measured process spent, in milliseconds per pod.
     pub fn cpu_ms_per_pod(&self) -> f64 {
         let total: Duration = self.cpu.iter().map(|(_, cpu)| *cpu).sum();
@@ -367,17 +372,19 @@ pub fn report(measurements: &[Measurement], nodes: usize) -> String {
                 .map_or_else(|| "-".to_owned(), |ms| format!("{ms:.3}")),
         );
     }
-    let mean = |with: bool, of: fn(&Measurement) -> f64| {
+    // The mean over one setup's batches of what `of` gives (batches where it gives nothing are
+    // left out).
+    let mean = |with: bool, of: fn(&Measurement) -> Option<f64>| {
         let values: Vec<f64> = measurements
             .iter()
             .filter(|m| m.with_extender == with)
-            .map(of)
+            .filter_map(of)
             .collect();
         (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
     };
     if let (Some(with), Some(without)) = (
-        mean(true, Measurement::pods_per_second),
-        mean(false, Measurement::pods_per_second),
+        mean(true, |m| Some(m.pods_per_second())),
+        mean(false, |m| Some(m.pods_per_second())),
     ) {
         let _ = writeln!(
             out,
@@ -388,8 +395,8 @@ pub fn report(measurements: &[Measurement], nodes: usize) -> String {
     // On shared cores pods/s follows the CPU all processes spend per pod: the sum and its ratio
     // say how much of a change in pods/s is CPU, beside the per-process columns.
     if let (Some(with), Some(without)) = (
-        mean(true, Measurement::cpu_ms_per_pod),
-        mean(false, Measurement::cpu_ms_per_pod),
+        mean(true, |m| Some(m.cpu_ms_per_pod())),
+        mean(false, |m| Some(m.cpu_ms_per_pod())),
     ) {
         let _ = writeln!(
             out,
@@ -400,16 +407,11 @@ pub fn report(measurements: &[Measurement], nodes: usize) -> String {
     // Where the processes have cores to spare, pods/s follows kube-scheduler's serial cycle: what
     // the extender adds to each pod's time, against what its filter handler itself took.
     if let (Some(with), Some(without), Some(filter), Some(calls)) = (
-        mean(true, Measurement::ms_per_pod),
-        mean(false, Measurement::ms_per_pod),
-        mean(true, |m| m.filter_ms_per_pod().unwrap_or(f64::NAN)),
-        mean(true, |m| {
-            m.filter
-                .map_or(f64::NAN, |f| f.calls / m.pods.max(1) as f64)
-        }),
-    ) && filter.is_finite()
-    {
-        // More than one call per pod means pods were tried again (none fitted the window).
+        mean(true, |m| Some(m.ms_per_pod())),
+        mean(false, |m| Some(m.ms_per_pod())),
+        mean(true, Measurement::filter_ms_per_pod),
+        mean(true, Measurement::filter_calls_per_pod),
+    ) {
         let _ = writeln!(
             out,
             "time per pod: {with:.3} / {without:.3} ms ({:+.3} ms); the extender's filter handler: {filter:.3} ms of it ({calls:.2} filter calls per pod)",
