@@ -12,7 +12,8 @@ use super::args::ReplayArgs;
 use super::objects::{dns_name, extender_config};
 use super::plane::{Plane, SchedulerSetup, client_from, k8s_bins, series_value};
 use super::run::{
-    ReplayPlan, Replayed, clean_up, create_cluster, refuse_foreign_objects, replay_pods,
+    ChoiceTally, ReplayPlan, Replayed, clean_up, create_cluster, refuse_foreign_objects,
+    replay_pods,
 };
 use super::throughput::run_throughput;
 use crate::engine::ScoringPolicy;
@@ -68,6 +69,7 @@ pub async fn run_cli(args: ReplayArgs) -> Result<()> {
                     replayed.result.pods as f64 / replayed.elapsed.as_secs_f64().max(1e-9),
                     replayed.result.failed,
                 );
+                eprintln!("{}", choices_line(&replayed.choices));
                 if args.compare {
                     simulated.push(crate::sim::replay::run(
                         &prepared,
@@ -112,6 +114,26 @@ pub fn parse_scoring(names: &[String]) -> Result<Vec<ScoringPolicy>> {
         }
     }
     Ok(policies)
+}
+
+/// What the candidates kube-scheduler sent cost the policy's choices, in one line.
+fn choices_line(choices: &ChoiceTally) -> String {
+    let mut line = format!(
+        "replay: {} of {} bound pods went to a node the policy scores below the best fitting \
+         node of the whole cluster (a node kube-scheduler did not send the extender)",
+        choices.below_best, choices.bound
+    );
+    if let Some(first) = choices.first_below {
+        let _ = write!(line, "; the first was arrival {}", first + 1);
+    }
+    if choices.not_fit > 0 {
+        let _ = write!(
+            line,
+            "; {} went to a node `simulate` does not fit them on",
+            choices.not_fit
+        );
+    }
+    line
 }
 
 /// One (workload, policy, seed) through the real loop, on a fresh loopback plane or in the

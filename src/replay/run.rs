@@ -25,7 +25,7 @@ use crate::objects::{record, translate};
 use crate::sim::ceiling::RunCeiling;
 use crate::sim::metrics::{Curves, Rejections};
 use crate::sim::progress::Progress;
-use crate::sim::replay::Live;
+use crate::sim::replay::{ChoiceRank, Live, Referee};
 use crate::sim::{Cluster, Prepared, RunResult, SimPolicy};
 
 /// What one replay is asked to do.
@@ -58,12 +58,44 @@ pub enum Decision {
     Unschedulable,
 }
 
+/// How the nodes kube-scheduler bound rank among every node of the cluster, as the policy
+/// scores them in `simulate`'s view of the same state: what the candidates kube-scheduler sends
+/// (its `percentageOfNodesToScore` window) cost the policy's choice.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChoiceTally {
+    /// Pods bound.
+    pub bound: usize,
+    /// Bound to a node that scores below the best fitting node of the whole cluster.
+    pub below_best: usize,
+    /// Bound to a node the policy does not fit the pod on (a disagreement between the loop and
+    /// `simulate`'s model of it; expected 0).
+    pub not_fit: usize,
+    /// The arrival index (from 0) of the first pod bound below the best.
+    pub first_below: Option<usize>,
+}
+
+impl ChoiceTally {
+    fn count(&mut self, index: usize, rank: ChoiceRank) {
+        self.bound += 1;
+        match rank {
+            ChoiceRank::Best => {}
+            ChoiceRank::BelowBest => {
+                self.below_best += 1;
+                self.first_below.get_or_insert(index);
+            }
+            ChoiceRank::NotFit => self.not_fit += 1,
+        }
+    }
+}
+
 /// A replay's outputs: the same result `simulate` gives, plus what only the real loop has.
 #[derive(Debug)]
 pub struct Replayed {
     pub result: RunResult,
     /// Each submission's decision, in arrival order.
     pub decisions: Vec<Decision>,
+    /// How the bound nodes rank among the whole cluster's.
+    pub choices: ChoiceTally,
     /// From the first pod created to the last one decided.
     pub elapsed: Duration,
 }
@@ -289,6 +321,8 @@ pub async fn replay_pods(
         .collect();
     let mut nodes = prepared.nodes().to_vec();
     let mut live = Live::of(prepared, &nodes);
+    let mut referee = Referee::new(prepared, plan.scoring);
+    let mut choices = ChoiceTally::default();
     let capacity = prepared.capacity_milli();
     let pods_api: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let mut decided = watch_decisions(client, plan.run_id);
@@ -319,7 +353,10 @@ pub async fn replay_pods(
         match seen {
             Seen::Bound(bound) => {
                 let (n, allocation) = placement(&bound, &node_index, plan.config)?;
+                choices.count(index, referee.rank(prepared, &nodes, &live, pod_id, n));
+                referee.node_changing(&nodes[n]);
                 nodes[n].add(&allocation);
+                referee.pod_added(prepared, &nodes, n, pod_id);
                 live.measure(prepared, &nodes, n);
                 decisions.push(Decision::Bound(n));
             }
@@ -371,6 +408,7 @@ pub async fn replay_pods(
             ceiling: Some(ceiling),
         },
         decisions,
+        choices,
         elapsed,
     })
 }

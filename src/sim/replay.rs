@@ -536,6 +536,112 @@ struct Entry {
     score: f64,
 }
 
+/// Where a placement the real loop made ranks among every node of the cluster, as the policy
+/// scores them in `simulate`'s view of the same state ([`Referee`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ChoiceRank {
+    /// The node scores as high as any fitting node of the cluster.
+    Best,
+    /// A fitting node that kube-scheduler did not send (or an older scarcity measure) would
+    /// have scored higher.
+    BelowBest,
+    /// The policy does not fit the pod on that node in this state.
+    NotFit,
+}
+
+/// The policy as `simulate` runs it, kept in step with the nodes of an in-cluster replay: it
+/// tells whether kube-scheduler bound each pod to the node the policy scores best over the
+/// whole cluster, or only to the best of the candidates it sent (`percentageOfNodesToScore`).
+pub(crate) struct Referee {
+    scorer: Scorer,
+    mixes: Vec<GpuClassMix>,
+    /// Per node, bumped when it changes; the cache below answers for one generation.
+    generation: Vec<u32>,
+    /// (class, node) answers, class-major, as `run` keeps them: a replay of 10,000 pods on
+    /// 1,000 nodes would otherwise score ten million pairs.
+    cache: Vec<Entry>,
+}
+
+impl Referee {
+    /// The policy `scoring` (with its default tuning) on the prepared cluster, still empty.
+    pub(crate) fn new(prepared: &Prepared, scoring: ScoringPolicy) -> Self {
+        let node_count = prepared.nodes.len();
+        Self {
+            scorer: Scorer::new(
+                SimPolicy::engine(scoring),
+                &prepared.typical,
+                &prepared.nodes,
+            ),
+            mixes: vec![GpuClassMix::default(); node_count],
+            generation: vec![1; node_count],
+            cache: vec![Entry::default(); node_count * prepared.classes.len()],
+        }
+    }
+
+    /// How node `chosen` ranks for workload pod `pod` among all of `nodes`.
+    pub(crate) fn rank(
+        &mut self,
+        prepared: &Prepared,
+        nodes: &[NodeState],
+        live: &Live,
+        pod: usize,
+        chosen: usize,
+    ) -> ChoiceRank {
+        let class_id = prepared.class_of[pod];
+        let class = &prepared.classes[class_id];
+        let count = nodes.len();
+        let row = &mut self.cache[class_id * count..(class_id + 1) * count];
+        let mut best: Option<f64> = None;
+        for (n, entry) in row.iter_mut().enumerate() {
+            if entry.generation != self.generation[n] {
+                let score = self
+                    .scorer
+                    .evaluate(&nodes[n], &live.free[n], &self.mixes[n], class);
+                *entry = Entry {
+                    generation: self.generation[n],
+                    feasible: score.is_some(),
+                    score: score.unwrap_or_default(),
+                };
+            }
+            if entry.feasible && best.is_none_or(|best| entry.score > best) {
+                best = Some(entry.score);
+            }
+        }
+        match (row.get(chosen), best) {
+            (Some(entry), Some(best)) if entry.feasible => {
+                if entry.score < best {
+                    ChoiceRank::BelowBest
+                } else {
+                    ChoiceRank::Best
+                }
+            }
+            _ => ChoiceRank::NotFit,
+        }
+    }
+
+    /// Takes node `node`, about to receive a pod, out of the scarcity census.
+    pub(crate) fn node_changing(&mut self, node: &NodeState) {
+        self.scorer.node_changing(node);
+    }
+
+    /// Counts node `n` back in after workload pod `pod` was added to it.
+    pub(crate) fn pod_added(
+        &mut self,
+        prepared: &Prepared,
+        nodes: &[NodeState],
+        n: usize,
+        pod: usize,
+    ) {
+        self.generation[n] += 1;
+        if self.scorer.node_changed(&nodes[n]) {
+            invalidate_all(&mut self.generation);
+        }
+        if let Some(gpu_class) = prepared.classes[prepared.class_of[pod]].class {
+            self.mixes[n].add(gpu_class);
+        }
+    }
+}
+
 /// Live per-node measurements, kept in step with the node states (the in-cluster replay keeps
 /// them too, from the allocation records of the pods the real loop bound).
 pub(crate) struct Live {
@@ -790,6 +896,45 @@ mod tests {
         assert!(
             error.to_string().contains("pod a has no creation_time"),
             "{error}"
+        );
+    }
+    #[test]
+    fn the_referee_tells_the_best_node_from_a_worse_one_and_from_one_that_does_not_fit() {
+        let nodes = "sn,cpu_milli,memory_mib,gpu,model\n\
+                     t0,64000,262144,8,T4\nt1,64000,262144,8,T4\nv,64000,262144,8,V100\n";
+        let cluster = Cluster::new("c", parse_node_csv(Path::new("n.csv"), nodes).unwrap());
+        // Pods sorted by name: a and b ask for any model, c for a V100.
+        let pods = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n\
+                    a,4000,8192,1,1000,\nb,4000,8192,1,1000,\nc,4000,8192,1,1000,V100\n";
+        let workload = Workload::new("w", parse_pod_csv(Path::new("p.csv"), pods).unwrap());
+        let prepared = Prepared::new(&cluster, &workload);
+        let mut nodes = prepared.nodes().to_vec();
+        let mut live = Live::of(&prepared, &nodes);
+        let mut referee = Referee::new(&prepared, ScoringPolicy::Binpack);
+        use ChoiceRank::{BelowBest, Best, NotFit};
+        // Every node's rank for pod `pod` (t0, t1, v).
+        let ranks = |referee: &mut Referee, nodes: &[NodeState], live: &Live, pod: usize| {
+            (0..3)
+                .map(|n| referee.rank(&prepared, nodes, live, pod, n))
+                .collect::<Vec<_>>()
+        };
+        // Empty, every node scores alike for a, which takes any model.
+        assert_eq!(ranks(&mut referee, &nodes, &live, 0), [Best, Best, Best]);
+        let request = &prepared.classes[prepared.class_of[0]].request;
+        let allocation = fit(&nodes[0], request, &Policy::scoring(ScoringPolicy::Binpack)).unwrap();
+        referee.node_changing(&nodes[0]);
+        nodes[0].add(&allocation);
+        referee.pod_added(&prepared, &nodes, 0, 0);
+        live.measure(&prepared, &nodes, 0);
+        // Binpack: with a on t0, t0 is b's best and the empty nodes below it.
+        assert_eq!(
+            ranks(&mut referee, &nodes, &live, 1),
+            [Best, BelowBest, BelowBest]
+        );
+        // c asks for a V100: the T4 nodes do not fit it, the V100 node is its only choice.
+        assert_eq!(
+            ranks(&mut referee, &nodes, &live, 2),
+            [NotFit, NotFit, Best]
         );
     }
 }

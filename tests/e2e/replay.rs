@@ -124,6 +124,19 @@ fn replay_the_real_loop_places_as_simulate_does() {
             misses.len() == 2 && misses.iter().all(|line| line.starts_with("replay: 0 ")),
             "the window misses, one line per policy, all 0:\n{printed}"
         );
+        // For the same reason binpack (whose scores no trailing scarcity measure moves) binds
+        // every pod to a node it scores as high as any in the cluster, and neither policy binds
+        // a pod where `simulate`'s model of the state does not fit it.
+        let choices = printed
+            .lines()
+            .filter(|line| line.contains("bound pods went to a node the policy scores below"))
+            .collect::<Vec<_>>();
+        ensure!(
+            choices.len() == 2
+                && choices[0].starts_with("replay: 0 of ")
+                && choices.iter().all(|line| !line.contains("does not fit")),
+            "the choice lines, binpack's first with none below the best:\n{printed}"
+        );
         for file in [
             "runs.csv",
             "discrete.csv",
