@@ -536,6 +536,22 @@ struct Entry {
     score: f64,
 }
 
+impl Entry {
+    /// Scores again with `evaluate` unless the answer is for `generation` already; whether it did.
+    fn refresh(&mut self, generation: u32, evaluate: impl FnOnce() -> Option<f64>) -> bool {
+        if self.generation == generation {
+            return false;
+        }
+        let score = evaluate();
+        *self = Self {
+            generation,
+            feasible: score.is_some(),
+            score: score.unwrap_or_default(),
+        };
+        true
+    }
+}
+
 /// Where a placement the real loop made ranks among every node of the cluster, as the policy
 /// scores them in `simulate`'s view of the same state ([`Referee`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -593,16 +609,10 @@ impl Referee {
         let row = &mut self.cache[class_id * count..(class_id + 1) * count];
         let mut best: Option<f64> = None;
         for (n, entry) in row.iter_mut().enumerate() {
-            if entry.generation != self.generation[n] {
-                let score = self
-                    .scorer
-                    .evaluate(&nodes[n], &live.free[n], &self.mixes[n], class);
-                *entry = Entry {
-                    generation: self.generation[n],
-                    feasible: score.is_some(),
-                    score: score.unwrap_or_default(),
-                };
-            }
+            entry.refresh(self.generation[n], || {
+                self.scorer
+                    .evaluate(&nodes[n], &live.free[n], &self.mixes[n], class)
+            });
             if entry.feasible && best.is_none_or(|best| entry.score > best) {
                 best = Some(entry.score);
             }
@@ -762,14 +772,10 @@ pub fn run(
         feasible.clear();
         let row = &mut cache[class_id * node_count..(class_id + 1) * node_count];
         for (n, entry) in row.iter_mut().enumerate() {
-            if entry.generation != generation[n] {
+            if entry.refresh(generation[n], || {
+                scorer.evaluate(&nodes[n], &live.free[n], &mixes[n], class)
+            }) {
                 evaluations += 1;
-                let score = scorer.evaluate(&nodes[n], &live.free[n], &mixes[n], class);
-                *entry = Entry {
-                    generation: generation[n],
-                    feasible: score.is_some(),
-                    score: score.unwrap_or_default(),
-                };
             }
             if entry.feasible {
                 feasible.push((n, entry.score));
@@ -898,8 +904,10 @@ mod tests {
             "{error}"
         );
     }
+
     #[test]
     fn the_referee_tells_the_best_node_from_a_worse_one_and_from_one_that_does_not_fit() {
+        use ChoiceRank::{BelowBest, Best, NotFit};
         let nodes = "sn,cpu_milli,memory_mib,gpu,model\n\
                      t0,64000,262144,8,T4\nt1,64000,262144,8,T4\nv,64000,262144,8,V100\n";
         let cluster = Cluster::new("c", parse_node_csv(Path::new("n.csv"), nodes).unwrap());
@@ -911,7 +919,6 @@ mod tests {
         let mut nodes = prepared.nodes().to_vec();
         let mut live = Live::of(&prepared, &nodes);
         let mut referee = Referee::new(&prepared, ScoringPolicy::Binpack);
-        use ChoiceRank::{BelowBest, Best, NotFit};
         // Every node's rank for pod `pod` (t0, t1, v).
         let ranks = |referee: &mut Referee, nodes: &[NodeState], live: &Live, pod: usize| {
             (0..3)
