@@ -25,6 +25,7 @@
 use std::collections::HashMap;
 
 use super::metrics::{Curves, Step};
+use super::report::CURVE_FROM;
 use super::trace::SimPod;
 use crate::engine::WHOLE_GPU_COMPUTE;
 
@@ -79,8 +80,15 @@ fn fitting_implies(pod: &SimPod, sliver: &SimPod) -> bool {
 }
 
 /// The bound of one sliver class (the class of `pods[example]`) after each pod of `order`:
-/// `(any, while_placed)`, both in milli-GPU allocated and not yet capped by capacity or demand.
-fn class_bound(pods: &[SimPod], order: &[usize], example: usize, capacity: u64) -> Vec<(u64, u64)> {
+/// `(any, while_placed)`, both in milli-GPU allocated and not yet capped by capacity or demand,
+/// for policies that reject no GPU pod before position `from` of the order (0: any policy).
+fn class_bound(
+    pods: &[SimPod],
+    order: &[usize],
+    example: usize,
+    capacity: u64,
+    from: usize,
+) -> Vec<(u64, u64)> {
     let sliver = &pods[example];
     let sliver_key = key(sliver);
     let whole = u64::from(WHOLE_GPU_COMPUTE.0);
@@ -95,12 +103,17 @@ fn class_bound(pods: &[SimPod], order: &[usize], example: usize, capacity: u64) 
     let mut larger = 0u64; // demand so far of pods whose fitting implies the class's
     let mut smaller = 0u64; // demand so far of the others (placeable after a rejection)
     let mut fill = 0u64; // demand so far of pods that fit beside a sliver
+    // Pods of the class before `from`: none of them can be the first one rejected.
+    let mut placed_first = 0usize;
     let mut out = Vec::with_capacity(order.len());
-    for &index in order {
+    for (position, &index) in order.iter().enumerate() {
         let pod = &pods[index];
         let demand = pod.gpu_total();
         if key(pod) == sliver_key {
             larger_before.push(larger);
+            if position < from {
+                placed_first += 1;
+            }
         }
         if fitting_implies(pod, sliver) {
             larger += demand;
@@ -116,7 +129,8 @@ fn class_bound(pods: &[SimPod], order: &[usize], example: usize, capacity: u64) 
         let while_placed = placed_bound(arrived);
         // Second case, first rejection at the class's m-th pod: the smaller of the first case
         // with m placed (falling in m) and the demand bound (rising in m); its largest value
-        // over m is at the crossing, found by bisection.
+        // over m is at the crossing, found by bisection, or at the first pod that may be
+        // rejected where that comes after the crossing.
         let rejected_bound = |m: usize| placed_bound(m).min(larger_before[m] + smaller);
         let mut best = while_placed;
         let (mut lo, mut hi) = (0usize, arrived);
@@ -128,8 +142,8 @@ fn class_bound(pods: &[SimPod], order: &[usize], example: usize, capacity: u64) 
                 hi = mid;
             }
         }
-        for m in [lo.wrapping_sub(1), lo] {
-            if m < arrived {
+        for m in [lo.wrapping_sub(1), lo, placed_first] {
+            if m < arrived && m >= placed_first {
                 best = best.max(rejected_bound(m));
             }
         }
@@ -140,6 +154,16 @@ fn class_bound(pods: &[SimPod], order: &[usize], example: usize, capacity: u64) 
 
 /// The ceiling of `order` (indices into `pods`) on a cluster of `capacity` milli-GPU.
 pub fn online_ceiling(pods: &[SimPod], order: &[usize], capacity: u64) -> Ceiling {
+    online_ceiling_from(pods, order, capacity, 0)
+}
+
+/// The ceiling of `order` for the policies that reject no GPU pod before position `from`.
+pub fn online_ceiling_from(
+    pods: &[SimPod],
+    order: &[usize],
+    capacity: u64,
+    from: usize,
+) -> Ceiling {
     let half = WHOLE_GPU_COMPUTE.0 / 2;
     let mut examples: HashMap<ClassKey<'_>, usize> = HashMap::new();
     for &index in order {
@@ -160,7 +184,7 @@ pub fn online_ceiling(pods: &[SimPod], order: &[usize], capacity: u64) -> Ceilin
     let mut examples: Vec<usize> = examples.into_values().collect();
     examples.sort_unstable();
     for example in examples {
-        let bounds = class_bound(pods, order, example, capacity);
+        let bounds = class_bound(pods, order, example, capacity, from);
         for (ceiling, (bound, _)) in any.iter_mut().zip(&bounds) {
             *ceiling = (*ceiling).min(*bound);
         }
@@ -193,6 +217,39 @@ pub struct RunCeiling {
     pub last_any: f64,
     /// The sliver class's first-case bound, when the workload has such a class.
     pub sliver: Option<RunSliver>,
+    /// At the last pod: the most a policy can allocate whose curve is at or above this run's
+    /// at every arrival column from [`CURVE_FROM`] on ([`rejection_free_until`]).
+    pub last_at_or_above: f64,
+}
+
+/// The position before which a policy whose curve is at or above this run's at every arrival
+/// column from [`CURVE_FROM`] on rejects no GPU pod: the first pod of the column in which this
+/// run first rejects one. Before it the run placed every GPU pod, so its allocation equals the
+/// arrived demand, and a curve at or above it may lose none. Runs that first reject at or
+/// below [`CURVE_FROM`] constrain nothing (0); runs that never reject, everything.
+pub fn rejection_free_until(
+    pods: &[SimPod],
+    order: &[usize],
+    steps: &[Step],
+    capacity: u64,
+) -> usize {
+    let before = std::iter::once(0).chain(steps.iter().map(|s| s.failed));
+    let first = steps
+        .iter()
+        .zip(before)
+        .zip(order)
+        .position(|((step, before), &pod)| step.failed > before && pods[pod].gpu_total() > 0);
+    let Some(first) = first else {
+        return order.len();
+    };
+    let column = steps[first].arrive_percent(capacity);
+    if column <= CURVE_FROM as i64 {
+        return 0;
+    }
+    steps
+        .iter()
+        .position(|step| step.arrive_percent(capacity) >= column)
+        .unwrap_or(first)
 }
 
 /// The bound for policies that reject no pod of the sliver class, and whether this run did.
@@ -214,6 +271,8 @@ impl RunCeiling {
     /// per pod, as curves bucketed by the steps' arrival.
     pub fn of_run(pods: &[SimPod], order: &[usize], steps: &[Step], capacity: u64) -> Self {
         let ceiling = online_ceiling(pods, order, capacity);
+        let from = rejection_free_until(pods, order, steps, capacity);
+        let at_or_above = online_ceiling_from(pods, order, capacity, from);
         let curve = |bound: &[u64]| {
             let bounded: Vec<Step> = steps
                 .iter()
@@ -234,6 +293,7 @@ impl RunCeiling {
         Self {
             any: curve(&ceiling.any),
             last_any: percent(&ceiling.any),
+            last_at_or_above: percent(&at_or_above.any),
             sliver: ceiling.sliver.as_ref().map(|sliver| {
                 // A step whose failure count rose is a rejected pod.
                 let failures = steps.iter().map(|s| s.failed);
@@ -317,6 +377,25 @@ mod tests {
     }
 
     #[test]
+    fn a_policy_that_may_reject_no_early_sliver_is_held_to_the_slivers_it_placed() {
+        // Two slivers, then two whole GPUs that ask for less CPU (they may fit where a sliver
+        // did not). Turning the slivers away leaves both GPUs for the whole ones: 2000.
+        let pods = pods(&[
+            "1000,1024,1,810,",
+            "1000,1024,1,810,",
+            "500,1024,1,1000,",
+            "500,1024,1,1000,",
+        ]);
+        let order = [0, 1, 2, 3];
+        assert_eq!(online_ceiling(&pods, &order, 2000).any[3], 2000);
+        // A policy that rejects no GPU pod before the third pod places both slivers, and two
+        // times 190 is lost for good.
+        assert_eq!(online_ceiling_from(&pods, &order, 2000, 2).any[3], 1620);
+        // Only the first sliver held: the second may be turned away, for 810 + 1000.
+        assert_eq!(online_ceiling_from(&pods, &order, 2000, 1).any[3], 1810);
+    }
+
+    #[test]
     fn a_workload_without_slivers_is_bounded_by_demand_and_capacity() {
         let pods = pods(&["1000,1024,1,1000,", "1000,1024,2,1000,", "1000,1024,1,400,"]);
         let ceiling = online_ceiling(&pods, &[0, 1, 2, 1], 4000);
@@ -385,6 +464,25 @@ mod tests {
                     let result = run(&prepared, policy, seed, tune, true, &|_| {});
                     let steps = result.steps.unwrap_or_default();
                     prop_assert_eq!(steps.len(), ceiling.any.len());
+                    // The run itself rejects no GPU pod before its first rejection, nor before
+                    // the column of it: both bounds hold it.
+                    let pods = prepared.workload().pods();
+                    let first = steps.iter().enumerate().position(|(j, step)| {
+                        step.failed > if j == 0 { 0 } else { steps[j - 1].failed }
+                            && pods[arrivals.order[j]].gpu_total() > 0
+                    }).unwrap_or(steps.len());
+                    let capacity = cluster.gpu_milli();
+                    let column = rejection_free_until(pods, &arrivals.order, &steps, capacity);
+                    prop_assert!(column <= first);
+                    for from in [first, column] {
+                        let held = online_ceiling_from(pods, &arrivals.order, capacity, from);
+                        for (j, step) in steps.iter().enumerate() {
+                            prop_assert!(
+                                step.used_milli <= held.any[j],
+                                "{} step {}: {} > ceiling from {} {}", policy.name(), j, step.used_milli, from, held.any[j]
+                            );
+                        }
+                    }
                     let mut sliver_rejected = false;
                     for (j, step) in steps.iter().enumerate() {
                         prop_assert!(

@@ -104,7 +104,8 @@ pub fn summary_markdown(results: &[RunResult]) -> String {
 
 /// The ceiling beside each (trace, policy): the allocation no online policy exceeds on the
 /// same arrival orders, the lower bound for policies that never reject a pod of the sliver
-/// class, and how many of the runs did reject one (means over seeds, at the last pod).
+/// class, how many of the runs did reject one, and the bound for policies at or above the
+/// policy's curve from 50% on (means over seeds, at the last pod).
 fn ceiling_table(out: &mut String, results: &[RunResult]) {
     let groups: Vec<Group<'_>> = group(results)
         .into_iter()
@@ -115,13 +116,13 @@ fn ceiling_table(out: &mut String, results: &[RunResult]) {
     }
     let _ = writeln!(
         out,
-        "\nCeiling at the last pod (mean over seeds; docs/simulate.md, \"Ceiling\"): no online policy allocates more than `any`; one that rejects no pod of the sliver class (one GPU, more than half of it) no more than `sliver placed`:\n"
+        "\nCeiling at the last pod (mean over seeds; docs/simulate.md, \"Ceiling\"): no online policy allocates more than `any`; one that rejects no pod of the sliver class (one GPU, more than half of it) no more than `sliver placed`; one whose curve is at or above this policy's at every whole % from {CURVE_FROM}% on no more than `at or above`:\n"
     );
     let _ = writeln!(
         out,
-        "| trace | policy | alloc % | ceiling % (any) | sliver milli | ceiling % (sliver placed) | runs that rejected a sliver pod |"
+        "| trace | policy | alloc % | ceiling % (any) | sliver milli | ceiling % (sliver placed) | runs that rejected a sliver pod | ceiling % (at or above) |"
     );
-    let _ = writeln!(out, "|---|---|---:|---:|---:|---:|---:|");
+    let _ = writeln!(out, "|---|---|---:|---:|---:|---:|---:|---:|");
     for group in groups {
         let alloc = group.mean_of(|r| Some(r.last.alloc_percent(r.capacity_milli)));
         let any = group.mean_of(|r| r.ceiling.as_ref().map(|c| c.last_any));
@@ -132,9 +133,10 @@ fn ceiling_table(out: &mut String, results: &[RunResult]) {
             .iter()
             .filter(|r| sliver(r).is_some_and(|s| s.rejected))
             .count();
+        let at_or_above = group.mean_of(|r| r.ceiling.as_ref().map(|c| c.last_at_or_above));
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} of {} |",
+            "| {} | {} | {} | {} | {} | {} | {} of {} | {} |",
             group.trace,
             group.policy.label(),
             cell(alloc),
@@ -143,6 +145,7 @@ fn ceiling_table(out: &mut String, results: &[RunResult]) {
             cell(placed),
             rejecting,
             group.runs.len(),
+            cell(at_or_above),
         );
     }
 }
