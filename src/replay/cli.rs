@@ -12,8 +12,8 @@ use super::args::ReplayArgs;
 use super::objects::{dns_name, extender_config};
 use super::plane::{Plane, SchedulerSetup, client_from, k8s_bins, series_value};
 use super::run::{
-    ChoiceTally, ReplayPlan, Replayed, clean_up, create_cluster, refuse_foreign_objects,
-    replay_pods,
+    ChoiceTally, Decision, PodDecision, ReplayPlan, Replayed, clean_up, create_cluster,
+    refuse_foreign_objects, replay_pods,
 };
 use super::throughput::run_throughput;
 use crate::engine::ScoringPolicy;
@@ -46,6 +46,8 @@ pub async fn run_cli(args: ReplayArgs) -> Result<()> {
     let setup = args.scheduler_setup()?;
     let mut real = Vec::new();
     let mut simulated = Vec::new();
+    // Per run of `real`, in the same order: what became of each pod.
+    let mut decisions: Vec<Vec<PodDecision>> = Vec::new();
     for workload in &workloads {
         let prepared = Prepared::new(&cluster, workload);
         for &scoring in &policies {
@@ -81,10 +83,14 @@ pub async fn run_cli(args: ReplayArgs) -> Result<()> {
                     ));
                 }
                 real.push(replayed.result);
+                decisions.push(replayed.decisions);
             }
         }
     }
     let written = write_outputs(&args.out, &real, args.tune)?;
+    let path = args.out.join("decisions.csv");
+    std::fs::write(&path, decisions_csv(&real, &decisions)?)
+        .with_context(|| format!("writing {}", path.display()))?;
     print!("{}", crate::sim::report::summary_markdown(&real));
     if args.compare {
         let simulate = write_outputs(&args.out.join("simulate"), &simulated, args.tune)?;
@@ -230,6 +236,51 @@ fn paired(simulated: &RunResult, real: &RunResult) -> Vec<(usize, f64, f64)> {
         .collect()
 }
 
+/// One row of `decisions.csv`: what became of one submitted pod.
+#[derive(serde::Serialize)]
+struct DecisionRow<'a> {
+    trace: &'a str,
+    policy: &'a str,
+    seed: u64,
+    arrival: usize,
+    pod: &'a str,
+    node: &'a str,
+    choice: &'a str,
+}
+
+/// `trace,policy,seed,arrival,pod,node,choice` for every pod each run submitted
+/// (`decisions[i]` of `real[i]`), in arrival order (from 1): the node it was bound to (empty
+/// when unschedulable) and how that node ranks among the cluster's as the policy scores them
+/// (`best`, `below_best`, `not_fit`), or `unschedulable`.
+fn decisions_csv(real: &[RunResult], decisions: &[Vec<PodDecision>]) -> Result<String, csv::Error> {
+    let header = [
+        "trace", "policy", "seed", "arrival", "pod", "node", "choice",
+    ];
+    let names: Vec<String> = real.iter().map(|r| r.policy.name()).collect();
+    let rows = real
+        .iter()
+        .zip(&names)
+        .zip(decisions)
+        .flat_map(|((result, policy), run)| {
+            run.iter().enumerate().map(move |(index, decided)| {
+                let (node, choice) = match &decided.decision {
+                    Decision::Bound { node, choice } => (node.as_str(), choice.as_str()),
+                    Decision::Unschedulable => ("", "unschedulable"),
+                };
+                DecisionRow {
+                    trace: &result.trace,
+                    policy,
+                    seed: result.seed,
+                    arrival: index + 1,
+                    pod: &decided.pod,
+                    node,
+                    choice,
+                }
+            })
+        });
+    crate::sim::report::csv_text(header, rows)
+}
+
 /// One row of `compare.csv`: the two curves at one arrival point, and real minus simulated.
 #[derive(serde::Serialize)]
 struct CompareRow<'a> {
@@ -316,6 +367,7 @@ pub fn compare_summary(simulated: &[RunResult], real: &[RunResult]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sim::replay::ChoiceRank;
     use clap::{CommandFactory, Parser};
 
     #[derive(Debug, Parser)]
@@ -358,6 +410,54 @@ mod tests {
         );
         assert_eq!(lines.nth(100), Some(row.as_str()));
         assert_eq!(csv.lines().count(), 1 + pairs.len());
+    }
+
+    #[test]
+    fn decisions_csv_lists_every_pod_of_every_run_under_one_header() {
+        let scenario = crate::sim::load::parse_scenario(
+            std::path::Path::new("example"),
+            crate::sim::cli::EXAMPLE_SCENARIO,
+        )
+        .unwrap();
+        let prepared = Prepared::new(&scenario.cluster.unwrap(), &scenario.workload.unwrap());
+        let one = |scoring| {
+            crate::sim::replay::run(
+                &prepared,
+                SimPolicy::engine(scoring),
+                42,
+                1.3,
+                false,
+                &|_| {},
+            )
+        };
+        let real = [one(ScoringPolicy::Binpack), one(ScoringPolicy::FgdPlus)];
+        let bound = |pod: &str, node: &str, choice| PodDecision {
+            pod: pod.to_owned(),
+            decision: Decision::Bound {
+                node: node.to_owned(),
+                choice,
+            },
+        };
+        let decisions = [
+            vec![
+                bound("p-1", "replay-a", ChoiceRank::Best),
+                PodDecision {
+                    pod: "p-2".to_owned(),
+                    decision: Decision::Unschedulable,
+                },
+            ],
+            vec![bound("p-1", "replay-b", ChoiceRank::BelowBest)],
+        ];
+        let csv = decisions_csv(&real, &decisions).unwrap();
+        assert_eq!(
+            csv.lines().collect::<Vec<_>>(),
+            [
+                "trace,policy,seed,arrival,pod,node,choice",
+                "small-example,engine-binpack,42,1,p-1,replay-a,best",
+                "small-example,engine-binpack,42,2,p-2,,unschedulable",
+                "small-example,fgd-plus,42,1,p-1,replay-b,below_best",
+            ]
+        );
     }
 
     #[test]

@@ -52,10 +52,19 @@ pub struct ReplayPlan<'a> {
 /// What kube-scheduler decided for one pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {
-    /// Bound to the node at this index of the cluster.
-    Bound(usize),
+    /// Bound to the node of this name, which ranks so among the cluster's nodes as the policy
+    /// scores them ([`ChoiceTally`]).
+    Bound { node: String, choice: ChoiceRank },
     /// Marked unschedulable (then deleted).
     Unschedulable,
+}
+
+/// One submitted pod and what became of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodDecision {
+    /// The pod's name in the cluster.
+    pub pod: String,
+    pub decision: Decision,
 }
 
 /// How the nodes kube-scheduler bound rank among every node of the cluster, as the policy
@@ -93,7 +102,7 @@ impl ChoiceTally {
 pub struct Replayed {
     pub result: RunResult,
     /// Each submission's decision, in arrival order.
-    pub decisions: Vec<Decision>,
+    pub decisions: Vec<PodDecision>,
     /// How the bound nodes rank among the whole cluster's.
     pub choices: ChoiceTally,
     /// From the first pod created to the last one decided.
@@ -353,22 +362,32 @@ pub async fn replay_pods(
         match seen {
             Seen::Bound(bound) => {
                 let (n, allocation) = placement(&bound, &node_index, plan.config)?;
-                choices.count(index, referee.rank(prepared, &nodes, &live, pod_id, n));
+                let choice = referee.rank(prepared, &nodes, &live, pod_id, n);
+                choices.count(index, choice);
                 referee.node_changing(&nodes[n]);
                 nodes[n].add(&allocation);
                 referee.pod_added(prepared, &nodes, n, pod_id);
                 live.measure(prepared, &nodes, n);
-                decisions.push(Decision::Bound(n));
+                decisions.push(PodDecision {
+                    pod: name,
+                    decision: Decision::Bound {
+                        node: node_names[n].clone(),
+                        choice,
+                    },
+                });
             }
             Seen::Unschedulable => {
                 failed += 1;
                 failed_milli += pod.gpu_total();
                 rejected.reject(pod.kind());
-                decisions.push(Decision::Unschedulable);
                 pods_api
                     .delete(&name, &immediate)
                     .await
                     .with_context(|| format!("deleting unschedulable pod {name}"))?;
+                decisions.push(PodDecision {
+                    pod: name,
+                    decision: Decision::Unschedulable,
+                });
             }
         }
         let step = live.step(arrived, capacity, failed);

@@ -555,7 +555,7 @@ impl Entry {
 /// Where a placement the real loop made ranks among every node of the cluster, as the policy
 /// scores them in `simulate`'s view of the same state ([`Referee`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum ChoiceRank {
+pub enum ChoiceRank {
     /// The node scores as high as any fitting node of the cluster.
     Best,
     /// A fitting node that kube-scheduler did not send (or an older scarcity measure) would
@@ -563,6 +563,17 @@ pub(crate) enum ChoiceRank {
     BelowBest,
     /// The policy does not fit the pod on that node in this state.
     NotFit,
+}
+
+impl ChoiceRank {
+    /// The name the replay's `decisions.csv` gives it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Best => "best",
+            Self::BelowBest => "below_best",
+            Self::NotFit => "not_fit",
+        }
+    }
 }
 
 /// The policy as `simulate` runs it, kept in step with the nodes of an in-cluster replay: it

@@ -91,6 +91,46 @@ fn check_compare(out: &Path, policies: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// Checks decisions.csv against runs.csv: one row per submitted pod, numbered in arrival order,
+/// as many unschedulable as the run counts failed, every bound pod on one of the replay's
+/// nodes, none where `simulate` does not fit it, and binpack's all on its best node.
+fn check_decisions(out: &Path) -> Result<()> {
+    let decisions = std::fs::read_to_string(out.join("decisions.csv"))?;
+    let runs = std::fs::read_to_string(out.join("runs.csv"))?;
+    let mut lines = decisions.lines();
+    ensure!(lines.next() == Some("trace,policy,seed,arrival,pod,node,choice"));
+    let rows: Vec<Vec<&str>> = lines.map(|line| line.split(',').collect()).collect();
+    ensure!(rows.iter().all(|row| row.len() == 7), "decisions.csv rows");
+    for run in runs.lines().skip(1) {
+        let fields: Vec<&str> = run.split(',').collect();
+        let (policy, pods, failed) = (fields[1], fields[3].parse::<usize>()?, fields[5]);
+        let mine: Vec<&Vec<&str>> = rows.iter().filter(|row| row[1] == policy).collect();
+        ensure!(mine.len() == pods, "{policy}: {} rows for {pods} pods", mine.len());
+        ensure!(
+            mine.iter()
+                .enumerate()
+                .all(|(i, row)| row[3] == (i + 1).to_string()),
+            "{policy}: arrivals out of order"
+        );
+        let unschedulable = mine.iter().filter(|row| row[6] == "unschedulable").count();
+        ensure!(
+            unschedulable.to_string() == failed,
+            "{policy}: {unschedulable} unschedulable rows, runs.csv says {failed} failed"
+        );
+        for row in &mine {
+            let bound = ["best", "below_best"].contains(&row[6]);
+            ensure!(
+                bound == row[5].starts_with("replay-") && (bound || row[6] == "unschedulable"),
+                "{policy}: row {row:?}"
+            );
+        }
+        if policy.ends_with("binpack") {
+            ensure!(mine.iter().all(|row| row[6] != "below_best"));
+        }
+    }
+    Ok(())
+}
+
 #[test]
 #[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
 fn replay_the_real_loop_places_as_simulate_does() {
@@ -143,11 +183,13 @@ fn replay_the_real_loop_places_as_simulate_does() {
             "steps.csv",
             "summary.md",
             "compare.csv",
+            "decisions.csv",
         ] {
             ensure!(out.join(file).is_file(), "{file} was not written");
         }
         ensure!(out.join("simulate/discrete.csv").is_file());
         check_compare(&out, &["binpack", "fgd-plus"])?;
+        check_decisions(&out)?;
         let after = plane_dirs();
         ensure!(
             after.iter().all(|dir| before.contains(dir)),
