@@ -11,8 +11,12 @@
 //! state the way the watch delivers them (the feed). Prints binds/s and the latency of binds and
 //! of the filters made meanwhile: what the shared state's locks cost when binds and reads meet.
 //!
+//! With `--filter-best-only`, filter answers as in the recommended dedicated-scheduler setup
+//! (`policy.filterBestOnly`): it scores every candidate and passes only the best one.
+//!
 //! ```sh
 //! cargo run --release --example extender_load -- --nodes 500 --candidates 500 --requests 20000
+//! cargo run --release --example extender_load -- --nodes 1000 --candidates 420 --filter-best-only
 //! cargo run --release --example extender_load -- --nodes 5000 --requests 1000 --binders 16 --server-threads 2
 //! ```
 
@@ -74,12 +78,19 @@ struct Args {
     /// Worker threads of the server's runtime (1: a current-thread runtime).
     #[arg(long, default_value_t = 1)]
     server_threads: usize,
+    /// Filter passes only the policy's best node (`policy.filterBestOnly`, the recommended
+    /// dedicated-scheduler setup), so filter does what prioritize would and answers one name.
+    #[arg(long)]
+    filter_best_only: bool,
 }
 
 fn main() -> Result<()> {
     let args = Args::parse();
     let mut config = Config::default();
     config = config.with_override("policy.scoring", &args.scoring, "--scoring")?;
+    if args.filter_best_only {
+        config = config.with_override("policy.filterBestOnly", "true", "--filter-best-only")?;
+    }
     let config = Arc::new(config);
     let table = synthetic_table(&config, args.nodes)?;
     let cluster = Arc::new(ClusterState::with_table(table));
