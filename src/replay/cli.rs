@@ -376,15 +376,15 @@ mod tests {
         args: ReplayArgs,
     }
 
-    #[test]
-    fn compare_csv_pairs_the_curves_at_every_arrival_point() {
+    /// `simulate`'s run of the built-in example under each policy, seed 42.
+    fn example_runs<const N: usize>(policies: [ScoringPolicy; N]) -> [RunResult; N] {
         let scenario = crate::sim::load::parse_scenario(
             std::path::Path::new("example"),
             crate::sim::cli::EXAMPLE_SCENARIO,
         )
         .unwrap();
         let prepared = Prepared::new(&scenario.cluster.unwrap(), &scenario.workload.unwrap());
-        let one = |scoring| {
+        policies.map(|scoring| {
             crate::sim::replay::run(
                 &prepared,
                 SimPolicy::engine(scoring),
@@ -393,9 +393,13 @@ mod tests {
                 false,
                 &|_| {},
             )
-        };
-        let simulated = [one(ScoringPolicy::Binpack)];
-        let real = [one(ScoringPolicy::Spread)];
+        })
+    }
+
+    #[test]
+    fn compare_csv_pairs_the_curves_at_every_arrival_point() {
+        let simulated = example_runs([ScoringPolicy::Binpack]);
+        let real = example_runs([ScoringPolicy::Spread]);
         let csv = compare_csv(&simulated, &real).unwrap();
         let mut lines = csv.lines();
         assert_eq!(
@@ -414,23 +418,7 @@ mod tests {
 
     #[test]
     fn decisions_csv_lists_every_pod_of_every_run_under_one_header() {
-        let scenario = crate::sim::load::parse_scenario(
-            std::path::Path::new("example"),
-            crate::sim::cli::EXAMPLE_SCENARIO,
-        )
-        .unwrap();
-        let prepared = Prepared::new(&scenario.cluster.unwrap(), &scenario.workload.unwrap());
-        let one = |scoring| {
-            crate::sim::replay::run(
-                &prepared,
-                SimPolicy::engine(scoring),
-                42,
-                1.3,
-                false,
-                &|_| {},
-            )
-        };
-        let real = [one(ScoringPolicy::Binpack), one(ScoringPolicy::FgdPlus)];
+        let real = example_runs([ScoringPolicy::Binpack, ScoringPolicy::FgdPlus]);
         let bound = |pod: &str, node: &str, choice| PodDecision {
             pod: pod.to_owned(),
             decision: Decision::Bound {

@@ -105,7 +105,11 @@ fn check_decisions(out: &Path) -> Result<()> {
         let fields: Vec<&str> = run.split(',').collect();
         let (policy, pods, failed) = (fields[1], fields[3].parse::<usize>()?, fields[5]);
         let mine: Vec<&Vec<&str>> = rows.iter().filter(|row| row[1] == policy).collect();
-        ensure!(mine.len() == pods, "{policy}: {} rows for {pods} pods", mine.len());
+        ensure!(
+            mine.len() == pods,
+            "{policy}: {} rows for {pods} pods",
+            mine.len()
+        );
         ensure!(
             mine.iter()
                 .enumerate()
