@@ -576,32 +576,94 @@ impl ChoiceRank {
     }
 }
 
-/// The policy as `simulate` runs it, kept in step with the nodes of an in-cluster replay: it
-/// tells whether kube-scheduler bound each pod to the node the policy scores best over the
-/// whole cluster, or only to the best of the candidates it sent (`percentageOfNodesToScore`).
-pub(crate) struct Referee {
+/// The policy's answer (fits, and how well) for every (pod class, node) of a replay, kept in
+/// step with the nodes: a placement or departure changes one node, so only that node's answers
+/// go stale, unless it changes the classes' scarcity and with it every score.
+struct NodeAnswers {
     scorer: Scorer,
     mixes: Vec<GpuClassMix>,
     /// Per node, bumped when it changes; the cache below answers for one generation.
     generation: Vec<u32>,
-    /// (class, node) answers, class-major, as `run` keeps them: a replay of 10,000 pods on
-    /// 1,000 nodes would otherwise score ten million pairs.
+    /// (class, node) answers, class-major, so that the scan over nodes for one pod reads
+    /// contiguous memory.
     cache: Vec<Entry>,
+}
+
+impl NodeAnswers {
+    fn new(policy: SimPolicy, prepared: &Prepared) -> Self {
+        let node_count = prepared.nodes.len();
+        Self {
+            scorer: Scorer::new(policy, &prepared.typical, &prepared.nodes),
+            mixes: vec![GpuClassMix::default(); node_count],
+            generation: vec![1; node_count],
+            cache: vec![Entry::default(); node_count * prepared.classes.len()],
+        }
+    }
+
+    /// Every node's answer for class `class_id`, scored again where stale, and how many were.
+    fn row(
+        &mut self,
+        prepared: &Prepared,
+        nodes: &[NodeState],
+        live: &Live,
+        class_id: usize,
+    ) -> (&[Entry], u64) {
+        let class = &prepared.classes[class_id];
+        let count = nodes.len();
+        let row = &mut self.cache[class_id * count..(class_id + 1) * count];
+        let mut evaluations = 0;
+        for (n, entry) in row.iter_mut().enumerate() {
+            if entry.refresh(self.generation[n], || {
+                self.scorer
+                    .evaluate(&nodes[n], &live.free[n], &self.mixes[n], class)
+            }) {
+                evaluations += 1;
+            }
+        }
+        (row, evaluations)
+    }
+
+    /// Takes a node that is about to change out of the scarcity census.
+    fn node_changing(&mut self, node: &NodeState) {
+        self.scorer.node_changing(node);
+    }
+
+    /// After node `n` gained (`added`) or lost a pod of `class_id`: its answers are stale, and
+    /// every node's if the scarcity measure moved.
+    fn node_changed(
+        &mut self,
+        prepared: &Prepared,
+        nodes: &[NodeState],
+        n: usize,
+        class_id: usize,
+        added: bool,
+    ) {
+        self.generation[n] += 1;
+        if self.scorer.node_changed(&nodes[n]) {
+            invalidate_all(&mut self.generation);
+        }
+        if let Some(gpu_class) = prepared.classes[class_id].class {
+            if added {
+                self.mixes[n].add(gpu_class);
+            } else {
+                self.mixes[n].remove(gpu_class);
+            }
+        }
+    }
+}
+
+/// The policy as `simulate` runs it, kept in step with the nodes of an in-cluster replay: it
+/// tells whether kube-scheduler bound each pod to the node the policy scores best over the
+/// whole cluster, or only to the best of the candidates it sent (`percentageOfNodesToScore`).
+pub(crate) struct Referee {
+    answers: NodeAnswers,
 }
 
 impl Referee {
     /// The policy `scoring` (with its default tuning) on the prepared cluster, still empty.
     pub(crate) fn new(prepared: &Prepared, scoring: ScoringPolicy) -> Self {
-        let node_count = prepared.nodes.len();
         Self {
-            scorer: Scorer::new(
-                SimPolicy::engine(scoring),
-                &prepared.typical,
-                &prepared.nodes,
-            ),
-            mixes: vec![GpuClassMix::default(); node_count],
-            generation: vec![1; node_count],
-            cache: vec![Entry::default(); node_count * prepared.classes.len()],
+            answers: NodeAnswers::new(SimPolicy::engine(scoring), prepared),
         }
     }
 
@@ -614,20 +676,14 @@ impl Referee {
         pod: usize,
         chosen: usize,
     ) -> ChoiceRank {
-        let class_id = prepared.class_of[pod];
-        let class = &prepared.classes[class_id];
-        let count = nodes.len();
-        let row = &mut self.cache[class_id * count..(class_id + 1) * count];
-        let mut best: Option<f64> = None;
-        for (n, entry) in row.iter_mut().enumerate() {
-            entry.refresh(self.generation[n], || {
-                self.scorer
-                    .evaluate(&nodes[n], &live.free[n], &self.mixes[n], class)
-            });
-            if entry.feasible && best.is_none_or(|best| entry.score > best) {
-                best = Some(entry.score);
-            }
-        }
+        let (row, _) = self
+            .answers
+            .row(prepared, nodes, live, prepared.class_of[pod]);
+        let best = row
+            .iter()
+            .filter(|entry| entry.feasible)
+            .map(|entry| entry.score)
+            .reduce(f64::max);
         match (row.get(chosen), best) {
             (Some(entry), Some(best)) if entry.feasible => {
                 if entry.score < best {
@@ -642,7 +698,7 @@ impl Referee {
 
     /// Takes node `node`, about to receive a pod, out of the scarcity census.
     pub(crate) fn node_changing(&mut self, node: &NodeState) {
-        self.scorer.node_changing(node);
+        self.answers.node_changing(node);
     }
 
     /// Counts node `n` back in after workload pod `pod` was added to it.
@@ -653,13 +709,8 @@ impl Referee {
         n: usize,
         pod: usize,
     ) {
-        self.generation[n] += 1;
-        if self.scorer.node_changed(&nodes[n]) {
-            invalidate_all(&mut self.generation);
-        }
-        if let Some(gpu_class) = prepared.classes[prepared.class_of[pod]].class {
-            self.mixes[n].add(gpu_class);
-        }
+        self.answers
+            .node_changed(prepared, nodes, n, prepared.class_of[pod], true);
     }
 }
 
@@ -734,14 +785,9 @@ pub fn run(
     progress: &(dyn Fn(u64) + Sync),
 ) -> RunResult {
     let (arrivals, priority, mut go) = prepared.plan(seed, tune);
-    let mut scorer = Scorer::new(policy, &prepared.typical, &prepared.nodes);
+    let mut answers = NodeAnswers::new(policy, prepared);
     let node_count = prepared.nodes.len();
-    let class_count = prepared.classes.len();
     let mut nodes = prepared.nodes.clone();
-    let mut mixes = vec![GpuClassMix::default(); node_count];
-    let mut generation = vec![1u32; node_count];
-    // Class-major, so that the scan over nodes for one pod reads contiguous memory.
-    let mut cache = vec![Entry::default(); node_count * class_count];
     let mut live = Live::of(prepared, &nodes);
     let capacity = prepared.capacity_milli;
     let mut steps = Vec::with_capacity(arrivals.order.len());
@@ -766,35 +812,27 @@ pub fn run(
                 }
                 leaving.pop();
                 if let Some((n, left_class, allocation)) = running[index].take() {
-                    scorer.node_changing(&nodes[n]);
+                    answers.node_changing(&nodes[n]);
                     nodes[n].remove(&allocation);
-                    generation[n] += 1;
-                    if scorer.node_changed(&nodes[n]) {
-                        invalidate_all(&mut generation);
-                    }
-                    if let Some(gpu_class) = prepared.classes[left_class].class {
-                        mixes[n].remove(gpu_class);
-                    }
+                    answers.node_changed(prepared, &nodes, n, left_class, false);
                     live.measure(prepared, &nodes, n);
                 }
             }
         }
         arrived += class.shape.gpu_total();
         feasible.clear();
-        let row = &mut cache[class_id * node_count..(class_id + 1) * node_count];
-        for (n, entry) in row.iter_mut().enumerate() {
-            if entry.refresh(generation[n], || {
-                scorer.evaluate(&nodes[n], &live.free[n], &mixes[n], class)
-            }) {
-                evaluations += 1;
-            }
-            if entry.feasible {
-                feasible.push((n, entry.score));
-            }
-        }
+        let (row, evaluated) = answers.row(prepared, &nodes, &live, class_id);
+        evaluations += evaluated;
+        feasible.extend(
+            row.iter()
+                .enumerate()
+                .filter(|(_, entry)| entry.feasible)
+                .map(|(n, entry)| (n, entry.score)),
+        );
         // kube-scheduler's plugin-metrics sampling draws once per pod (`rand.Intn(100)`), so the
         // Random policy's draws fall where the reference's did.
         go.intn(100);
+        let scorer = &answers.scorer;
         let placed = scorer.choose(&feasible, &priority, &mut go).and_then(|n| {
             let choice = scorer.share_choice(&nodes[n], class, &mut go);
             let allocation =
@@ -803,15 +841,9 @@ pub fn run(
         });
         match placed {
             Some((n, allocation)) => {
-                scorer.node_changing(&nodes[n]);
+                answers.node_changing(&nodes[n]);
                 nodes[n].add(&allocation);
-                generation[n] += 1;
-                if scorer.node_changed(&nodes[n]) {
-                    invalidate_all(&mut generation);
-                }
-                if let Some(gpu_class) = class.class {
-                    mixes[n].add(gpu_class);
-                }
+                answers.node_changed(prepared, &nodes, n, class_id, true);
                 live.measure(prepared, &nodes, n);
                 if prepared.departures {
                     leaving.push(Reverse((deleted, running.len())));
