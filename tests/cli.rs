@@ -238,6 +238,40 @@ fn simulate_says_where_it_wrote() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+#[test]
+fn simulate_replays_kube_scheduler_s_window_only_for_a_percentage_it_accepts() {
+    let refused = run(&["simulate", "--percentage-of-nodes-to-score", "101"]);
+    assert!(!refused.status.success());
+    let err = stderr(&refused);
+    assert!(err.contains("101 is not in 0..=100"), "{err}");
+    let dir = scratch("simulate-window");
+    let output = command(
+        &dir,
+        &[
+            "simulate",
+            "--seeds",
+            "1",
+            "--policies",
+            "fgd-plus",
+            "--quiet",
+            "--percentage-of-nodes-to-score",
+            "0",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    // The built-in example's 32 nodes are under kube-scheduler's floor of 100: all are sent.
+    let out = stdout(&output);
+    assert!(
+        out.contains(
+            "percentageOfNodesToScore 0, adaptive): each pod chooses among the first 32 nodes"
+        ),
+        "{out}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// A stand-in API server on loopback: the node list, the pod list (both empty) and one pod
 /// asking for a whole GPU, as JSON; its kubeconfig is written into `dir`.
 fn fake_api_server(dir: &Path) -> PathBuf {

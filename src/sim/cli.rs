@@ -93,6 +93,13 @@ pub struct SimArgs {
     /// file).
     #[arg(long)]
     pub departures: bool,
+
+    /// Replay kube-scheduler's `percentageOfNodesToScore` window: each pod chooses only among
+    /// the nodes kube-scheduler would send the extender with this setting (0: its adaptive
+    /// default, what the shipped scheduler configuration uses). Without it every node is a
+    /// candidate, as in the FGD paper's simulator.
+    #[arg(long, value_name = "PERCENT", value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub percentage_of_nodes_to_score: Option<u32>,
 }
 
 /// Which runs keep per-step rows.
@@ -324,7 +331,10 @@ pub fn run_cli(args: SimArgs) -> anyhow::Result<()> {
     let prepared: Vec<Prepared> = workloads
         .iter()
         .map(|workload| {
-            let prepared = Prepared::new(&cluster, workload);
+            let mut prepared = Prepared::new(&cluster, workload);
+            if let Some(percent) = args.percentage_of_nodes_to_score {
+                prepared = prepared.with_scheduler_window(percent);
+            }
             if args.departures {
                 prepared.with_departures()
             } else {
@@ -342,6 +352,17 @@ pub fn run_cli(args: SimArgs) -> anyhow::Result<()> {
         seeds.len(),
         args.tune * 100.0
     );
+    if let (Some(percent), Some(window)) = (
+        args.percentage_of_nodes_to_score,
+        prepared.first().and_then(Prepared::scheduler_window),
+    ) {
+        println!(
+            "kube-scheduler window (percentageOfNodesToScore {percent}{}): each pod chooses among \
+             the first {window} nodes that pass kube-scheduler's own filters, on a walk that \
+             starts where the previous pod's stopped",
+            if percent == 0 { ", adaptive" } else { "" }
+        );
+    }
     let total_pods: u64 = prepared
         .iter()
         .map(|p| {

@@ -17,6 +17,7 @@ pub mod protocol;
 pub mod replay;
 pub mod report;
 pub mod trace;
+pub mod window;
 
 pub use cli::{SimArgs, TraceInputs, run_cli};
 pub use load::{LoadError, load_cluster, load_scenario, load_workload};

@@ -16,6 +16,7 @@ use super::go_rand::GoRand;
 use super::metrics::{Curves, PodKind, Rejections, Step};
 use super::protocol::{self, Arrivals};
 use super::trace::{Cluster, Workload};
+use super::window::{SchedulerWindow, feasible_nodes_to_find};
 use crate::engine::policy::fgd::{Scarcity, ScarcityCensus};
 use crate::engine::policy::reference::{
     self, GpuClass, GpuClassMix, GpuSelection, PodShape, ReferencePolicy,
@@ -240,6 +241,9 @@ pub struct Prepared {
     access: Vec<Vec<u64>>,
     /// Pods arrive at their creation time and leave at their deletion time.
     departures: bool,
+    /// kube-scheduler's `percentageOfNodesToScore` (0: adaptive) when each pod's choice is
+    /// limited to the window kube-scheduler would send the extender; `None`: every node.
+    window_percent: Option<u32>,
 }
 
 impl Prepared {
@@ -285,6 +289,7 @@ impl Prepared {
             typical,
             access,
             departures: false,
+            window_percent: None,
         }
     }
 
@@ -302,6 +307,20 @@ impl Prepared {
         }
         self.departures = true;
         Ok(self)
+    }
+
+    /// The same, each pod choosing only among the nodes kube-scheduler's
+    /// `percentageOfNodesToScore` window (`percent`, 0 for its adaptive default) would send the
+    /// extender ([`SchedulerWindow`]).
+    pub fn with_scheduler_window(mut self, percent: u32) -> Self {
+        self.window_percent = Some(percent);
+        self
+    }
+
+    /// How many feasible nodes kube-scheduler's window holds per pod, when runs replay one.
+    pub fn scheduler_window(&self) -> Option<usize> {
+        self.window_percent
+            .map(|percent| feasible_nodes_to_find(percent, self.nodes.len()))
     }
 
     /// Whether runs replay departures.
@@ -801,6 +820,9 @@ pub fn run(
     // With departures: the placed pods by deletion time (a min-heap of (time, index)).
     let mut leaving: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
     let mut running: Vec<Option<(usize, usize, PodAllocation)>> = Vec::new();
+    let mut window = prepared
+        .window_percent
+        .map(|percent| SchedulerWindow::new(percent, node_count));
     for (submitted, &pod) in arrivals.order.iter().enumerate() {
         let class_id = prepared.class_of[pod];
         let class = &prepared.classes[class_id];
@@ -823,10 +845,13 @@ pub fn run(
         feasible.clear();
         let (row, evaluated) = answers.row(prepared, &nodes, &live, class_id);
         evaluations += evaluated;
+        let in_window = window
+            .as_mut()
+            .map(|window| window.select(&nodes, &class.request));
         feasible.extend(
             row.iter()
                 .enumerate()
-                .filter(|(_, entry)| entry.feasible)
+                .filter(|&(n, entry)| entry.feasible && in_window.is_none_or(|sent| sent[n]))
                 .map(|(n, entry)| (n, entry.score)),
         );
         // kube-scheduler's plugin-metrics sampling draws once per pod (`rand.Intn(100)`), so the
@@ -933,6 +958,46 @@ mod tests {
         // Without departures nothing leaves: only the first pod is placed.
         let plain = Prepared::new(&cluster(), &workload());
         assert_eq!(run(&plain, fgd(), 1, 0.0, false, &|_| {}).failed, 2);
+    }
+
+    /// 150 one-GPU nodes and 150 pods of 900 milli-GPU: one pod per GPU, every node needed.
+    fn one_share_per_node() -> (Cluster, Workload) {
+        let mut nodes = String::from("sn,cpu_milli,memory_mib,gpu,model\n");
+        let mut pods = String::from("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n");
+        for i in 0..150 {
+            nodes.push_str(&format!("n{i:03},8000,16384,1,T4\n"));
+            pods.push_str(&format!("p{i:03},1000,1024,1,900\n"));
+        }
+        (
+            Cluster::new("c", parse_node_csv(Path::new("nodes.csv"), &nodes).unwrap()),
+            Workload::new("w", parse_pod_csv(Path::new("pods.csv"), &pods).unwrap()),
+        )
+    }
+
+    #[test]
+    fn kube_scheduler_s_window_can_hide_the_only_node_with_room() {
+        let (cluster, workload) = one_share_per_node();
+        let policy = SimPolicy::engine(ScoringPolicy::Binpack);
+        let every_node = Prepared::new(&cluster, &workload);
+        // Sending every node is the same as no window: kube-scheduler's own filters never
+        // refuse a node the policy's placement takes.
+        let all_sent = Prepared::new(&cluster, &workload).with_scheduler_window(100);
+        // The adaptive window over 150 nodes holds 100 of them. Shares ask kube-scheduler for
+        // no GPU, so it counts full nodes feasible, and late pods' windows can miss the last
+        // free ones.
+        let adaptive = Prepared::new(&cluster, &workload).with_scheduler_window(0);
+        assert_eq!(every_node.scheduler_window(), None);
+        assert_eq!(adaptive.scheduler_window(), Some(100));
+        let mut missed = 0;
+        for seed in 42..47 {
+            let plain = run(&every_node, policy, seed, 0.0, true, &|_| {});
+            assert_eq!(plain.failed, 0, "seed {seed}");
+            let sent = run(&all_sent, policy, seed, 0.0, true, &|_| {});
+            assert_eq!(sent.steps, plain.steps, "seed {seed}");
+            let windowed = run(&adaptive, policy, seed, 0.0, true, &|_| {});
+            missed += windowed.failed;
+        }
+        assert!(missed > 0, "no pod of five seeds missed a free node");
     }
 
     #[test]
