@@ -222,6 +222,15 @@ pub struct RunCeiling {
     pub last_at_or_above: f64,
 }
 
+/// Whether each step's pod was rejected: a step whose failure count rose over the one before.
+pub fn rejected_per_step(steps: &[Step]) -> impl Iterator<Item = bool> + '_ {
+    steps.iter().scan(0, |before, step| {
+        let rejected = step.failed > *before;
+        *before = step.failed;
+        Some(rejected)
+    })
+}
+
 /// The position before which a policy whose curve is at or above this run's at every arrival
 /// column from [`CURVE_FROM`] on rejects no GPU pod: the first pod of the column in which this
 /// run first rejects one. Before it the run placed every GPU pod, so its allocation equals the
@@ -233,12 +242,9 @@ pub fn rejection_free_until(
     steps: &[Step],
     capacity: u64,
 ) -> usize {
-    let before = std::iter::once(0).chain(steps.iter().map(|s| s.failed));
-    let first = steps
-        .iter()
-        .zip(before)
+    let first = rejected_per_step(steps)
         .zip(order)
-        .position(|((step, before), &pod)| step.failed > before && pods[pod].gpu_total() > 0);
+        .position(|(rejected, &pod)| rejected && pods[pod].gpu_total() > 0);
     let Some(first) = first else {
         return order.len();
     };
@@ -295,14 +301,11 @@ impl RunCeiling {
             last_any: percent(&ceiling.any),
             last_at_or_above: percent(&at_or_above.any),
             sliver: ceiling.sliver.as_ref().map(|sliver| {
-                // A step whose failure count rose is a rejected pod.
-                let failures = steps.iter().map(|s| s.failed);
-                let before = std::iter::once(0).chain(steps.iter().map(|s| s.failed));
                 let sliver_key = key(&pods[sliver.example]);
                 let rejected = order
                     .iter()
-                    .zip(failures.zip(before))
-                    .any(|(&pod, (after, before))| after > before && key(&pods[pod]) == sliver_key);
+                    .zip(rejected_per_step(steps))
+                    .any(|(&pod, rejected)| rejected && key(&pods[pod]) == sliver_key);
                 RunSliver {
                     milli: sliver.milli,
                     while_placed: curve(&sliver.while_placed),
@@ -467,9 +470,9 @@ mod tests {
                     // The run itself rejects no GPU pod before its first rejection, nor before
                     // the column of it: both bounds hold it.
                     let pods = prepared.workload().pods();
-                    let first = steps.iter().enumerate().position(|(j, step)| {
-                        step.failed > if j == 0 { 0 } else { steps[j - 1].failed }
-                            && pods[arrivals.order[j]].gpu_total() > 0
+                    let rejected: Vec<bool> = rejected_per_step(&steps).collect();
+                    let first = rejected.iter().enumerate().position(|(j, &rejected)| {
+                        rejected && pods[arrivals.order[j]].gpu_total() > 0
                     }).unwrap_or(steps.len());
                     let capacity = cluster.gpu_milli();
                     let column = rejection_free_until(pods, &arrivals.order, &steps, capacity);
@@ -490,9 +493,8 @@ mod tests {
                             "{} step {}: {} > ceiling {}", policy.name(), j, step.used_milli, ceiling.any[j]
                         );
                         if let Some(sliver) = &ceiling.sliver {
-                            let failed_here = step.failed > if j == 0 { 0 } else { steps[j - 1].failed };
                             let pod = &prepared.workload().pods()[arrivals.order[j]];
-                            sliver_rejected |= failed_here && key(pod) == key(&prepared.workload().pods()[sliver.example]);
+                            sliver_rejected |= rejected[j] && key(pod) == key(&prepared.workload().pods()[sliver.example]);
                             if !sliver_rejected {
                                 prop_assert!(
                                     step.used_milli <= sliver.while_placed[j],
