@@ -425,6 +425,9 @@ pub async fn replay_pods(
             evaluations: 0,
             end_nodes: Some(nodes),
             ceiling: Some(ceiling),
+            // The real loop's are the extender's `gpu_extender_filter_window_misses_total`,
+            // which the command prints for a loopback plane.
+            window_misses: None,
         },
         decisions,
         choices,

@@ -404,6 +404,10 @@ pub struct RunResult {
     /// What no online policy exceeds on this arrival order (none with departures, where the
     /// bound does not hold: freed GPUs undo its reasoning).
     pub ceiling: Option<RunCeiling>,
+    /// With kube-scheduler's window replayed: the pods turned away because no node of their
+    /// window had room while a node outside it had (in a cluster they would wait for another
+    /// try; the extender counts them in `gpu_extender_filter_window_misses_total`).
+    pub window_misses: Option<u64>,
 }
 
 /// How a run ranks nodes for a pod class.
@@ -823,6 +827,7 @@ pub fn run(
     let mut window = prepared
         .window_percent
         .map(|percent| SchedulerWindow::new(percent, node_count));
+    let mut window_misses = 0u64;
     for (submitted, &pod) in arrivals.order.iter().enumerate() {
         let class_id = prepared.class_of[pod];
         let class = &prepared.classes[class_id];
@@ -854,6 +859,9 @@ pub fn run(
                 .filter(|&(n, entry)| entry.feasible && in_window.is_none_or(|sent| sent[n]))
                 .map(|(n, entry)| (n, entry.score)),
         );
+        if in_window.is_some() && feasible.is_empty() && row.iter().any(|entry| entry.feasible) {
+            window_misses += 1;
+        }
         // kube-scheduler's plugin-metrics sampling draws once per pod (`rand.Intn(100)`), so the
         // Random policy's draws fall where the reference's did.
         go.intn(100);
@@ -913,6 +921,7 @@ pub fn run(
         evaluations,
         end_nodes: keep_steps.then_some(nodes),
         ceiling,
+        window_misses: window.is_some().then_some(window_misses),
     }
 }
 
@@ -994,7 +1003,11 @@ mod tests {
             assert_eq!(plain.failed, 0, "seed {seed}");
             let sent = run(&all_sent, policy, seed, 0.0, true, &|_| {});
             assert_eq!(sent.steps, plain.steps, "seed {seed}");
+            assert_eq!(plain.window_misses, None);
+            assert_eq!(sent.window_misses, Some(0), "seed {seed}");
             let windowed = run(&adaptive, policy, seed, 0.0, true, &|_| {});
+            // A free node is left for every rejected pod: each rejection is a window miss.
+            assert_eq!(windowed.window_misses, Some(windowed.failed as u64));
             missed += windowed.failed;
         }
         assert!(missed > 0, "no pod of five seeds missed a free node");

@@ -59,6 +59,33 @@ fn cell(value: Option<f64>) -> String {
     value.map_or_else(|| "–".to_owned(), |v| format!("{v:.2}"))
 }
 
+/// A mean count (pods per run) to one decimal.
+fn count_cell(value: Option<f64>) -> String {
+    value.map_or_else(|| "–".to_owned(), |v| format!("{v:.1}"))
+}
+
+/// Starts a table of the (trace, policy) groups whose every run `has` what it shows, and
+/// returns them: after a blank line its introduction, the header with `columns` (right-aligned
+/// numbers) after `trace` and `policy`, and the rule. Writes nothing when no group qualifies.
+fn open_table<'a>(
+    out: &mut String,
+    results: &'a [RunResult],
+    has: impl Fn(&RunResult) -> bool,
+    intro: &str,
+    columns: &[&str],
+) -> Vec<Group<'a>> {
+    let groups: Vec<Group<'a>> = group(results)
+        .into_iter()
+        .filter(|g| g.runs.iter().all(|r| has(r)))
+        .collect();
+    if !groups.is_empty() {
+        let _ = writeln!(out, "\n{intro}\n");
+        let _ = writeln!(out, "| trace | policy | {} |", columns.join(" | "));
+        let _ = writeln!(out, "|---|---|{}", "---:|".repeat(columns.len()));
+    }
+    groups
+}
+
 fn mean_sd(mean: Option<f64>, sd: Option<f64>) -> String {
     match (mean, sd) {
         (Some(m), Some(s)) => format!("{m:.2} ± {s:.2}"),
@@ -92,14 +119,39 @@ pub fn summary_markdown(results: &[RunResult]) -> String {
             mean_sd(m100, s100),
             mean_sd(m130, s130),
             cell(frag),
-            failed.map_or_else(|| "–".to_owned(), |v| format!("{v:.1}")),
+            count_cell(failed),
             cell(failed_gpu),
-            idle.map_or_else(|| "–".to_owned(), |v| format!("{v:.1}")),
+            count_cell(idle),
         );
     }
     curve_tables(&mut out, results);
     ceiling_table(&mut out, results);
+    window_table(&mut out, results);
     out
+}
+
+/// With kube-scheduler's window replayed, the pods per run it turned away while a node outside
+/// it had room (mean over seeds); nothing when no run replayed the window.
+fn window_table(out: &mut String, results: &[RunResult]) {
+    let groups = open_table(
+        out,
+        results,
+        |r| r.window_misses.is_some(),
+        "Pods turned away by kube-scheduler's window (no node it sent had room, a node it did not send had; mean over seeds):",
+        &["window misses per run", "of failed pods"],
+    );
+    for group in groups {
+        let misses = group.mean_of(|r| r.window_misses.map(|m| m as f64));
+        let failed = group.mean_of(|r| Some(r.failed as f64));
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} |",
+            group.trace,
+            group.policy.label(),
+            count_cell(misses),
+            count_cell(failed),
+        );
+    }
 }
 
 /// The ceiling beside each (trace, policy): the allocation no online policy exceeds on the
@@ -107,22 +159,22 @@ pub fn summary_markdown(results: &[RunResult]) -> String {
 /// class, how many of the runs did reject one, and the bound for policies at or above the
 /// policy's curve from 50% on (means over seeds, at the last pod).
 fn ceiling_table(out: &mut String, results: &[RunResult]) {
-    let groups: Vec<Group<'_>> = group(results)
-        .into_iter()
-        .filter(|g| g.runs.iter().all(|r| r.ceiling.is_some()))
-        .collect();
-    if groups.is_empty() {
-        return;
-    }
-    let _ = writeln!(
+    let groups = open_table(
         out,
-        "\nCeiling at the last pod (mean over seeds; docs/simulate.md, \"Ceiling\"): no online policy allocates more than `any`; one that rejects no pod of the sliver class (one GPU, more than half of it) no more than `sliver placed`; one whose curve is at or above this policy's at every whole % from {CURVE_FROM}% on no more than `at or above`:\n"
+        results,
+        |r| r.ceiling.is_some(),
+        &format!(
+            "Ceiling at the last pod (mean over seeds; docs/simulate.md, \"Ceiling\"): no online policy allocates more than `any`; one that rejects no pod of the sliver class (one GPU, more than half of it) no more than `sliver placed`; one whose curve is at or above this policy's at every whole % from {CURVE_FROM}% on no more than `at or above`:"
+        ),
+        &[
+            "alloc %",
+            "ceiling % (any)",
+            "sliver milli",
+            "ceiling % (sliver placed)",
+            "runs that rejected a sliver pod",
+            "ceiling % (at or above)",
+        ],
     );
-    let _ = writeln!(
-        out,
-        "| trace | policy | alloc % | ceiling % (any) | sliver milli | ceiling % (sliver placed) | runs that rejected a sliver pod | ceiling % (at or above) |"
-    );
-    let _ = writeln!(out, "|---|---|---:|---:|---:|---:|---:|---:|");
     for group in groups {
         let alloc = group.mean_of(|r| Some(r.last.alloc_percent(r.capacity_milli)));
         let any = group.mean_of(|r| r.ceiling.as_ref().map(|c| c.last_any));
@@ -226,10 +278,7 @@ fn curve_tables(out: &mut String, results: &[RunResult]) {
                 .iter()
                 .map(|&k| {
                     let value = group.mean_of(|r| r.rejected.at(k, kind).map(f64::from));
-                    format!(
-                        " {} |",
-                        value.map_or_else(|| "–".to_owned(), |v| format!("{v:.1}"))
-                    )
+                    format!(" {} |", count_cell(value))
                 })
                 .collect();
             let _ = writeln!(
