@@ -795,6 +795,28 @@ mod tests {
         assert!(summary.contains("Rejected pods by kind"));
     }
 
+    #[test]
+    fn the_window_table_appears_only_with_a_replayed_window() {
+        let mut results = results(1.3);
+        assert!(!summary_markdown(&results).contains("kube-scheduler's window"));
+        results[0].window_misses = Some(3);
+        results[1].window_misses = Some(0);
+        let summary = summary_markdown(&results);
+        let table = summary
+            .split("Pods turned away by kube-scheduler's window")
+            .nth(1)
+            .expect("the window table");
+        assert!(
+            table.contains("| trace | policy | window misses per run | of failed pods |"),
+            "{table}"
+        );
+        let fgd = format!(
+            "| {} | FGD | 3.0 | {:.1} |",
+            results[0].trace, results[0].failed as f64
+        );
+        assert!(table.contains(&fgd), "{table}");
+    }
+
     /// Every tag opened is closed, in order (the SVG is XML; no XML parser is a dependency).
     fn assert_well_formed(svg: &str) {
         let mut open = Vec::new();

@@ -40,23 +40,32 @@ pub fn feasible_nodes_to_find(percent: u32, node_count: usize) -> usize {
 /// pod that names GPU models is on a node of one of them (its required node affinity).
 /// Per-GPU room is the extender's to check, not kube-scheduler's.
 pub fn passes_scheduler_filters(node: &NodeState, request: &PodRequest) -> bool {
+    passes_with(node, request, whole_gpus_requested(request))
+}
+
+/// The whole GPUs kube-scheduler counts for `request`: Kubernetes' effective request, the app
+/// containers' sum or the largest init container.
+fn whole_gpus_requested(request: &PodRequest) -> usize {
+    let whole = |container: &ContainerRequest| match container.gpu {
+        GpuDemand::Whole { count } | GpuDemand::Topology { count } => usize::from(count),
+        GpuDemand::None | GpuDemand::Share { .. } => 0,
+    };
+    request
+        .containers
+        .iter()
+        .map(whole)
+        .sum::<usize>()
+        .max(request.init_containers.iter().map(whole).max().unwrap_or(0))
+}
+
+/// [`passes_scheduler_filters`] with the pod's whole GPUs counted once for the whole walk.
+fn passes_with(node: &NodeState, request: &PodRequest, whole_requested: usize) -> bool {
     if node.cpu_free() < request.cpu
         || node.mem_free() < request.memory
         || node.pods >= node.spec.max_pods
     {
         return false;
     }
-    // Kubernetes' effective request: the app containers' sum or the largest init container.
-    let whole = |container: &ContainerRequest| match container.gpu {
-        GpuDemand::Whole { count } | GpuDemand::Topology { count } => usize::from(count),
-        GpuDemand::None | GpuDemand::Share { .. } => 0,
-    };
-    let whole_requested = request
-        .containers
-        .iter()
-        .map(whole)
-        .sum::<usize>()
-        .max(request.init_containers.iter().map(whole).max().unwrap_or(0));
     let whole_held = node.gpus.iter().filter(|usage| usage.is_whole()).count();
     if whole_requested > 0 && whole_held + whole_requested > node.spec.gpus.len() {
         return false;
@@ -97,13 +106,14 @@ impl SchedulerWindow {
     /// walk starts after the last node this one examined.
     pub fn select(&mut self, nodes: &[NodeState], request: &PodRequest) -> &[bool] {
         let count = nodes.len().min(self.in_window.len());
+        let whole_requested = whole_gpus_requested(request);
         self.in_window.fill(false);
         let mut found = 0;
         let mut examined = 0;
         while examined < count && found < self.to_find {
             let index = (self.next_start + examined) % count;
             examined += 1;
-            if passes_scheduler_filters(&nodes[index], request) {
+            if passes_with(&nodes[index], request, whole_requested) {
                 self.in_window[index] = true;
                 found += 1;
             }
