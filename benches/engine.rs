@@ -27,9 +27,9 @@ use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, 
 use gpu_extender::config::Config;
 use gpu_extender::engine::policy::fgd::Scarcity;
 use gpu_extender::engine::{
-    Change, CpuMilli, GpuDemand, GpuMode, GpuPlacement, Link, LinkMatrix, MemMiB, ModelPattern,
-    NodeSpec, NodeState, PodAllocation, PodKey, PodRequest, Policy, RejectReason, ScoringPolicy,
-    Table, TopologyIndex, TypicalPod, TypicalPods, fit, max_replicas,
+    AlikeScores, Change, CpuMilli, GpuDemand, GpuMode, GpuPlacement, Link, LinkMatrix, MemMiB,
+    ModelPattern, NodeSpec, NodeState, PodAllocation, PodKey, PodRequest, Policy, RejectReason,
+    ScoringPolicy, Table, TopologyIndex, TypicalPod, TypicalPods, fit, max_replicas,
 };
 use gpu_extender::estimator::EstimatorService;
 use gpu_extender::estimator::proto::{pb, resource};
@@ -366,9 +366,9 @@ fn policy(scoring: ScoringPolicy) -> Policy {
 /// What filter plus prioritize do for one pod: judge every node of the table, keep the
 /// feasible ones with their scores and count the rejections by reason. `judge` is
 /// `Policy::evaluate_score` (what the extender calls) or the full `Policy::evaluate`.
-fn filter_and_score(
-    table: &Table,
-    judge: impl Fn(&NodeState) -> Result<f64, RejectReason>,
+fn filter_and_score<'t>(
+    table: &'t Table,
+    mut judge: impl FnMut(&'t NodeState) -> Result<f64, RejectReason>,
 ) -> (Vec<(usize, f64)>, [u32; RejectReason::ALL.len()]) {
     let mut feasible = Vec::with_capacity(table.node_count());
     let mut rejected = [0u32; RejectReason::ALL.len()];
@@ -439,6 +439,46 @@ fn bench_evaluate(c: &mut Criterion<Clock>) {
                     })
                 });
             }
+        }
+    }
+    group.finish();
+}
+
+/// Filter and prioritize judge their candidates through `AlikeScores`, which places once for
+/// each set of nodes placement cannot tell apart. Against `Policy::evaluate_score` per node: on
+/// the mixed clusters above (nearly every node differs: the memo's cost) and on empty ones (a
+/// fresh node pool, or kube-scheduler's throughput run: the memo's gain).
+fn bench_alike(c: &mut Criterion<Clock>) {
+    let (share_pod, whole_pod) = probe_pods();
+    let mut group = c.benchmark_group("filter_alike");
+    let size = 5000;
+    let mixed = cluster(size, Pool::Whole, Fill::Mixed, 43);
+    let mixed_shared = cluster(size, Pool::Shared, Fill::Mixed, 42);
+    let empty = cluster(size, Pool::Whole, Fill::Pods(0), 43);
+    for scoring in [ScoringPolicy::Binpack, ScoringPolicy::Fgd] {
+        let policy = policy(scoring);
+        for (label, table, pod) in [
+            ("share", &mixed_shared.table, &share_pod),
+            ("whole2", &mixed.table, &whole_pod),
+            ("whole2-empty", &empty.table, &whole_pod),
+        ] {
+            let id = BenchmarkId::new(format!("{}/{label}/per-node", scoring.as_str()), size);
+            group.bench_with_input(id, table, |b, table| {
+                b.iter(|| {
+                    filter_and_score(black_box(table), |node| {
+                        policy.evaluate_score(node, black_box(pod))
+                    })
+                })
+            });
+            let id = BenchmarkId::new(format!("{}/{label}/alike", scoring.as_str()), size);
+            group.bench_with_input(id, table, |b, table| {
+                b.iter(|| {
+                    let mut alike = AlikeScores::new(&policy, black_box(pod), table.node_count());
+                    let (feasible, rejected) =
+                        filter_and_score(black_box(table), |node| alike.score(node));
+                    (feasible.len(), rejected)
+                })
+            });
         }
     }
     group.finish();
@@ -656,6 +696,6 @@ fn config() -> Criterion<Clock> {
 criterion_group! {
     name = benches;
     config = config();
-    targets = bench_evaluate, bench_table, bench_scarcity, bench_topology, bench_estimate
+    targets = bench_evaluate, bench_alike, bench_table, bench_scarcity, bench_topology, bench_estimate
 }
 criterion_main!(benches);

@@ -30,8 +30,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use gpu_extender::engine::{
-    Change, ComputeMilli, CpuMilli, Evaluation, Gpu, GpuConstraints, GpuDemand, GpuMode,
-    GpuPlacement, GpuUsage, Grant, Hold, Link, LinkMatrix, MemMiB, ModelPattern, NodeName,
+    AlikeScores, Change, ComputeMilli, CpuMilli, Evaluation, Gpu, GpuConstraints, GpuDemand,
+    GpuMode, GpuPlacement, GpuUsage, Grant, Hold, Link, LinkMatrix, MemMiB, ModelPattern, NodeName,
     NodeSpec, NodeState, PodAllocation, PodKey, PodRequest, Policy, RejectReason, ScoringPolicy,
     Table, TopologyIndex, TopologyPreference, TypicalPod, TypicalPods, fit, max_replicas,
 };
@@ -1144,6 +1144,51 @@ proptest! {
             let request = pod_request(probe, spec.mode);
             for policy in &policies {
                 check_fast_path(policy, &state, &request, &policy.evaluate(&state, &request))?;
+            }
+        }
+    }
+
+    /// Filter and prioritize score their candidates through `AlikeScores`, which places once
+    /// for each set of nodes placement cannot tell apart. Nodes of one or two specs under their
+    /// own names, each filled by a part of one random pod sequence (so that some are alike and
+    /// some are not): every verdict and score bit is the node's own `evaluate_score`.
+    #[test]
+    fn alike_nodes_share_one_placement_and_answer_as_each_alone(
+        kinds in prop::collection::vec(node_desc(), 1..=2),
+        nodes in prop::collection::vec((0usize..2, 0usize..=3), 2..=10),
+        fill in prop::collection::vec((pod_desc(), 0usize..4), 0..=12),
+        probes in prop::collection::vec(pod_desc(), 1..=6),
+        classes in prop::collection::vec(class_desc(), 1..=6),
+        max_shares in 1u16..=4,
+        truncate in any::<bool>(),
+    ) {
+        let policies = policies(&classes, max_shares, truncate);
+        let states: Vec<NodeState> = nodes
+            .iter()
+            .enumerate()
+            .map(|(index, &(kind, thirds))| {
+                let desc = &kinds[kind % kinds.len()];
+                let mut state = NodeState::new(node_spec(index, desc));
+                for (pod, policy) in fill.iter().take(fill.len() * thirds / 3) {
+                    let request = pod_request(pod, desc.mode);
+                    if let Ok(allocation) = fit(&state, &request, &policies[*policy]) {
+                        state.add(&allocation);
+                    }
+                }
+                state
+            })
+            .collect();
+        for probe in &probes {
+            let request = pod_request(probe, kinds[0].mode);
+            for policy in &policies {
+                let mut alike = AlikeScores::new(policy, &request, states.len());
+                for state in &states {
+                    prop_assert_eq!(
+                        alike.score(state).map(f64::to_bits),
+                        policy.evaluate_score(state, &request).map(f64::to_bits),
+                        "{:?} on {}", policy.scoring, state.spec.name
+                    );
+                }
             }
         }
     }

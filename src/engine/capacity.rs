@@ -10,7 +10,6 @@
 //! a few placements per type, not per node.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hash, Hasher};
 
 use super::fit::{fit, footprint_with};
 use super::model::{CpuMilli, MemMiB};
@@ -69,7 +68,6 @@ pub fn max_replicas<'a>(
     // Shapes seen, by hash; equal hashes are compared in full, so a collision costs a
     // placement run, never a wrong count. Each count is capped at `limit` alike, so a cached
     // count is exactly what a fresh run would give.
-    let hasher = foldhash::fast::RandomState::default();
     let mut counted: ShapeMap<Vec<(&'a NodeState, u64)>> = ShapeMap::default();
     // One scratch node per spec (names aside), filled from each node's usage in turn: copying
     // a node's usage costs nothing, cloning its spec (GPU list, model names, profile) a dozen
@@ -81,14 +79,8 @@ pub fn max_replicas<'a>(
             break;
         }
         let spec_hash = node.shape_hash();
-        let mut state = hasher.build_hasher();
-        spec_hash.hash(&mut state);
-        hash_usage(node, &mut state);
-        let same = counted.entry(state.finish()).or_default();
-        let count = match same
-            .iter()
-            .find(|(seen, _)| seen.same_shape(node) && same_usage(seen, node))
-        {
+        let same = counted.entry(node.usage_key()).or_default();
+        let count = match same.iter().find(|(seen, _)| seen.placed_alike(node)) {
             Some(&(_, count)) => count,
             None => {
                 let nodes_of_spec = scratch.entry(spec_hash).or_default();
@@ -114,24 +106,6 @@ pub fn max_replicas<'a>(
 /// Maps keyed by a hash already computed: foldhash, not the standard library's SipHash, which
 /// cost more than the lookups themselves over thousands of nodes.
 type ShapeMap<V> = HashMap<u64, V, foldhash::fast::RandomState>;
-
-/// Hashes what [`same_usage`] compares.
-fn hash_usage(node: &NodeState, state: &mut impl Hasher) {
-    node.gpus.hash(state);
-    node.cpu_used.hash(state);
-    node.mem_used.hash(state);
-    node.pods.hash(state);
-    node.dangling_holds.hash(state);
-}
-
-/// Whether the two nodes hold the same: per-GPU usage, host CPU, memory and pods.
-fn same_usage(a: &NodeState, b: &NodeState) -> bool {
-    *a.gpus == *b.gpus
-        && a.cpu_used == b.cpu_used
-        && a.mem_used == b.mem_used
-        && a.pods == b.pods
-        && a.dangling_holds == b.dangling_holds
-}
 
 /// Gives `work` (a node of the same spec) `node`'s usage.
 fn copy_usage(work: &mut NodeState, node: &NodeState) {

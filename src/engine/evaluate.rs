@@ -3,6 +3,8 @@
 //! [`policy`](super::policy) (which GPUs, how good), which therefore never import each other
 //! both ways.
 
+use std::collections::HashMap;
+
 use super::fit::{RejectReason, fit_with, footprint_with};
 use super::policy::fgd::FgdCache;
 use super::policy::fgd_plus::Taking;
@@ -62,6 +64,47 @@ impl Policy {
             return Ok(preferred_score(score, group_quality));
         }
         Ok(score)
+    }
+}
+
+/// [`Policy::evaluate_score`] of one pod over many nodes, run once for each set of nodes that
+/// placement cannot tell apart ([`NodeState::placed_alike`]: the same shape, the same usage),
+/// which get the same verdict and score bit for bit. A node pool of one hardware type is mostly
+/// empty nodes and full ones, so kube-scheduler's hundreds of candidates per call are a handful
+/// of placements; where every node differs, each costs a key and a map entry on top
+/// (filter_alike in benches/engine.rs). Lives for one request: nothing is kept between calls,
+/// so a node's change can never meet a stale score.
+#[derive(Debug)]
+pub struct AlikeScores<'a, 'n> {
+    policy: &'a Policy,
+    request: &'a PodRequest,
+    /// By [`NodeState::usage_key`]: the first node seen with that key, and its answer.
+    seen: HashMap<u64, (&'n NodeState, Result<f64, RejectReason>), foldhash::fast::RandomState>,
+}
+
+impl<'a, 'n> AlikeScores<'a, 'n> {
+    /// Scores of `request` under `policy`, for about `nodes` nodes.
+    pub fn new(policy: &'a Policy, request: &'a PodRequest, nodes: usize) -> Self {
+        Self {
+            policy,
+            request,
+            seen: HashMap::with_capacity_and_hasher(nodes, foldhash::fast::RandomState::default()),
+        }
+    }
+
+    /// `policy.evaluate_score(node, request)`, placed anew only for a node unlike those seen.
+    pub fn score(&mut self, node: &'n NodeState) -> Result<f64, RejectReason> {
+        let key = node.usage_key();
+        match self.seen.get(&key) {
+            Some((seen, answer)) if seen.placed_alike(node) => *answer,
+            // Equal keys of unlike nodes: placed without the memo, never answered wrongly.
+            Some(_) => self.policy.evaluate_score(node, self.request),
+            None => {
+                let answer = self.policy.evaluate_score(node, self.request);
+                self.seen.insert(key, (node, answer));
+                answer
+            }
+        }
     }
 }
 

@@ -25,6 +25,7 @@ pub mod topology;
 
 pub use allocation::{ContainerAllocation, GpuGrant, GpuHold, Grant, PodAllocation};
 pub use capacity::{max_replicas, replicas_on};
+pub use evaluate::AlikeScores;
 pub use fit::{RejectReason, fit, fit_choosing};
 pub use model::{
     ComputeMilli, CpuMilli, Gpu, GpuIndex, GpuMode, GpuPlacement, Link, LinkMatrix, MemMiB,

@@ -235,6 +235,48 @@ impl NodeState {
         self.profile.shape
     }
 
+    /// Whether the two nodes hold the same: per-GPU usage, host CPU, memory and pods.
+    pub fn same_usage(&self, other: &Self) -> bool {
+        *self.gpus == *other.gpus
+            && self.cpu_used == other.cpu_used
+            && self.mem_used == other.mem_used
+            && self.pods == other.pods
+            && self.dangling_holds == other.dangling_holds
+    }
+
+    /// A hash of the node's shape and of what [`NodeState::same_usage`] compares: nodes
+    /// [`placed_alike`](NodeState::placed_alike) have equal keys, and a map keyed by it compares
+    /// in full, so a collision costs a placement, never a wrong answer. Mixed by multiply and
+    /// rotate over the raw numbers: feeding the fields to a `Hasher` one by one took as long as
+    /// scoring a node under `binpack`, which would have made a memo of scores a loss there.
+    pub fn usage_key(&self) -> u64 {
+        const ODD: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mix = |hash: u64, value: u64| (hash ^ value).wrapping_mul(ODD).rotate_left(29);
+        let mut hash = self.profile.shape;
+        for gpu in self.gpus.iter() {
+            hash = mix(hash, gpu.mem.0);
+            hash = mix(
+                hash,
+                u64::from(gpu.compute.0)
+                    | u64::from(gpu.shares) << 32
+                    | u64::from(gpu.whole_pods) << 48,
+            );
+        }
+        hash = mix(hash, self.cpu_used.0);
+        hash = mix(hash, self.mem_used.0);
+        mix(
+            hash,
+            u64::from(self.pods) | u64::from(self.dangling_holds) << 32,
+        )
+    }
+
+    /// Whether placement cannot tell the two nodes apart: the same shape and the same usage.
+    /// Everything fit, placement and every policy's score read of a node is one or the other
+    /// (never its name), so such nodes get the same verdict and the same score for any pod.
+    pub fn placed_alike(&self, other: &Self) -> bool {
+        self.same_shape(other) && self.same_usage(other)
+    }
+
     /// An empty node.
     pub fn new(spec: NodeSpec) -> Self {
         let gpus = PerGpu::defaults(spec.gpus.len());

@@ -9,7 +9,7 @@ use super::cluster::ClusterState;
 use crate::engine::quota::{
     Amounts, back_within_max, may_preempt, namespace_of, usage, victims_needed,
 };
-use crate::engine::{NodeState, PodAllocation, PodRequest, Policy, RejectReason, fit};
+use crate::engine::{AlikeScores, NodeState, PodAllocation, PodRequest, Policy, RejectReason, fit};
 use crate::objects::admission::PodClaims;
 
 /// The reason given for a candidate the extender has not seen yet (its watch may lag the
@@ -42,7 +42,9 @@ pub fn filter<'a, 'n>(
 ) -> FilterVerdict<'a> {
     let mut verdict = FilterVerdict::default();
     let mut scores = Vec::new();
-    for (position, (name, node)) in candidates.into_iter().enumerate() {
+    let candidates = candidates.into_iter();
+    let mut alike = AlikeScores::new(policy, request, candidates.size_hint().0);
+    for (position, (name, node)) in candidates.enumerate() {
         let Some(node) = node else {
             verdict.failed.push((name, UNKNOWN_NODE));
             verdict.unknown += 1;
@@ -50,7 +52,7 @@ pub fn filter<'a, 'n>(
         };
         // Only the verdict and the score matter here; bind builds the placement for the chosen
         // node.
-        match policy.evaluate_score(node, request) {
+        match alike.score(node) {
             Ok(score) => {
                 verdict.passed.push(position);
                 scores.push((score, name));
@@ -105,14 +107,10 @@ pub fn prioritize<'a, 'n>(
     request: &PodRequest,
     policy: &Policy,
 ) -> Vec<(&'a str, i64)> {
+    let candidates = candidates.into_iter();
+    let mut alike = AlikeScores::new(policy, request, candidates.size_hint().0);
     let scored: Vec<(&'a str, Option<f64>)> = candidates
-        .into_iter()
-        .map(|(name, node)| {
-            (
-                name,
-                node.and_then(|n| policy.evaluate_score(n, request).ok()),
-            )
-        })
+        .map(|(name, node)| (name, node.and_then(|n| alike.score(n).ok())))
         .collect();
     let raw = scored.iter().filter_map(|(_, score)| *score);
     let low = raw.clone().fold(f64::INFINITY, f64::min);
