@@ -78,8 +78,8 @@ impl Default for Tuning {
             // scheduler configuration gives the extender, 500 put `fgd-plus` below FGD on the
             // CPU-scarce `s50cpu20` from 91% arrival (-0.17); 0 fixed that but fell below FGD
             // on `only-G3` without the window. At 100 it is >= FGD at every arrival 50..130%
-            // on all 46 workloads measured, with and without the window (docs/policies.md,
-            // "Idle-node charge 100").
+            // on all 46 workloads measured without the window and on 45 behind it, where
+            // `s50cpu20` is -0.03 at 90% (docs/policies.md, "Idle-node charge 100").
             idle_node_penalty: 100,
             quantum: 0,
             tie_break: TieBreak::UsedNodes,
