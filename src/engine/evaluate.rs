@@ -87,7 +87,6 @@ pub struct AlikeScores<'a, 'n> {
     /// Nodes asked about, and how many of them the memo answered, while it is on.
     asked: usize,
     remembered: usize,
-    on: bool,
 }
 
 /// How many nodes [`AlikeScores`] asks about before judging whether its memo pays.
@@ -105,13 +104,12 @@ impl<'a, 'n> AlikeScores<'a, 'n> {
             ),
             asked: 0,
             remembered: 0,
-            on: true,
         }
     }
 
     /// `policy.evaluate_score(node, request)`, placed anew only for a node unlike those seen.
     pub fn score(&mut self, node: &'n NodeState) -> Result<f64, RejectReason> {
-        if !self.on {
+        if !self.on() {
             return self.policy.evaluate_score(node, self.request);
         }
         let key = node.usage_key();
@@ -127,10 +125,13 @@ impl<'a, 'n> AlikeScores<'a, 'n> {
         };
         self.asked += 1;
         self.remembered += usize::from(remembered);
-        if self.asked == ALIKE_PROBE && 3 * self.remembered < ALIKE_PROBE {
-            self.on = false;
-        }
         answer
+    }
+
+    /// Whether the memo is still used: off for good once the first [`ALIKE_PROBE`] nodes had
+    /// fewer than a third answered from it (counting stops there).
+    fn on(&self) -> bool {
+        self.asked != ALIKE_PROBE || 3 * self.remembered >= ALIKE_PROBE
     }
 }
 
@@ -279,7 +280,7 @@ mod tests {
         for node in &alike {
             assert_eq!(scores.score(node), policy.evaluate_score(node, &pod));
         }
-        assert!(scores.on);
+        assert!(scores.on());
         assert_eq!(scores.remembered, 197);
         // Every node differs: the memo is off after the probe, and answers are unchanged.
         let unlike = nodes_using(200, |i| i as u64);
@@ -287,7 +288,7 @@ mod tests {
         for node in &unlike {
             assert_eq!(scores.score(node), policy.evaluate_score(node, &pod));
         }
-        assert!(!scores.on);
+        assert!(!scores.on());
         assert_eq!((scores.asked, scores.remembered), (ALIKE_PROBE, 0));
     }
 

@@ -9,7 +9,7 @@
 //! real loop (`gpu-extender replay`) measures what that costs; this replays the same walk in
 //! `simulate`, so the window's effect on a workload's curve shows without a control plane.
 
-use crate::engine::request::{ContainerRequest, GpuDemand};
+use crate::engine::quota::{Amounts, QuotaResource};
 use crate::engine::{NodeState, PodRequest};
 
 /// kube-scheduler's floor: never fewer feasible nodes than this (`minFeasibleNodesToFind`).
@@ -43,19 +43,11 @@ pub fn passes_scheduler_filters(node: &NodeState, request: &PodRequest) -> bool 
     passes_with(node, request, whole_gpus_requested(request))
 }
 
-/// The whole GPUs kube-scheduler counts for `request`: Kubernetes' effective request, the app
-/// containers' sum or the largest init container.
+/// The whole GPUs kube-scheduler counts for `request`: Kubernetes' effective request (the app
+/// containers' sum or the largest init container), as quotas count it.
 fn whole_gpus_requested(request: &PodRequest) -> usize {
-    let whole = |container: &ContainerRequest| match container.gpu {
-        GpuDemand::Whole { count } | GpuDemand::Topology { count } => usize::from(count),
-        GpuDemand::None | GpuDemand::Share { .. } => 0,
-    };
-    request
-        .containers
-        .iter()
-        .map(whole)
-        .sum::<usize>()
-        .max(request.init_containers.iter().map(whole).max().unwrap_or(0))
+    let whole = Amounts::requested_by(request).get(QuotaResource::WholeGpus);
+    usize::try_from(whole).unwrap_or(usize::MAX)
 }
 
 /// [`passes_scheduler_filters`] with the pod's whole GPUs counted once for the whole walk.
@@ -67,7 +59,7 @@ fn passes_with(node: &NodeState, request: &PodRequest, whole_requested: usize) -
         return false;
     }
     let whole_held = node.gpus.iter().filter(|usage| usage.is_whole()).count();
-    if whole_requested > 0 && whole_held + whole_requested > node.spec.gpus.len() {
+    if whole_requested > 0 && whole_held.saturating_add(whole_requested) > node.spec.gpus.len() {
         return false;
     }
     if request.wants_gpu() && !request.constraints.include_models.is_empty() {
@@ -128,7 +120,7 @@ impl SchedulerWindow {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::request::{GpuConstraints, ModelPattern};
+    use crate::engine::request::{GpuConstraints, GpuDemand, ModelPattern};
     use crate::engine::{CpuMilli, GpuMode, MemMiB, NodeSpec};
 
     fn node(name: &str, model: &str, gpus: u16, cpu: u64) -> NodeState {
