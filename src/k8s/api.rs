@@ -8,8 +8,7 @@ use std::future::Future;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, EvictParams, Patch, PatchParams, PostParams};
 
@@ -122,31 +121,9 @@ impl KubeApi {
 
 impl PodApi for KubeApi {
     async fn create_binding(&self, write: &BindingWrite) -> Result<(), ApiError> {
-        let binding = Binding {
-            metadata: ObjectMeta {
-                name: Some(write.name.clone()),
-                namespace: Some(write.namespace.clone()),
-                uid: (!write.uid.is_empty()).then(|| write.uid.clone()),
-                annotations: (!write.annotations.is_empty()).then(|| write.annotations.clone()),
-                ..ObjectMeta::default()
-            },
-            target: ObjectReference {
-                api_version: Some("v1".to_owned()),
-                kind: Some("Node".to_owned()),
-                name: Some(write.node.clone()),
-                ..ObjectReference::default()
-            },
-        };
-        // The API server answers a Binding with a Status, not a Pod.
-        Api::<Pod>::namespaced(self.client.clone(), &write.namespace)
-            .create_subresource::<Binding, serde_json::Value>(
-                "binding",
-                &write.name,
-                &PostParams::default(),
-                &binding,
-            )
+        // In protobuf, as kube-scheduler writes its own (see `proto`).
+        super::proto::create_binding(&self.client, write)
             .await
-            .map(|_| ())
             .map_err(api_error)
     }
 

@@ -3,12 +3,14 @@
 //! the requeue task that asks kube-scheduler to retry waiting pods
 //! once capacity frees, the quota reclaimer that evicts borrowers for a team under its `min`, and
 //! the modules that write to the API (api: Bindings, requeue's metadata touch, evictions;
-//! events: the Events on pods for binds and reclaims). Objects are read through
+//! events: the Events on pods for binds and reclaims), and kube-apiserver's protobuf encoding
+//! (proto: the Pod watch's messages and the Binding). Objects are read through
 //! [`crate::objects`]; what is shared with the HTTP layer lives in [`crate::state`].
 
 pub mod api;
 pub mod bind;
 pub mod events;
+pub(crate) mod proto;
 pub mod quota;
 pub mod reclaim;
 pub mod requeue;

@@ -119,6 +119,10 @@ pub struct Feed {
     waiting: HashMap<NodeName, HashMap<PodKey, Inference>>,
     /// The pod counts of [`FeedStats`], kept current by `set_memo` and `take_memo`.
     tally: FeedStats,
+    /// How many of `nodes` have translation problems, kept current by `set_node_memo` and
+    /// `take_node_memo`: stats are published after every pod event, and counting them there
+    /// was a pass over every node per pod event.
+    nodes_with_problems: usize,
 }
 
 impl Feed {
@@ -137,6 +141,7 @@ impl Feed {
             pods_listed: false,
             waiting: HashMap::new(),
             tally: FeedStats::default(),
+            nodes_with_problems: 0,
         }
     }
 
@@ -270,7 +275,7 @@ impl Feed {
         self.note_claims(table, node);
         // New or changed capacity: pods waiting for room may fit now.
         self.state.note_freed(&name);
-        self.nodes.insert(name.clone(), memo);
+        self.set_node_memo(name.clone(), memo);
         if let Some(waiting) = self.waiting.remove(&name) {
             for (key, inference) in waiting {
                 self.place_inferred(table, key, &name, inference);
@@ -291,7 +296,7 @@ impl Feed {
 
     fn remove_node(&mut self, table: &mut Table, name: &NodeName) {
         self.state.forget_node_claims(name);
-        if self.nodes.remove(name).is_some() || table.node(name).is_some() {
+        if self.take_node_memo(name).is_some() || table.node(name).is_some() {
             debug!(node = %name, "node removed");
             table.apply(Change::RemoveNode(name.clone()));
         }
@@ -530,7 +535,7 @@ impl Feed {
 
     fn publish_stats(&self) {
         let nodes = self.nodes.len();
-        let nodes_with_problems = self.nodes.values().filter(|m| m.has_problems).count();
+        let nodes_with_problems = self.nodes_with_problems;
         let pods = self.tally;
         self.state.update_stats(|s| {
             s.nodes = nodes;
@@ -555,6 +560,24 @@ impl Feed {
     fn take_memo(&mut self, key: &PodKey) -> Option<PodMemo> {
         let old = self.pods.remove(key)?;
         tally(&mut self.tally, &old.applied, -1);
+        Some(old)
+    }
+
+    /// Records what was applied for a node, keeping the count of nodes with problems current.
+    fn set_node_memo(&mut self, name: NodeName, memo: NodeMemo) {
+        self.nodes_with_problems += usize::from(memo.has_problems);
+        if let Some(old) = self.nodes.insert(name, memo) {
+            self.nodes_with_problems = self
+                .nodes_with_problems
+                .saturating_sub(usize::from(old.has_problems));
+        }
+    }
+
+    fn take_node_memo(&mut self, name: &NodeName) -> Option<NodeMemo> {
+        let old = self.nodes.remove(name)?;
+        self.nodes_with_problems = self
+            .nodes_with_problems
+            .saturating_sub(usize::from(old.has_problems));
         Some(old)
     }
 }

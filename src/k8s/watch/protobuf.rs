@@ -33,14 +33,7 @@ use kube::runtime::watcher::{Error, Event};
 use prost::Message;
 use prost::bytes::{Buf, Bytes, BytesMut};
 
-mod wire {
-    include!(concat!(env!("OUT_DIR"), "/pod_watch_protos.rs"));
-}
-use wire::gpu_extender::pod_watch as pb;
-
-/// What kube-apiserver prefixes to a protobuf-encoded object, before its `Unknown` envelope.
-const MAGIC: &[u8] = b"k8s\x00";
-const PROTOBUF: &str = "application/vnd.kubernetes.protobuf";
+use crate::k8s::proto::{PROTOBUF, decode_object, failure_status, pb, status_of};
 /// Pods per list page (kube-runtime's default).
 const PAGE_SIZE: u32 = 500;
 /// How long the API server keeps one watch open (kube-runtime's default); a silent connection
@@ -315,33 +308,6 @@ fn is_gone(error: &kube::Error) -> bool {
     matches!(error, kube::Error::Api(status) if status.code == 410)
 }
 
-/// The Status a failed request answered: protobuf, JSON, or (a proxy's page) its text.
-fn failure_status(code: u16, body: &[u8]) -> Status {
-    if body.starts_with(MAGIC)
-        && let Ok(status) = decode_object::<pb::Status>(body)
-    {
-        return status_of(status, code);
-    }
-    if let Ok(status) = serde_json::from_slice::<Status>(body) {
-        return status;
-    }
-    let text = String::from_utf8_lossy(body);
-    Status::failure(text.trim(), "").with_code(code)
-}
-
-fn status_of(status: pb::Status, code_otherwise: u16) -> Status {
-    let code = status
-        .code
-        .and_then(|code| u16::try_from(code).ok())
-        .filter(|code| *code != 0)
-        .unwrap_or(code_otherwise);
-    Status::failure(
-        status.message.as_deref().unwrap_or_default(),
-        status.reason.as_deref().unwrap_or_default(),
-    )
-    .with_code(code)
-}
-
 enum WatchFrameError {
     Status(Box<Status>),
     NoVersion,
@@ -393,23 +359,6 @@ fn invalid(what: &str, error: impl std::fmt::Display) -> io::Error {
         io::ErrorKind::InvalidData,
         format!("cannot decode {what} from protobuf: {error}"),
     )
-}
-
-/// Decodes an object as kube-apiserver encodes it: the magic, the `Unknown` envelope, the
-/// message. Without the magic the bytes are taken as the bare message.
-fn decode_object<M: Message + Default>(bytes: &[u8]) -> Result<M, String> {
-    let Some(enveloped) = bytes.strip_prefix(MAGIC) else {
-        return M::decode(bytes).map_err(|error| error.to_string());
-    };
-    let envelope = pb::Unknown::decode(enveloped).map_err(|error| error.to_string())?;
-    if let Some(encoding) = envelope
-        .content_encoding
-        .as_deref()
-        .filter(|e| !e.is_empty())
-    {
-        return Err(format!("unsupported content encoding {encoding:?}"));
-    }
-    M::decode(envelope.raw.as_deref().unwrap_or_default()).map_err(|error| error.to_string())
 }
 
 /// Splits a watch stream into its length-prefixed frames, whatever the chunking.

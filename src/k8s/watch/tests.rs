@@ -440,7 +440,7 @@ fn node_problems_are_counted_and_the_node_still_serves() {
     let mut node = share_node("gpu-a");
     node.metadata.annotations =
         Some([("gpu-extender.io/gpus".to_owned(), "not json".to_owned())].into());
-    list_nodes(&mut feed, &[node]);
+    list_nodes(&mut feed, std::slice::from_ref(&node));
     assert_eq!(feed.state().stats().nodes_with_problems, 1);
     assert_eq!(
         feed.state()
@@ -451,6 +451,18 @@ fn node_problems_are_counted_and_the_node_still_serves() {
     );
     feed.watch_error();
     assert_eq!(feed.state().stats().watch_errors, 1);
+
+    // The count follows the node: repaired, broken again, gone, and after a pod event.
+    feed.apply_node_event(&Event::Apply(share_node("gpu-a")));
+    assert_eq!(feed.state().stats().nodes_with_problems, 0);
+    feed.apply_node_event(&Event::Apply(node.clone()));
+    feed.apply_node_event(&Event::Apply(share_node("gpu-b")));
+    assert_eq!(feed.state().stats().nodes_with_problems, 1);
+    feed.apply_pod_event(&Event::Apply(share_pod("p", "u", None, 4)));
+    assert_eq!(feed.state().stats().nodes_with_problems, 1);
+    feed.apply_node_event(&Event::Delete(node));
+    assert_eq!(feed.state().stats().nodes_with_problems, 0);
+    assert_eq!(feed.state().stats().nodes, 1);
 }
 
 #[test]

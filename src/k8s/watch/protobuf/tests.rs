@@ -10,6 +10,7 @@ use http_body_util::StreamBody;
 use hyper::body::Frame;
 
 use super::*;
+use crate::k8s::proto::MAGIC;
 
 fn meta(name: &str, version: &str) -> pb::ObjectMeta {
     pb::ObjectMeta {
@@ -65,16 +66,7 @@ fn bookmark(version: &str) -> pb::Pod {
 
 /// What kube-apiserver sends for an object: the magic, then the `Unknown` envelope.
 fn enveloped(kind: &str, message: &impl Message) -> Vec<u8> {
-    let envelope = pb::Unknown {
-        type_meta: Some(pb::TypeMeta {
-            api_version: Some("v1".into()),
-            kind: Some(kind.into()),
-        }),
-        raw: Some(message.encode_to_vec()),
-        content_encoding: Some(String::new()),
-        content_type: Some(String::new()),
-    };
-    [MAGIC, &envelope.encode_to_vec()].concat()
+    crate::k8s::proto::encode_object(kind, message)
 }
 
 fn list(version: &str, items: Vec<pb::Pod>) -> Vec<u8> {
