@@ -451,6 +451,34 @@ mod scanner {
     }
 
     #[test]
+    fn requests_built_by_path_are_read_from_their_path() {
+        let scan = scan(&[(
+            "src/raw.rs",
+            r#"
+            use kube::core::Request;
+            async fn watch(c: kube::Client) {
+                let list = Request::new("/api/v1/pods").list(&lp);
+                let watch = Request::new("/api/v1/pods").watch(&wp, "1");
+            }
+            async fn bind(c: kube::Client, ns: &str) {
+                let request = kube::core::Request::new(format!("/api/v1/namespaces/{}/pods", ns))
+                    .create_subresource("binding", "p", &pp, body);
+                let deployments = Request::new(&format!("/apis/apps/v1/namespaces/{ns}/deployments")).get("d", &gp);
+            }
+            "#,
+        )]);
+        assert_eq!(
+            permissions(&scan),
+            [
+                "create pods/binding (core)",
+                "get deployments (apps)",
+                "list pods (core)",
+                "watch pods (core)"
+            ]
+        );
+    }
+
+    #[test]
     fn apis_behind_wrappers_are_followed() {
         let scan = scan(&[(
             "src/w.rs",
@@ -524,6 +552,12 @@ mod scanner {
             "use kube::Api; use k8s_openapi::api::core::v1::*; fn f(a: Api<Event>) { a.create(&pp, &e); }",
             // an Api handed to a function this reader does not follow
             "use kube::Api; use k8s_openapi::api::core::v1::Pod; fn f(c: kube::Client) { g(Api::<Pod>::all(c)); }",
+            // a request built on a path this reader cannot see
+            "use kube::core::Request; fn f(p: &str) { Request::new(p).list(&lp); }",
+            // a request built on an object's path, not a collection's
+            "use kube::core::Request; fn f() { Request::new(\"/api/v1/namespaces/a/pods/p\").get(\"x\", &gp); }",
+            // a request for a resource missing from KINDS
+            "use kube::core::Request; fn f() { Request::new(\"/api/v1/serviceaccounts\").list(&lp); }",
         ];
         for case in cases {
             let scan = scan(&[("src/x.rs", case)]);

@@ -8,6 +8,7 @@
 //! profile of the throughput loop put that decoding at about 0.1 ms of kube-apiserver CPU per
 //! pod (docs/benchmarks.md, "Tenth pass").
 
+use kube::api::PostParams;
 use kube::core::Status;
 use prost::Message;
 
@@ -110,16 +111,27 @@ pub(crate) async fn create_binding(
     client: &kube::Client,
     write: &BindingWrite,
 ) -> Result<(), kube::Error> {
-    let url = format!(
-        "/api/v1/namespaces/{}/pods/{}/binding",
-        write.namespace, write.name
+    // kube builds the URL (and checks the name) as `Api::create_subresource` would; only the
+    // encoding differs.
+    let mut request =
+        kube::core::Request::new(format!("/api/v1/namespaces/{}/pods", write.namespace))
+            .create_subresource(
+                "binding",
+                &write.name,
+                &PostParams::default(),
+                binding_body(write),
+            )
+            .map_err(kube::Error::BuildRequest)?;
+    let headers = request.headers_mut();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(PROTOBUF),
     );
-    let request = http::Request::post(url)
-        .header(http::header::CONTENT_TYPE, PROTOBUF)
-        .header(http::header::ACCEPT, PROTOBUF)
-        .body(kube::client::Body::from(binding_body(write)))
-        .map_err(kube::Error::HttpError)?;
-    let response = client.send(request).await?;
+    headers.insert(
+        http::header::ACCEPT,
+        http::HeaderValue::from_static(PROTOBUF),
+    );
+    let response = client.send(request.map(kube::client::Body::from)).await?;
     let code = response.status().as_u16();
     let success = response.status().is_success();
     let body = response.into_body().collect_bytes().await?;

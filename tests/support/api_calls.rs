@@ -18,6 +18,7 @@
 //! | `.logs(..)`, `.log_stream(..)` | `get` on `pods/log` |
 //! | `.entry(..)` | `get`, `create`, `update` (commit creates or replaces) |
 //! | kube-runtime `watcher(api, ..)`, `metadata_watcher`, `watch_object`, `wait::await_condition`, `Controller::new(api, ..)`, `.owns(api, ..)`, `.watches(api, ..)` | `list` and `watch` on the api's resource |
+//! | kube's `Request::new(path)` followed by one of the methods above (`.list(..)`, `.watch(..)`, `.create_subresource("binding", ..)`, ...) | the same verbs on the resource `path` names (`/api/v1/[namespaces/{}/]pods`, `/apis/<group>/<version>/...`; a string literal or `format!`) |
 //! | kube-runtime `events::Recorder::new(..)` | `create` and `patch` on `events` in `events.k8s.io` (`Recorder::publish` creates an event, then patches it to count repeats) |
 //!
 //! K's API group and resource name come from k8s-openapi (`Resource::GROUP`,
@@ -487,6 +488,50 @@ impl Imports {
     }
 }
 
+/// The path an expression spells out: a string literal, or the format string of `format!(..)`
+/// (its `{}` standing for the namespace).
+fn path_template(expr: &syn::Expr) -> Option<String> {
+    match expr {
+        syn::Expr::Lit(syn::ExprLit {
+            lit: syn::Lit::Str(s),
+            ..
+        }) => Some(s.value()),
+        syn::Expr::Macro(m) if m.mac.path.is_ident("format") => {
+            let first = m.mac.tokens.clone().into_iter().next()?;
+            match syn::parse2::<syn::LitStr>(first.into()) {
+                Ok(literal) => Some(literal.value()),
+                Err(_) => None,
+            }
+        }
+        syn::Expr::Reference(r) => path_template(&r.expr),
+        syn::Expr::Paren(p) => path_template(&p.expr),
+        _ => None,
+    }
+}
+
+/// The kind whose collection `path` is: `/api/v1/[namespaces/{ns}/]<resource>` or
+/// `/apis/<group>/<version>/[namespaces/{ns}/]<resource>`, the resource one of [`KINDS`].
+fn kind_of_collection_path(path: &str) -> ApiOf {
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, rest) = match segments.as_slice() {
+        ["api", _version, rest @ ..] => ("", rest),
+        ["apis", group, _version, rest @ ..] => (*group, rest),
+        _ => return ApiOf::Unknown(format!("{path:?} is not an API path")),
+    };
+    let resource = match rest {
+        ["namespaces", _, resource] | [resource] => *resource,
+        _ => {
+            return ApiOf::Unknown(format!(
+                "{path:?} is not a collection (Request::new takes the path without a name)"
+            ));
+        }
+    };
+    match KINDS.iter().find(|(_, g, r)| *g == group && *r == resource) {
+        Some((key, _, _)) => ApiOf::Kind(Kind(key)),
+        None => ApiOf::Unknown(format!("{path:?}: {group}/{resource} is not in KINDS")),
+    }
+}
+
 fn from_kube(path: &[String]) -> bool {
     path.first()
         .is_some_and(|first| matches!(first.as_str(), "kube" | "kube_runtime" | "kube_client"))
@@ -834,6 +879,18 @@ impl Calls<'_> {
                     None => ApiOf::Unknown("Api constructor without the kind written".to_owned()),
                 });
             }
+        }
+        // kube's `Request::new(path)`: a request builder for the resource its path names, whose
+        // methods are `Api`'s (`.list(..)`, `.create_subresource("binding", ..)`, ...).
+        let full = self.imports.resolve(path);
+        if from_kube(&full) && full.ends_with(&["Request".to_owned(), "new".to_owned()]) {
+            return Some(match call.args.first().and_then(path_template) {
+                Some(template) => kind_of_collection_path(&template),
+                None => ApiOf::Unknown(
+                    "Request::new without its path written as a string literal or format!"
+                        .to_owned(),
+                ),
+            });
         }
         let name = path.segments.last()?.ident.to_string();
         if n == 1
