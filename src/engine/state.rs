@@ -236,7 +236,7 @@ impl NodeState {
     }
 
     /// Whether the two nodes hold the same: per-GPU usage, host CPU, memory and pods.
-    pub fn same_usage(&self, other: &Self) -> bool {
+    fn same_usage(&self, other: &Self) -> bool {
         *self.gpus == *other.gpus
             && self.cpu_used == other.cpu_used
             && self.mem_used == other.mem_used

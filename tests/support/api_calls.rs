@@ -488,14 +488,22 @@ impl Imports {
     }
 }
 
-/// The path an expression spells out: a string literal, or the format string of `format!(..)`
-/// (its `{}` standing for the namespace).
-fn path_template(expr: &syn::Expr) -> Option<String> {
+/// The text of a string literal expression.
+fn string_literal(expr: &syn::Expr) -> Option<String> {
     match expr {
         syn::Expr::Lit(syn::ExprLit {
             lit: syn::Lit::Str(s),
             ..
         }) => Some(s.value()),
+        _ => None,
+    }
+}
+
+/// The path an expression spells out: a string literal, or the format string of `format!(..)`
+/// (its `{}` standing for the namespace).
+fn path_template(expr: &syn::Expr) -> Option<String> {
+    match expr {
+        syn::Expr::Lit(_) => string_literal(expr),
         syn::Expr::Macro(m) if m.mac.path.is_ident("format") => {
             let first = m.mac.tokens.clone().into_iter().next()?;
             match syn::parse2::<syn::LitStr>(first.into()) {
@@ -936,13 +944,7 @@ impl Calls<'_> {
     fn first_string_literal(
         args: &syn::punctuated::Punctuated<syn::Expr, syn::Token![,]>,
     ) -> Option<String> {
-        match args.first()? {
-            syn::Expr::Lit(syn::ExprLit {
-                lit: syn::Lit::Str(s),
-                ..
-            }) => Some(s.value()),
-            _ => None,
-        }
+        string_literal(args.first()?)
     }
 
     /// A call of a kube-runtime function that lists and watches its first argument.
