@@ -1,9 +1,12 @@
-//! What the web view's data costs at scale: a table of `--nodes` 8-GPU nodes (two NVLink islands
-//! of four, one GPU in 50 unhealthy), about half the GPUs shared by pods, and 150 pending GPU pods
-//! that fit nowhere; times building `/ui/data` (the `/inspect` report, each pod's shares, the
-//! capacity, `explain` for the first 25 pending pods) and encoding it as JSON, and prints the
-//! size. With `--serve ADDR` it then serves the admin routes (`/ui`, `/ui/data`) on that fixed
-//! table until killed, for timing the page itself in a browser (docs/benchmarks.md, "Web view").
+//! What the web view's data and a metrics scrape cost at scale: a table of `--nodes` 8-GPU nodes
+//! (two NVLink islands of four, one GPU in 50 unhealthy), about half the GPUs shared by pods, and
+//! 150 pending GPU pods that fit nowhere; times building `/ui/data` (the `/inspect` report, each
+//! pod's shares, the capacity, `explain` for the first 25 pending pods) and encoding it as JSON,
+//! and prints the size; then times a `/metrics` render (the whole of it, and apart the part that
+//! holds the table's read lock: the report and the capacity) and prints its size. With
+//! `--serve ADDR` it then serves the admin routes (`/ui`, `/ui/data`) on that fixed table until
+//! killed, for timing the page itself in a browser (docs/benchmarks.md, "Web view" and
+//! "Metrics scrape").
 //!
 //! ```sh
 //! cargo run --release --example ui_data -- --nodes 5000 [--serve 127.0.0.1:9191]
@@ -80,6 +83,29 @@ fn main() -> Result<()> {
         );
     }
     drop(table);
+    let metrics = Metrics::new()?;
+    metrics.watch_state(Arc::clone(&cluster), policy.clone().into())?;
+    for round in 0..3 {
+        let start = Instant::now();
+        let table = cluster.read();
+        let report = gpu_extender::inspect::report(&table);
+        let reported = start.elapsed();
+        let capacity = gpu_extender::inspect::capacity(&table, &policy.typical);
+        let locked = start.elapsed();
+        drop(table);
+        std::hint::black_box((&report, &capacity));
+        let start = Instant::now();
+        let text = metrics.render()?;
+        let rendered = start.elapsed();
+        println!(
+            "round {round}: /metrics: report {:.1} ms, capacity {:.1} ms (under the read lock), whole render {:.1} ms, {:.2} MiB, {} series",
+            reported.as_secs_f64() * 1000.0,
+            (locked - reported).as_secs_f64() * 1000.0,
+            rendered.as_secs_f64() * 1000.0,
+            text.len() as f64 / (1024.0 * 1024.0),
+            text.lines().filter(|line| !line.starts_with('#')).count()
+        );
+    }
     if let Some(addr) = serve {
         let state = AppState {
             cluster,

@@ -4,7 +4,7 @@
 //! counted as things happen; those read from the shared state come from
 //! [`StateCollector`](super::state_collector::StateCollector) at scrape time.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use prometheus::core::Collector;
 use prometheus::{
@@ -65,6 +65,8 @@ pub struct Metrics {
     pub estimator_duration: HistogramVec,
     /// Every family's name, in registration order.
     names: Arc<Vec<String>>,
+    /// The families read from the shared state, once [`Metrics::watch_state`] named it.
+    state: Arc<OnceLock<StateCollector>>,
 }
 
 /// Registers `collector` and notes the names of its families (the registry cannot list the
@@ -214,6 +216,7 @@ impl Metrics {
         Ok(Self {
             registry,
             names: Arc::new(names),
+            state: Arc::new(OnceLock::new()),
             request_duration,
             requests,
             filter_nodes,
@@ -237,22 +240,37 @@ impl Metrics {
         &self.names
     }
 
-    /// Registers the collector that reads `cluster` and `policy` at every scrape (the table's
-    /// size, the allocation gauges and the feed's health and counters).
+    /// Adds the families read from `cluster` and `policy` at every scrape (the table's size,
+    /// the allocation gauges and the feed's health and counters); once per registry.
     pub fn watch_state(
         &self,
         cluster: Arc<ClusterState>,
         policy: PolicyCell,
     ) -> Result<(), prometheus::Error> {
-        self.registry
-            .register(Box::new(StateCollector::new(cluster, policy)?))
+        if self.state.get().is_some() {
+            return Err(prometheus::Error::AlreadyReg);
+        }
+        let collector = StateCollector::new(cluster, policy, &self.registry)?;
+        self.state
+            .set(collector)
+            .map_err(|_| prometheus::Error::AlreadyReg)
     }
 
-    /// Everything in Prometheus text format (version 0.0.4).
+    /// Everything in Prometheus text format (version 0.0.4): the registered metrics, then the
+    /// families read from the state.
     pub fn render(&self) -> Result<String, prometheus::Error> {
+        let state = self.state.get();
+        if let Some(state) = state {
+            state.observe_rebuilds();
+        }
         let mut buffer = Vec::new();
         TextEncoder::new().encode(&self.registry.gather(), &mut buffer)?;
-        String::from_utf8(buffer).map_err(|error| prometheus::Error::Msg(error.to_string()))
+        let mut text =
+            String::from_utf8(buffer).map_err(|error| prometheus::Error::Msg(error.to_string()))?;
+        if let Some(state) = state {
+            state.write(&mut text);
+        }
+        Ok(text)
     }
 }
 
@@ -268,5 +286,90 @@ mod tests {
         assert!(text.contains("# TYPE gpu_extender_request_duration_seconds histogram"));
         assert!(text.contains(r#"gpu_extender_requests_total{outcome="ok",verb="filter"} 1"#));
         assert!(text.contains(r#"gpu_extender_rejections_total{reason="no_free_whole_gpus"} 0"#));
+    }
+
+    /// Every sample line of `text` belongs to the family whose `# TYPE` line came last, and no
+    /// family is typed twice: the text format's grouping, which Prometheus enforces.
+    fn families_are_grouped(text: &str) -> Result<std::collections::BTreeSet<&str>, String> {
+        let mut typed = std::collections::BTreeSet::new();
+        let mut current: Option<(&str, &str)> = None;
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = rest.split_once(' ').ok_or(format!("bad TYPE: {line}"))?;
+                if !typed.insert(name) {
+                    return Err(format!("{name} typed twice"));
+                }
+                current = Some((name, kind));
+            } else if line.starts_with('#') || line.is_empty() {
+                continue;
+            } else {
+                let series = line.split(['{', ' ']).next().unwrap_or_default();
+                let Some((name, kind)) = current else {
+                    return Err(format!("a sample before any TYPE: {line}"));
+                };
+                let of_family = series == name
+                    || (kind == "histogram"
+                        && ["_bucket", "_sum", "_count"]
+                            .iter()
+                            .any(|suffix| series.strip_suffix(suffix) == Some(name)));
+                if !of_family {
+                    return Err(format!("{line} is outside its family (under {name})"));
+                }
+                let value = line.rsplit(' ').next().unwrap_or_default();
+                if value.parse::<f64>().is_err() && !["+Inf", "-Inf", "NaN"].contains(&value) {
+                    return Err(format!("bad value in {line}"));
+                }
+            }
+        }
+        Ok(typed)
+    }
+
+    #[test]
+    fn state_families_follow_the_registered_ones_and_every_family_is_one_group() {
+        use crate::engine::{GpuDemand, GpuMode, Policy, Table};
+        use crate::inspect::fixtures::{add_node, bind};
+        let mut table = Table::new(20);
+        add_node(&mut table, "t4", GpuMode::ShareMemory, 2, "Tesla-T4", 16);
+        bind(&mut table, "t4", "p", GpuDemand::share(4, 1, None).unwrap());
+        let cluster = Arc::new(ClusterState::with_table(table));
+        cluster.note_rebuild(std::time::Duration::from_millis(3));
+        let metrics = Metrics::new().unwrap();
+        metrics
+            .watch_state(Arc::clone(&cluster), PolicyCell::from(Policy::default()))
+            .unwrap();
+        let text = metrics.render().unwrap();
+        let typed = families_are_grouped(&text).unwrap_or_else(|error| panic!("{error}\n{text}"));
+        // Every family of the state is there, but the per-quota ones: no ElasticQuota, no
+        // series.
+        let missing: Vec<&str> = state_collector::family_names()
+            .filter(|name| !typed.contains(name))
+            .collect();
+        assert_eq!(
+            missing,
+            [
+                "gpu_extender_quota_used",
+                "gpu_extender_quota_min",
+                "gpu_extender_quota_max",
+                "gpu_extender_quota_borrowed"
+            ],
+            "{text}"
+        );
+        // The rebuild noted before the scrape is in it, and is observed once.
+        assert!(
+            text.contains("gpu_extender_table_rebuild_duration_seconds_count 1"),
+            "{text}"
+        );
+        let again = metrics.render().unwrap();
+        assert!(
+            again.contains("gpu_extender_table_rebuild_duration_seconds_count 1"),
+            "{again}"
+        );
+        // The state's families are added once per registry.
+        assert!(
+            metrics
+                .watch_state(Arc::clone(&cluster), PolicyCell::from(Policy::default()))
+                .is_err()
+        );
+        assert_eq!(metrics.render().unwrap(), again);
     }
 }

@@ -1,25 +1,41 @@
-//! The metrics read from the shared state at scrape time: a Prometheus [`Collector`] that builds
-//! the table's size, the allocation gauges, the feed's health and its counters from one snapshot
-//! when Prometheus asks, instead of copying them into registered metrics. Nothing is computed
-//! per watch event, and the counters kept by the feed are exported as they are.
+//! The metrics read from the shared state at scrape time: the table's size, the allocation
+//! gauges, the feed's health and its counters, built from one snapshot when Prometheus asks
+//! instead of copied into registered metrics, and written straight in the text format (the
+//! per-GPU series number eight per node: building the client library's objects for them, and
+//! sorting them, cost ten times the writing). Nothing is computed per watch event, and the
+//! counters kept by the feed are exported as they are.
 
-use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::sync::Arc;
 
-use prometheus::core::{Collector, Desc};
-use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
-use prometheus::{Histogram, HistogramOpts};
+use prometheus::{Histogram, HistogramOpts, Registry};
 
 use crate::engine::Hold;
 use crate::inspect::{self, ClusterReport};
 use crate::state::{ClusterState, PolicyCell};
+
+/// The two kinds of family written here, as the text format names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Gauge,
+    Counter,
+}
+
+impl Kind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Kind::Gauge => "gauge",
+            Kind::Counter => "counter",
+        }
+    }
+}
 
 /// A family this collector exports: name, help, type and label names (sorted, as Prometheus
 /// writes them).
 struct Family {
     name: &'static str,
     help: &'static str,
-    kind: MetricType,
+    kind: Kind,
     labels: &'static [&'static str],
 }
 
@@ -27,7 +43,7 @@ const fn gauge(name: &'static str, help: &'static str, labels: &'static [&'stati
     Family {
         name,
         help,
-        kind: MetricType::GAUGE,
+        kind: Kind::Gauge,
         labels,
     }
 }
@@ -40,7 +56,7 @@ const fn counter(
     Family {
         name,
         help,
-        kind: MetricType::COUNTER,
+        kind: Kind::Counter,
         labels,
     }
 }
@@ -197,8 +213,8 @@ const REBUILD_NAME: &str = "gpu_extender_table_rebuild_duration_seconds";
 const REBUILD_HELP: &str =
     "Time to apply one full list of nodes or of pods to the allocation table.";
 
-/// Every family built from the state, histogram aside.
-const FAMILIES: [&Family; 31] = [
+/// Every family written from the state (the rebuild histogram aside: a registered metric).
+const FAMILIES: [&Family; 30] = [
     &TABLE_NODES,
     &TABLE_PODS,
     &RESERVATIONS_OUTSTANDING,
@@ -229,17 +245,14 @@ const FAMILIES: [&Family; 31] = [
     &QUOTA_MAX,
     &QUOTA_BORROWED,
     &QUOTAS_IGNORED,
-    &Family {
-        name: REBUILD_NAME,
-        help: REBUILD_HELP,
-        kind: MetricType::HISTOGRAM,
-        labels: &[],
-    },
 ];
 
-/// The names of the families [`StateCollector`] exports (for `Metrics::names`).
+/// The names of the families the state's metrics export (for `Metrics::names`).
 pub fn family_names() -> impl Iterator<Item = &'static str> {
-    FAMILIES.iter().map(|family| family.name)
+    FAMILIES
+        .iter()
+        .map(|family| family.name)
+        .chain(std::iter::once(REBUILD_NAME))
 }
 
 /// Reads the shared state when Prometheus scrapes.
@@ -247,107 +260,38 @@ pub fn family_names() -> impl Iterator<Item = &'static str> {
 pub struct StateCollector {
     cluster: Arc<ClusterState>,
     policy: PolicyCell,
-    descs: Vec<Desc>,
     /// The table's list application times, taken from the state at each scrape (the state
-    /// keeps those not yet taken).
+    /// keeps those not yet taken); registered with the other metrics.
     rebuilds: Histogram,
 }
 
 impl StateCollector {
-    /// A collector over `cluster`, reporting the typical-pod distribution of `policy`.
-    pub fn new(cluster: Arc<ClusterState>, policy: PolicyCell) -> Result<Self, prometheus::Error> {
+    /// A collector over `cluster`, reporting the typical-pod distribution of `policy`; its
+    /// rebuild histogram is registered in `registry`.
+    pub fn new(
+        cluster: Arc<ClusterState>,
+        policy: PolicyCell,
+        registry: &Registry,
+    ) -> Result<Self, prometheus::Error> {
         let rebuilds = Histogram::with_opts(HistogramOpts::new(REBUILD_NAME, REBUILD_HELP))?;
-        let mut descs = Vec::with_capacity(FAMILIES.len());
-        for family in FAMILIES.iter().filter(|f| f.kind != MetricType::HISTOGRAM) {
-            descs.push(Desc::new(
-                family.name.to_owned(),
-                family.help.to_owned(),
-                family
-                    .labels
-                    .iter()
-                    .map(|&label| label.to_owned())
-                    .collect(),
-                HashMap::new(),
-            )?);
-        }
-        descs.extend(rebuilds.desc().into_iter().cloned());
+        registry.register(Box::new(rebuilds.clone()))?;
         Ok(Self {
             cluster,
             policy,
-            descs,
             rebuilds,
         })
     }
-}
 
-/// A family being built: its metrics are added label values first, in `Family::labels` order.
-struct Building {
-    family: &'static Family,
-    metrics: Vec<Metric>,
-}
-
-impl Building {
-    fn of(family: &'static Family) -> Self {
-        Self {
-            family,
-            metrics: Vec::new(),
+    /// Observes the list application times noted since the last scrape (before the registry
+    /// is gathered, so that they show in this scrape).
+    pub fn observe_rebuilds(&self) {
+        for took in self.cluster.take_rebuild_times() {
+            self.rebuilds.observe(took.as_secs_f64());
         }
     }
 
-    fn add(&mut self, values: &[&str], value: f64) {
-        let labels = self
-            .family
-            .labels
-            .iter()
-            .zip(values)
-            .map(|(&name, &value)| {
-                let mut pair = LabelPair::default();
-                pair.set_name(name.to_owned());
-                pair.set_value(value.to_owned());
-                pair
-            })
-            .collect();
-        let mut metric = Metric::from_label(labels);
-        if self.family.kind == MetricType::COUNTER {
-            let mut counter = Counter::default();
-            counter.set_value(value);
-            metric.set_counter(counter);
-        } else {
-            let mut gauge = Gauge::default();
-            gauge.set_value(value);
-            metric.set_gauge(gauge);
-        }
-        self.metrics.push(metric);
-    }
-
-    fn done(self) -> MetricFamily {
-        let mut family = MetricFamily::default();
-        family.set_name(self.family.name.to_owned());
-        family.set_help(self.family.help.to_owned());
-        family.set_field_type(self.family.kind);
-        family.set_metric(self.metrics);
-        family
-    }
-}
-
-/// One unlabelled series.
-fn single(family: &'static Family, value: f64) -> MetricFamily {
-    let mut building = Building::of(family);
-    building.add(&[], value);
-    building.done()
-}
-
-/// Counts and sizes as Prometheus integers: gauges of integer type hold `i64`, saturated.
-fn whole(value: u64) -> f64 {
-    i64::try_from(value).unwrap_or(i64::MAX) as f64
-}
-
-impl Collector for StateCollector {
-    fn desc(&self) -> Vec<&Desc> {
-        self.descs.iter().collect()
-    }
-
-    fn collect(&self) -> Vec<MetricFamily> {
+    /// Appends every family read from the state to `out`, in the text format (version 0.0.4).
+    pub fn write(&self, out: &mut String) {
         let stats = self.cluster.stats();
         let policy = self.policy.load();
         let table = self.cluster.read();
@@ -359,34 +303,36 @@ impl Collector for StateCollector {
         let report = inspect::report(&table);
         let capacity = inspect::capacity(&table, &policy.typical);
         drop(table);
-        for took in self.cluster.take_rebuild_times() {
-            self.rebuilds.observe(took.as_secs_f64());
-        }
-        let mut families = vec![
-            single(&TABLE_NODES, whole(nodes as u64)),
-            single(&TABLE_PODS, whole(pods as u64)),
-            single(&RESERVATIONS_OUTSTANDING, whole(reserved as u64)),
-            single(&RECORDS_MISSING, whole(stats.records_missing as u64)),
-            single(&RECORDS_CORRUPT, whole(stats.records_corrupt as u64)),
-            single(
-                &NODES_WITH_PROBLEMS,
-                whole(stats.nodes_with_problems as u64),
-            ),
-            single(
-                &TYPICAL_POD_CLASSES,
-                whole(policy.typical.pods().len() as u64),
-            ),
-            single(
-                &TYPICAL_PODS_LEARNED_FROM,
-                whole(self.policy.learned_from()),
-            ),
-            single(&WATCH_ERRORS, stats.watch_errors as f64),
-            single(&RESERVATIONS_EXPIRED, stats.reservations_expired as f64),
-        ];
+        single(out, &TABLE_NODES, whole(nodes as u64));
+        single(out, &TABLE_PODS, whole(pods as u64));
+        single(out, &RESERVATIONS_OUTSTANDING, whole(reserved as u64));
+        single(out, &RECORDS_MISSING, whole(stats.records_missing as u64));
+        single(out, &RECORDS_CORRUPT, whole(stats.records_corrupt as u64));
+        single(
+            out,
+            &NODES_WITH_PROBLEMS,
+            whole(stats.nodes_with_problems as u64),
+        );
+        single(
+            out,
+            &TYPICAL_POD_CLASSES,
+            whole(policy.typical.pods().len() as u64),
+        );
+        single(
+            out,
+            &TYPICAL_PODS_LEARNED_FROM,
+            whole(self.policy.learned_from()),
+        );
+        single(out, &WATCH_ERRORS, stats.watch_errors as f64);
+        single(
+            out,
+            &RESERVATIONS_EXPIRED,
+            stats.reservations_expired as f64,
+        );
         let mut relists = Building::of(&RELISTS);
         relists.add(&["node"], stats.node_lists as f64);
         relists.add(&["pod"], stats.pod_lists as f64);
-        families.push(relists.done());
+        relists.done(out);
         let mut events = Building::of(&WATCH_EVENTS);
         for (kind, counts) in [("node", stats.node_events), ("pod", stats.pod_events)] {
             for (event, total) in [
@@ -397,16 +343,117 @@ impl Collector for StateCollector {
                 events.add(&[event, kind], total as f64);
             }
         }
-        families.push(events.done());
-        families.extend(capacity_families(&report, capacity));
-        families.extend(quota_families(&self.cluster));
-        families.extend(self.rebuilds.collect());
-        families
+        events.done(out);
+        write_capacity(out, &report, capacity);
+        write_quotas(out, &self.cluster);
     }
 }
 
+/// A family being written: its series go to a buffer of their own, label values first in
+/// `Family::labels` order, so that the family's lines stay together while several families
+/// are filled in one pass; HELP and TYPE lead them out, and a family without series writes
+/// nothing (as the client library's encoder does).
+struct Building {
+    family: &'static Family,
+    series: String,
+}
+
+impl Building {
+    fn of(family: &'static Family) -> Self {
+        Self {
+            family,
+            series: String::new(),
+        }
+    }
+
+    fn add(&mut self, values: &[&str], value: f64) {
+        let series = &mut self.series;
+        series.push_str(self.family.name);
+        let mut separator = '{';
+        for (name, value) in self.family.labels.iter().zip(values) {
+            series.push(separator);
+            series.push_str(name);
+            series.push_str("=\"");
+            push_escaped(series, value, true);
+            series.push('"');
+            separator = ',';
+        }
+        if separator == ',' {
+            series.push('}');
+        }
+        series.push(' ');
+        push_value(series, value);
+        series.push('\n');
+    }
+
+    fn done(self, out: &mut String) {
+        if self.series.is_empty() {
+            return;
+        }
+        let family = self.family;
+        out.push_str("# HELP ");
+        out.push_str(family.name);
+        out.push(' ');
+        push_escaped(out, family.help, false);
+        out.push_str("\n# TYPE ");
+        out.push_str(family.name);
+        out.push(' ');
+        out.push_str(family.kind.as_str());
+        out.push('\n');
+        out.push_str(&self.series);
+    }
+}
+
+/// Appends `text` escaped as the text format asks: backslash and line feed always, the double
+/// quote in label values.
+fn push_escaped(out: &mut String, text: &str, label_value: bool) {
+    if !text.contains(['\\', '\n', '"']) {
+        out.push_str(text);
+        return;
+    }
+    for c in text.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '"' if label_value => out.push_str("\\\""),
+            _ => out.push(c),
+        }
+    }
+}
+
+/// Appends a sample value as the text format spells it (Go's `+Inf`, `-Inf` and `NaN` for the
+/// values that are not finite).
+fn push_value(out: &mut String, value: f64) {
+    if value.is_nan() {
+        out.push_str("NaN");
+    } else if value == f64::INFINITY {
+        out.push_str("+Inf");
+    } else if value == f64::NEG_INFINITY {
+        out.push_str("-Inf");
+    } else if value.fract() == 0.0 && value.abs() < 1e15 && value.is_sign_positive() {
+        // Most values are counts and MiB: an integer writes several times faster than a float,
+        // and the same (below 1e15, where `f64` prints no exponent and holds every integer).
+        // Writing to a String cannot fail.
+        let _ = write!(out, "{}", value as i64);
+    } else {
+        let _ = write!(out, "{value}");
+    }
+}
+
+/// One unlabelled series.
+fn single(out: &mut String, family: &'static Family, value: f64) {
+    let mut building = Building::of(family);
+    building.add(&[], value);
+    building.done(out);
+}
+
+/// Counts and sizes as Prometheus integers: gauges of integer type hold `i64`, saturated.
+fn whole(value: u64) -> f64 {
+    i64::try_from(value).unwrap_or(i64::MAX) as f64
+}
+
 /// The per-quota gauges: one series per quota and resource, in the units quotas are written in.
-fn quota_families(cluster: &ClusterState) -> Vec<MetricFamily> {
+fn write_quotas(out: &mut String, cluster: &ClusterState) {
     let mut used = Building::of(&QUOTA_USED);
     let mut min = Building::of(&QUOTA_MIN);
     let mut max = Building::of(&QUOTA_MAX);
@@ -426,21 +473,19 @@ fn quota_families(cluster: &ClusterState) -> Vec<MetricFamily> {
             borrowed.add(&labels, line.borrowed);
         }
     }
-    vec![
-        used.done(),
-        min.done(),
-        max.done(),
-        borrowed.done(),
-        single(
-            &QUOTAS_IGNORED,
-            whole(cluster.quotas().problems.len() as u64),
-        ),
-    ]
+    for building in [used, min, max, borrowed] {
+        building.done(out);
+    }
+    single(
+        out,
+        &QUOTAS_IGNORED,
+        whole(cluster.quotas().problems.len() as u64),
+    );
 }
 
 /// The per-GPU, per-node and cluster allocation gauges of `report`: series exist only for the
 /// nodes the table holds now.
-fn capacity_families(report: &ClusterReport, capacity: inspect::Capacity) -> Vec<MetricFamily> {
+fn write_capacity(out: &mut String, report: &ClusterReport, capacity: inspect::Capacity) {
     let mut memory_total = Building::of(&GPU_MEMORY_TOTAL);
     let mut memory_allocated = Building::of(&GPU_MEMORY_ALLOCATED);
     let mut compute_allocated = Building::of(&GPU_COMPUTE_ALLOCATED);
@@ -449,10 +494,12 @@ fn capacity_families(report: &ClusterReport, capacity: inspect::Capacity) -> Vec
     let mut node_gpus = Building::of(&NODE_GPUS);
     let mut node_in_use = Building::of(&NODE_GPUS_IN_USE);
     let mut node_occupancy = Building::of(&NODE_GPU_OCCUPANCY);
+    let mut index = String::new();
     for node in &report.nodes {
         let name = node.name.as_str();
         for gpu in &node.gpus {
-            let index = gpu.index.to_string();
+            index.clear();
+            let _ = write!(index, "{}", gpu.index);
             let labels = [index.as_str(), name];
             memory_total.add(&labels, whole(gpu.memory_mib));
             memory_allocated.add(&labels, whole(gpu.memory_in_use_mib()));
@@ -468,22 +515,28 @@ fn capacity_families(report: &ClusterReport, capacity: inspect::Capacity) -> Vec
         node_in_use.add(&[name], whole(in_use as u64));
         node_occupancy.add(&[name], node.occupancy());
     }
+    for building in [
+        memory_total,
+        memory_allocated,
+        compute_allocated,
+        gpu_pods,
+        gpu_healthy,
+        node_gpus,
+        node_in_use,
+        node_occupancy,
+    ] {
+        building.done(out);
+    }
     let totals = &report.totals;
-    vec![
-        memory_total.done(),
-        memory_allocated.done(),
-        compute_allocated.done(),
-        gpu_pods.done(),
-        gpu_healthy.done(),
-        node_gpus.done(),
-        node_in_use.done(),
-        node_occupancy.done(),
-        single(&CLUSTER_GPUS, whole(totals.gpus)),
-        single(&CLUSTER_IDLE_GPUS, whole(totals.idle_gpus)),
-        single(&IDLE_GPU_NODES, whole(totals.idle_gpu_nodes)),
-        single(&CLUSTER_GPU_FREE, capacity.free_milli as f64 / 1000.0),
-        single(&CLUSTER_GPU_FRAGMENTED, capacity.fragmented_milli / 1000.0),
-    ]
+    single(out, &CLUSTER_GPUS, whole(totals.gpus));
+    single(out, &CLUSTER_IDLE_GPUS, whole(totals.idle_gpus));
+    single(out, &IDLE_GPU_NODES, whole(totals.idle_gpu_nodes));
+    single(out, &CLUSTER_GPU_FREE, capacity.free_milli as f64 / 1000.0);
+    single(
+        out,
+        &CLUSTER_GPU_FRAGMENTED,
+        capacity.fragmented_milli / 1000.0,
+    );
 }
 
 #[cfg(test)]
@@ -535,6 +588,121 @@ mod tests {
             text.contains("gpu_extender_table_rebuild_duration_seconds_count 0"),
             "{text}"
         );
+    }
+
+    /// The library's objects for `values` of `family`, as the collector built them before it
+    /// wrote the text itself: the oracle the text is checked against.
+    fn library_family(
+        family: &'static Family,
+        series: &[(Vec<&str>, f64)],
+    ) -> prometheus::proto::MetricFamily {
+        use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
+        let metrics = series
+            .iter()
+            .map(|(values, value)| {
+                let labels = family
+                    .labels
+                    .iter()
+                    .zip(values)
+                    .map(|(&name, &value)| {
+                        let mut pair = LabelPair::default();
+                        pair.set_name(name.to_owned());
+                        pair.set_value(value.to_owned());
+                        pair
+                    })
+                    .collect();
+                let mut metric = Metric::from_label(labels);
+                if family.kind == Kind::Counter {
+                    let mut counter = Counter::default();
+                    counter.set_value(*value);
+                    metric.set_counter(counter);
+                } else {
+                    let mut gauge = Gauge::default();
+                    gauge.set_value(*value);
+                    metric.set_gauge(gauge);
+                }
+                metric
+            })
+            .collect();
+        let mut built = MetricFamily::default();
+        built.set_name(family.name.to_owned());
+        built.set_help(family.help.to_owned());
+        built.set_field_type(match family.kind {
+            Kind::Counter => MetricType::COUNTER,
+            Kind::Gauge => MetricType::GAUGE,
+        });
+        built.set_metric(metrics);
+        built
+    }
+
+    #[test]
+    fn families_are_written_as_the_client_librarys_encoder_writes_them() {
+        use prometheus::{Encoder, TextEncoder};
+        let odd_values = [
+            "Tesla-T4",
+            "back\\slash",
+            "quote\"d",
+            "line\nfeed",
+            "ünïcode",
+        ];
+        let numbers = [0.0, 1.0, 0.125, 16384.0, 9_007_199_254_740_992.0];
+        let healthy: Vec<(Vec<&str>, f64)> = odd_values
+            .iter()
+            .zip(numbers)
+            .map(|(&model, value)| (vec!["3", model, "node-a"], value))
+            .collect();
+        let events: Vec<(Vec<&str>, f64)> = odd_values
+            .iter()
+            .zip(numbers)
+            .map(|(&event, value)| (vec![event, "pod"], value))
+            .collect();
+        for (family, series) in [(&GPU_HEALTHY, healthy), (&WATCH_EVENTS, events)] {
+            let mut written = String::new();
+            let mut building = Building::of(family);
+            for (values, value) in &series {
+                building.add(values, *value);
+            }
+            building.done(&mut written);
+            let mut encoded = Vec::new();
+            TextEncoder::new()
+                .encode(&[library_family(family, &series)], &mut encoded)
+                .unwrap();
+            assert_eq!(
+                written,
+                String::from_utf8(encoded).unwrap(),
+                "{}",
+                family.name
+            );
+        }
+        // No series, no lines (not even HELP and TYPE).
+        let mut written = String::new();
+        Building::of(&QUOTA_USED).done(&mut written);
+        assert_eq!(written, "");
+    }
+
+    #[test]
+    fn values_that_are_not_finite_are_spelled_as_prometheus_reads_them() {
+        let mut text = String::new();
+        for value in [f64::INFINITY, f64::NEG_INFINITY, f64::NAN, -0.5, -0.0, -3.0] {
+            push_value(&mut text, value);
+            text.push(' ');
+        }
+        assert_eq!(text, "+Inf -Inf NaN -0.5 -0 -3 ");
+        // Whole values are written as `f64` writes them, up to the largest exact integer.
+        for value in [
+            0.0,
+            1.0,
+            16384.0,
+            9_007_199_254_740_992.0,
+            1e15,
+            1e16,
+            1e21,
+            0.125,
+        ] {
+            let mut text = String::new();
+            push_value(&mut text, value);
+            assert_eq!(text, value.to_string());
+        }
     }
 
     #[test]
