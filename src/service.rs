@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use axum::serve::ListenerExt as _;
 use futures::FutureExt as _;
 use futures::future::BoxFuture;
 use tokio::net::TcpListener;
@@ -15,7 +16,7 @@ use tracing::info;
 use crate::config::{ConfigFlags, ServeFlags};
 use crate::estimator::{self, EstimatorService, KubeWorkloads};
 use crate::http::auth::{AdminAuth, KubeReview};
-use crate::http::server::{AppState, admin_router, guarded_admin_router, guarded_router};
+use crate::http::server::{AppState, admin_router, guarded_admin_router, guarded_router, no_delay};
 use crate::http::tls;
 use crate::k8s::api::{KubeApi, kube_client, kube_client_without_retries};
 use crate::k8s::bind::{Binder, MeteredBinder};
@@ -188,7 +189,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(());
     let stop_extender = wait_for(stop_rx.clone());
     let extender_server: BoxFuture<'static, std::io::Result<()>> = match tls {
-        None => axum::serve(extender_listener, extender)
+        None => axum::serve(extender_listener.tap_io(no_delay), extender)
             .with_graceful_shutdown(stop_extender)
             .into_future()
             .boxed(),

@@ -44,11 +44,14 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const ACCEPT_QUEUE: usize = 64;
 
 /// Which listener a TLS configuration serves: the configuration key its errors name, and the
-/// one application protocol it offers in the handshake (ALPN).
+/// application protocols it offers in the handshake (ALPN), preferred first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Served {
-    /// The extender listener (`server.tls`): HTTP/1.1 only (kube-scheduler's Go client falls
-    /// back to it).
+    /// The extender listener (`server.tls`): HTTP/2, then HTTP/1.1. kube-scheduler's extender
+    /// client (Go's transport, configured for HTTP/2 by client-go) then sends every call over
+    /// one connection; over HTTP/1.1 it keeps at most two idle connections, so with a bind in
+    /// flight beside the next pod's filter it opens (and handshakes) new ones all along.
+    /// Clients that offer no ALPN, or only `http/1.1`, get HTTP/1.1.
     Extender,
     /// The Karmada estimator's gRPC listener (`estimator.tls`): HTTP/2, which gRPC clients
     /// insist on in ALPN.
@@ -63,10 +66,10 @@ impl Served {
         }
     }
 
-    fn alpn(self) -> &'static [u8] {
+    fn alpn(self) -> &'static [&'static [u8]] {
         match self {
-            Self::Extender => b"http/1.1",
-            Self::Estimator => b"h2",
+            Self::Extender => &[b"h2", b"http/1.1"],
+            Self::Estimator => &[b"h2"],
         }
     }
 }
@@ -154,7 +157,7 @@ impl Material {
                 files.key_file.display()
             )
         })?;
-        config.alpn_protocols = vec![served.alpn().to_vec()];
+        config.alpn_protocols = served.alpn().iter().map(|p| p.to_vec()).collect();
         Ok(Arc::new(config))
     }
 }
@@ -313,7 +316,7 @@ async fn accept_loop(
     ready: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
 ) {
     loop {
-        let (socket, peer) = match tcp.accept().await {
+        let (mut socket, peer) = match tcp.accept().await {
             Ok(accepted) => accepted,
             Err(error) => {
                 // As axum's own listener does: out of file descriptors and the like pass.
@@ -322,11 +325,19 @@ async fn accept_loop(
                 continue;
             }
         };
+        crate::http::server::no_delay(&mut socket);
         let acceptor = TlsAcceptor::from(current.load_full());
         let ready = ready.clone();
         tokio::spawn(async move {
             match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(socket)).await {
                 Ok(Ok(stream)) => {
+                    let protocol = stream
+                        .get_ref()
+                        .1
+                        .alpn_protocol()
+                        .map(String::from_utf8_lossy);
+                    let protocol = protocol.as_deref().unwrap_or("none");
+                    debug!(%peer, %protocol, "TLS handshake finished");
                     // Fails only when the listener is gone (shutting down).
                     let _ = ready.send((stream, peer)).await;
                 }
@@ -556,16 +567,97 @@ mod tests {
         let ca = ca();
         let (cert, key, _) = leaf(&ca);
         write(&files, &cert, &key);
-        for (served, protocol) in [
-            (Served::Extender, &b"http/1.1"[..]),
-            (Served::Estimator, &b"h2"[..]),
+        for (served, protocols) in [
+            (Served::Extender, vec![b"h2".to_vec(), b"http/1.1".to_vec()]),
+            (Served::Estimator, vec![b"h2".to_vec()]),
         ] {
             let reloader = Reloader::load(&files, served).unwrap();
-            assert_eq!(
-                reloader.current().load().alpn_protocols,
-                vec![protocol.to_vec()]
-            );
+            assert_eq!(reloader.current().load().alpn_protocols, protocols);
         }
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// A TLS connection to `addr` offering `protocols` in ALPN, trusting `ca`: the stream and
+    /// the protocol the server chose.
+    async fn connect_offering(
+        addr: SocketAddr,
+        ca: &Ca,
+        protocols: &[&[u8]],
+    ) -> (tokio_rustls::client::TlsStream<TcpStream>, Option<Vec<u8>>) {
+        let mut roots = RootCertStore::empty();
+        roots
+            .add(CertificateDer::from_pem_slice(ca.pem.as_bytes()).unwrap())
+            .unwrap();
+        let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        config.alpn_protocols = protocols.iter().map(|p| p.to_vec()).collect();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+        let socket = TcpStream::connect(addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+        let stream = connector.connect(name, socket).await.unwrap();
+        let chosen = stream.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+        (stream, chosen)
+    }
+
+    #[tokio::test]
+    async fn the_extender_listener_serves_many_calls_over_one_http2_connection() {
+        use http_body_util::BodyExt as _;
+        let dir = scratch("h2");
+        let files = files(&dir);
+        let ca = ca();
+        let (cert, key, _) = leaf(&ca);
+        write(&files, &cert, &key);
+        let reloader = Reloader::load(&files, Served::Extender).unwrap();
+        let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = TlsListener::new(tcp, reloader, Duration::from_secs(3600)).unwrap();
+        let addr = listener.local;
+        let app = axum::Router::new().route(
+            "/",
+            axum::routing::post(|request: axum::extract::Request| async move {
+                format!("{:?}", request.version())
+            }),
+        );
+        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+
+        // Go's transport, as kube-scheduler's extender client has it, offers both.
+        let (stream, chosen) = connect_offering(addr, &ca, &[b"h2", b"http/1.1"]).await;
+        assert_eq!(chosen.as_deref(), Some(&b"h2"[..]));
+        let (sender, connection) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(stream),
+        )
+        .await
+        .unwrap();
+        tokio::spawn(connection);
+        // Calls in flight together, as a bind beside the next pod's filter: one connection.
+        let calls = (0..3).map(|_| {
+            let mut sender = sender.clone();
+            async move {
+                let request = hyper::Request::post(format!("https://{addr}/"))
+                    .body(http_body_util::Full::new(axum::body::Bytes::from_static(
+                        b"{}",
+                    )))
+                    .unwrap();
+                let answer = sender.send_request(request).await.unwrap();
+                assert_eq!(answer.status(), 200);
+                answer.into_body().collect().await.unwrap().to_bytes()
+            }
+        });
+        for body in futures::future::join_all(calls).await {
+            assert_eq!(&body[..], b"HTTP/2.0");
+        }
+
+        // A client that offers only HTTP/1.1 (or nothing: `exchange`) gets HTTP/1.1.
+        let (_, chosen) = connect_offering(addr, &ca, &[b"http/1.1"]).await;
+        assert_eq!(chosen.as_deref(), Some(&b"http/1.1"[..]));
+        let (_, status) = exchange(addr, &ca, None).await.unwrap();
+        assert_eq!(status, "HTTP/1.1 405 Method Not Allowed");
+        server.abort();
         std::fs::remove_dir_all(&dir).ok();
     }
 

@@ -66,6 +66,13 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "KEY=VALUE")]
     pub extender_set: Vec<String>,
 
+    /// Serve the extender over HTTPS (`server.tls`, with a CA and a certificate for 127.0.0.1
+    /// that the replay makes with openssl), kube-scheduler calling it with `enableHTTPS` and
+    /// that CA, as in a cluster where the extender is not a loopback sidecar (loopback plane
+    /// only).
+    #[arg(long)]
+    pub extender_https: bool,
+
     /// Seconds one pod may stay undecided before the replay fails.
     #[arg(long, default_value_t = 60)]
     pub decision_timeout: u64,

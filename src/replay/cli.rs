@@ -35,12 +35,13 @@ pub async fn run_cli(args: ReplayArgs) -> Result<()> {
         && (args.scheduler_config.is_some()
             || args.percentage_of_nodes_to_score.is_some()
             || args.scheduler_qps.is_some()
-            || !args.extender_set.is_empty())
+            || !args.extender_set.is_empty()
+            || args.extender_https)
     {
         bail!(
-            "--scheduler-config, --percentage-of-nodes-to-score, --scheduler-qps and \
-             --extender-set configure the loopback plane; with --kubeconfig the cluster's own \
-             kube-scheduler and gpu-extender decide"
+            "--scheduler-config, --percentage-of-nodes-to-score, --scheduler-qps, \
+             --extender-set and --extender-https configure the loopback plane; with --kubeconfig \
+             the cluster's own kube-scheduler and gpu-extender decide"
         );
     }
     let setup = args.scheduler_setup()?;
@@ -187,6 +188,9 @@ async fn replay_one(
     let started = Instant::now();
     let bins = k8s_bins(&args.repo)?;
     let mut plane = Plane::start(&args.repo, &bins, args.keep)?;
+    if args.extender_https {
+        plane.serve_extender_over_https()?;
+    }
     let client = plane.client().await?;
     refuse_foreign_objects(&client).await?;
     let names = create_cluster(&client, cluster, &run_id, &config).await?;

@@ -4,6 +4,7 @@
 //! everything started is stopped and the working directory removed when the [`Plane`] is dropped,
 //! also on error.
 
+use std::ffi::OsStr;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -53,7 +54,7 @@ impl SchedulerSetup {
 
     /// The configuration kube-scheduler gets: `base` with the plane's kubeconfig placeholder,
     /// no leader election, the extender's address (or no extender), and the overrides.
-    pub fn render(&self, extender: Option<SocketAddr>) -> Result<String> {
+    pub fn render(&self, extender: Option<&ExtenderEndpoint>) -> Result<String> {
         let mut doc: Value =
             serde_yaml_ng::from_str(&self.base).context("the scheduler configuration")?;
         let root = doc
@@ -80,16 +81,31 @@ impl SchedulerSetup {
             root.insert("percentageOfNodesToScore".into(), percentage.into());
         }
         match (self.with_extender, extender) {
-            (true, Some(addr)) => {
+            (true, Some(endpoint)) => {
                 let extenders = root
                     .get_mut("extenders")
                     .and_then(Value::as_sequence_mut)
                     .ok_or_else(|| anyhow!("the scheduler configuration has no extenders"))?;
+                let addr = endpoint.addr;
                 for entry in extenders.iter_mut().filter_map(Value::as_mapping_mut) {
-                    entry.insert(
-                        "urlPrefix".into(),
-                        format!("http://{addr}/scheduler").into(),
-                    );
+                    match &endpoint.ca_file {
+                        None => {
+                            entry.insert(
+                                "urlPrefix".into(),
+                                format!("http://{addr}/scheduler").into(),
+                            );
+                        }
+                        Some(ca) => {
+                            entry.insert(
+                                "urlPrefix".into(),
+                                format!("https://{addr}/scheduler").into(),
+                            );
+                            entry.insert("enableHTTPS".into(), true.into());
+                            let mut tls = serde_yaml_ng::Mapping::new();
+                            tls.insert("caFile".into(), ca.display().to_string().into());
+                            entry.insert("tlsConfig".into(), tls.into());
+                        }
+                    }
                 }
             }
             (true, None) => bail!("the scheduler configuration needs the extender's address"),
@@ -98,6 +114,121 @@ impl SchedulerSetup {
             }
         }
         Ok(serde_yaml_ng::to_string(&doc)?)
+    }
+}
+
+/// Where kube-scheduler reaches the extender: its address, and over HTTPS the CA that signed
+/// its serving certificate.
+#[derive(Clone, Debug)]
+pub struct ExtenderEndpoint {
+    /// The extender listener's address.
+    pub addr: SocketAddr,
+    /// `Some` when the extender serves HTTPS: the CA file kube-scheduler trusts.
+    pub ca_file: Option<PathBuf>,
+}
+
+/// The files of an extender served over HTTPS on the plane: a CA of the replay's own and a
+/// serving certificate for 127.0.0.1 it signed.
+#[derive(Clone, Debug)]
+pub struct ExtenderPki {
+    /// The CA certificate kube-scheduler trusts.
+    pub ca_file: PathBuf,
+    /// The extender's serving certificate (`server.tls.certFile`).
+    pub cert_file: PathBuf,
+    /// Its key (`server.tls.keyFile`).
+    pub key_file: PathBuf,
+}
+
+impl ExtenderPki {
+    /// Makes the CA and the serving certificate in `dir` with `openssl` (which the plane's
+    /// script needs already): P-256 keys, valid two days.
+    pub fn make(dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let pki = Self {
+            ca_file: dir.join("ca.crt"),
+            cert_file: dir.join("tls.crt"),
+            key_file: dir.join("tls.key"),
+        };
+        let ca_key = dir.join("ca.key");
+        let request = dir.join("tls.csr");
+        let extensions = dir.join("tls.ext");
+        std::fs::write(
+            &extensions,
+            "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+        )
+        .with_context(|| format!("writing {}", extensions.display()))?;
+        let run = |args: &[&OsStr]| -> Result<()> {
+            let output = Command::new("openssl")
+                .args(args)
+                .stdin(Stdio::null())
+                .output()
+                .context("running openssl (needed for --extender-https)")?;
+            ensure!(
+                output.status.success(),
+                "openssl {} failed: {}",
+                args.first()
+                    .map(|a| a.to_string_lossy())
+                    .unwrap_or_default(),
+                String::from_utf8_lossy(&output.stderr).trim()
+            );
+            Ok(())
+        };
+        let o = OsStr::new;
+        let new_key = [
+            o("-newkey"),
+            o("ec"),
+            o("-pkeyopt"),
+            o("ec_paramgen_curve:prime256v1"),
+            o("-nodes"),
+        ];
+        let ca_subject = [
+            o("-subj"),
+            o("/CN=gpu-extender replay CA"),
+            o("-days"),
+            o("2"),
+        ];
+        let ca_out = [
+            o("-keyout"),
+            ca_key.as_os_str(),
+            o("-out"),
+            pki.ca_file.as_os_str(),
+        ];
+        run(&[&[o("req"), o("-x509")][..], &new_key, &ca_subject, &ca_out].concat())?;
+        let leaf_out = [
+            o("-subj"),
+            o("/CN=127.0.0.1"),
+            o("-keyout"),
+            pki.key_file.as_os_str(),
+            o("-out"),
+            request.as_os_str(),
+        ];
+        run(&[&[o("req")][..], &new_key, &leaf_out].concat())?;
+        run(&[
+            o("x509"),
+            o("-req"),
+            o("-days"),
+            o("2"),
+            o("-CAcreateserial"),
+            o("-in"),
+            request.as_os_str(),
+            o("-CA"),
+            pki.ca_file.as_os_str(),
+            o("-CAkey"),
+            ca_key.as_os_str(),
+            o("-extfile"),
+            extensions.as_os_str(),
+            o("-out"),
+            pki.cert_file.as_os_str(),
+        ])?;
+        Ok(pki)
+    }
+
+    /// The extender's `--set` overrides that serve these files.
+    pub fn overrides(&self) -> [String; 2] {
+        [
+            format!("server.tls.certFile={}", self.cert_file.display()),
+            format!("server.tls.keyFile={}", self.key_file.display()),
+        ]
     }
 }
 
@@ -110,6 +241,9 @@ pub struct Plane {
     extender: Option<Child>,
     extender_addr: Option<SocketAddr>,
     admin_addr: Option<SocketAddr>,
+    /// Set by [`Plane::serve_extender_over_https`]: the extender serves these files and
+    /// kube-scheduler calls it over HTTPS.
+    extender_pki: Option<ExtenderPki>,
     keep: bool,
 }
 
@@ -133,10 +267,18 @@ impl Plane {
             extender: None,
             extender_addr: None,
             admin_addr: None,
+            extender_pki: None,
             keep,
         };
         plane.script(&["start"], &[])?;
         Ok(plane)
+    }
+
+    /// From now on the extender serves HTTPS with a certificate made for the plane
+    /// ([`ExtenderPki`]), and kube-scheduler calls it with `enableHTTPS` trusting its CA.
+    pub fn serve_extender_over_https(&mut self) -> Result<()> {
+        self.extender_pki = Some(ExtenderPki::make(&self.dir.join("extender-pki"))?);
+        Ok(())
     }
 
     /// The plane's working directory (logs, configurations, pid files).
@@ -199,7 +341,13 @@ impl Plane {
             .arg(self.kubeconfig())
             .args(["--listen", &listen.to_string()])
             .args(["--admin-listen", &admin.to_string()])
-            .args(overrides.iter().flat_map(|o| ["--set", o.as_str()]))
+            .args(
+                self.extender_pki
+                    .iter()
+                    .flat_map(ExtenderPki::overrides)
+                    .chain(overrides.iter().cloned())
+                    .flat_map(|o| ["--set".to_owned(), o]),
+            )
             .env("GPU_EXTENDER_LOG", "warn")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
@@ -259,7 +407,11 @@ impl Plane {
 
     /// (Re)starts kube-scheduler with `setup`, pointed at the running extender.
     pub fn start_scheduler(&self, setup: &SchedulerSetup) -> Result<()> {
-        let rendered = setup.render(self.extender_addr)?;
+        let endpoint = self.extender_addr.map(|addr| ExtenderEndpoint {
+            addr,
+            ca_file: self.extender_pki.as_ref().map(|pki| pki.ca_file.clone()),
+        });
+        let rendered = setup.render(endpoint.as_ref())?;
         let path = self.dir.join("scheduler.yaml");
         std::fs::write(&path, rendered).with_context(|| format!("writing {}", path.display()))?;
         self.script(&["scheduler"], &[&path])
@@ -370,8 +522,11 @@ mod tests {
             client_qps: Some(500),
             ..SchedulerSetup::shipped()
         };
-        let addr: SocketAddr = "127.0.0.1:4242".parse().unwrap();
-        let rendered: Value = serde_yaml_ng::from_str(&setup.render(Some(addr)).unwrap()).unwrap();
+        let addr = ExtenderEndpoint {
+            addr: "127.0.0.1:4242".parse().unwrap(),
+            ca_file: None,
+        };
+        let rendered: Value = serde_yaml_ng::from_str(&setup.render(Some(&addr)).unwrap()).unwrap();
         assert_eq!(rendered["percentageOfNodesToScore"], 100);
         assert!(
             rendered["extenders"][0].get("managedResources").is_none(),
@@ -386,7 +541,7 @@ mod tests {
         );
         assert_eq!(rendered["extenders"][0]["weight"], 5, "the rest is kept");
         let kept: Value =
-            serde_yaml_ng::from_str(&SchedulerSetup::shipped().render(Some(addr)).unwrap())
+            serde_yaml_ng::from_str(&SchedulerSetup::shipped().render(Some(&addr)).unwrap())
                 .unwrap();
         let file: Value = serde_yaml_ng::from_str(DEDICATED_PROFILE).unwrap();
         assert_eq!(
@@ -406,6 +561,46 @@ mod tests {
             SchedulerSetup::shipped().render(None).is_err(),
             "an extender config needs the extender"
         );
+        assert!(rendered.get("enableHTTPS").is_none());
+
+        let over_https = ExtenderEndpoint {
+            ca_file: Some(PathBuf::from("/plane/extender-pki/ca.crt")),
+            ..addr
+        };
+        let rendered: Value =
+            serde_yaml_ng::from_str(&SchedulerSetup::shipped().render(Some(&over_https)).unwrap())
+                .unwrap();
+        let extender = &rendered["extenders"][0];
+        assert_eq!(extender["urlPrefix"], "https://127.0.0.1:4242/scheduler");
+        assert_eq!(extender["enableHTTPS"], true);
+        assert_eq!(
+            extender["tlsConfig"]["caFile"],
+            "/plane/extender-pki/ca.crt"
+        );
+    }
+
+    #[test]
+    fn the_extender_pki_is_one_the_extender_serves() {
+        if Command::new("openssl").arg("version").output().is_err() {
+            eprintln!("SKIPPED: no openssl on this machine");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("gpu-extender-pki-{}", std::process::id()));
+        let pki = ExtenderPki::make(&dir).unwrap();
+        let files = crate::config::TlsConfig {
+            cert_file: pki.cert_file.clone(),
+            key_file: pki.key_file.clone(),
+            ..crate::config::TlsConfig::default()
+        };
+        // Loads as `server.tls` does: the key goes with the certificate.
+        crate::http::tls::Reloader::load(&files, crate::http::tls::Served::Extender).unwrap();
+        let ca = std::fs::read_to_string(&pki.ca_file).unwrap();
+        assert!(ca.starts_with("-----BEGIN CERTIFICATE-----"), "{ca}");
+        assert_eq!(
+            pki.overrides()[0],
+            format!("server.tls.certFile={}", pki.cert_file.display())
+        );
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]

@@ -129,6 +129,9 @@ pub async fn run_throughput(args: &ReplayArgs) -> Result<()> {
     let run_id = "throughput";
     let bins = k8s_bins(&args.repo)?;
     let mut plane = Plane::start(&args.repo, &bins, args.keep)?;
+    if args.extender_https {
+        plane.serve_extender_over_https()?;
+    }
     let client = plane.client().await?;
     let started = Instant::now();
     create_cluster(&client, &cluster, run_id, &config).await?;

@@ -680,10 +680,16 @@ impl Cluster {
 
     /// How many lines of kube-scheduler's log contain `needle`.
     pub fn scheduler_log_count(&self, needle: &str) -> usize {
-        std::fs::read_to_string(self.dir.join("kube-scheduler.log"))
+        self.log_count("kube-scheduler.log", &[needle])
+    }
+
+    /// How many lines of the log `file` (in the plane's directory) contain every one of
+    /// `needles`.
+    pub fn log_count(&self, file: &str, needles: &[&str]) -> usize {
+        std::fs::read_to_string(self.dir.join(file))
             .unwrap_or_default()
             .lines()
-            .filter(|line| line.contains(needle))
+            .filter(|line| needles.iter().all(|needle| line.contains(needle)))
             .count()
     }
 

@@ -220,6 +220,17 @@ fn kube_scheduler_calls_the_extender_over_https_and_a_rotated_certificate_needs_
             record.node,
             record.all_gpus()
         );
+        // kube-scheduler's extender client (Go's transport, configured for HTTP/2 by
+        // client-go) chose HTTP/2 in the handshake: its filter and bind calls share a
+        // connection instead of opening and handshaking new ones. The test's own clients offer
+        // no ALPN ("protocol=none").
+        let handshake = ["TLS handshake finished", "protocol=h2"];
+        let over_h2 = c.log_count("extender.log", &handshake);
+        ensure!(
+            over_h2 >= 1,
+            "kube-scheduler did not choose HTTP/2 in any handshake with the extender"
+        );
+        eprintln!("  kube-scheduler's calls came over {over_h2} HTTP/2 connection(s)");
 
         // Rotate: a new certificate and key of the same CA, written over the old files.
         let (cert_b, key_b, der_b) = serving_ca.leaf(&["127.0.0.1", "localhost"], server_auth())?;
