@@ -399,6 +399,23 @@ mod tests {
         std::fs::write(&files.key_file, key).unwrap();
     }
 
+    /// Serves `app` over TLS with `files` on a free loopback port, the files checked again every
+    /// `interval`: the address and the server's task.
+    async fn serve(
+        files: &TlsConfig,
+        interval: Duration,
+        app: axum::Router,
+    ) -> (SocketAddr, tokio::task::JoinHandle<std::io::Result<()>>) {
+        let reloader = Reloader::load(files, Served::Extender).unwrap();
+        let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = TlsListener::new(tcp, reloader, interval).unwrap();
+        let addr = listener.local;
+        (
+            addr,
+            tokio::spawn(async move { axum::serve(listener, app).await }),
+        )
+    }
+
     /// The certificate a fresh handshake with `addr` is served, trusting `ca`.
     async fn served_certificate(addr: SocketAddr, ca: &Ca) -> Vec<u8> {
         let (served, _) = exchange(addr, ca, None).await.unwrap();
@@ -462,12 +479,8 @@ mod tests {
         let client_ca_file = dir.join("client-ca.crt");
         std::fs::write(&client_ca_file, &client_ca.pem).unwrap();
         files.client_ca_file = Some(client_ca_file);
-        let reloader = Reloader::load(&files, Served::Extender).unwrap();
-        let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let listener = TlsListener::new(tcp, reloader, Duration::from_secs(3600)).unwrap();
-        let addr = listener.local;
         let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
-        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+        let (addr, server) = serve(&files, Duration::from_secs(3600), app).await;
 
         let (client_cert, client_key, _) = leaf(&client_ca);
         let (_, status) = exchange(addr, &ca, Some((&client_cert, &client_key)))
@@ -497,12 +510,8 @@ mod tests {
         let ca = ca();
         let (cert_a, key_a, der_a) = leaf(&ca);
         write(&files, &cert_a, &key_a);
-        let reloader = Reloader::load(&files, Served::Extender).unwrap();
-        let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let listener = TlsListener::new(tcp, reloader, Duration::from_millis(20)).unwrap();
-        let addr = listener.local;
         let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
-        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+        let (addr, server) = serve(&files, Duration::from_millis(20), app).await;
 
         assert_eq!(served_certificate(addr, &ca).await, der_a);
         let (cert_b, key_b, der_b) = leaf(&ca);
@@ -612,17 +621,13 @@ mod tests {
         let ca = ca();
         let (cert, key, _) = leaf(&ca);
         write(&files, &cert, &key);
-        let reloader = Reloader::load(&files, Served::Extender).unwrap();
-        let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let listener = TlsListener::new(tcp, reloader, Duration::from_secs(3600)).unwrap();
-        let addr = listener.local;
         let app = axum::Router::new().route(
             "/",
             axum::routing::post(|request: axum::extract::Request| async move {
                 format!("{:?}", request.version())
             }),
         );
-        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+        let (addr, server) = serve(&files, Duration::from_secs(3600), app).await;
 
         // Go's transport, as kube-scheduler's extender client has it, offers both.
         let (stream, chosen) = connect_offering(addr, &ca, &[b"h2", b"http/1.1"]).await;

@@ -326,17 +326,9 @@ mod tests {
 
     #[test]
     fn state_families_follow_the_registered_ones_and_every_family_is_one_group() {
-        use crate::engine::{GpuDemand, GpuMode, Policy, Table};
-        use crate::inspect::fixtures::{add_node, bind};
-        let mut table = Table::new(20);
-        add_node(&mut table, "t4", GpuMode::ShareMemory, 2, "Tesla-T4", 16);
-        bind(&mut table, "t4", "p", GpuDemand::share(4, 1, None).unwrap());
-        let cluster = Arc::new(ClusterState::with_table(table));
+        use crate::engine::Policy;
+        let (cluster, metrics) = state_collector::one_t4_watched();
         cluster.note_rebuild(std::time::Duration::from_millis(3));
-        let metrics = Metrics::new().unwrap();
-        metrics
-            .watch_state(Arc::clone(&cluster), PolicyCell::from(Policy::default()))
-            .unwrap();
         let text = metrics.render().unwrap();
         let typed = families_are_grouped(&text).unwrap_or_else(|error| panic!("{error}\n{text}"));
         // Every family of the state is there, but the per-quota ones: no ElasticQuota, no

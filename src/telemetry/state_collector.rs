@@ -539,6 +539,25 @@ fn write_capacity(out: &mut String, report: &ClusterReport, capacity: inspect::C
     );
 }
 
+/// The metrics tests' fixture: one node of two 16 GiB T4s holding a pod's 4 GiB share, and
+/// metrics that read it.
+#[cfg(test)]
+pub(crate) fn one_t4_watched() -> (Arc<ClusterState>, crate::telemetry::Metrics) {
+    use crate::engine::{GpuDemand, GpuMode, Policy, Table};
+    use crate::inspect::fixtures::{add_node, bind};
+    let mut table = Table::new(20);
+    add_node(&mut table, "t4", GpuMode::ShareMemory, 2, "Tesla-T4", 16);
+    let share = GpuDemand::share(4, 1, None).unwrap_or_else(|error| panic!("{error}"));
+    bind(&mut table, "t4", "p", share);
+    let cluster = Arc::new(ClusterState::with_table(table));
+    let metrics =
+        crate::telemetry::Metrics::new().unwrap_or_else(|error| panic!("metrics: {error}"));
+    metrics
+        .watch_state(Arc::clone(&cluster), PolicyCell::from(Policy::default()))
+        .unwrap_or_else(|error| panic!("watching the state: {error}"));
+    (cluster, metrics)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, reason = "tests fail loudly on a broken fixture")]
@@ -727,14 +746,7 @@ mod tests {
     fn scrape_reports_each_quota_in_its_units() {
         use crate::engine::quota::QuotaSet;
         use crate::objects::quota::{quota_names, read_quota};
-        let mut table = Table::new(20);
-        add_node(&mut table, "t4", GpuMode::ShareMemory, 2, "Tesla-T4", 16);
-        bind(&mut table, "t4", "p", GpuDemand::share(4, 1, None).unwrap());
-        let cluster = Arc::new(ClusterState::with_table(table));
-        let metrics = Metrics::new().unwrap();
-        metrics
-            .watch_state(Arc::clone(&cluster), PolicyCell::from(Policy::default()))
-            .unwrap();
+        let (cluster, metrics) = one_t4_watched();
         assert!(
             !metrics
                 .render()
