@@ -532,6 +532,21 @@ async fn admin_surface_reports_health_readiness_metrics_and_inspection() {
     let report: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(report["totals"]["gpus"], 4);
     assert_eq!(report["nodes"][0]["name"], "gpu-a");
+
+    // The answers that read the whole table are built off the runtime's workers, and typed as
+    // before.
+    for (path, kind) in [
+        ("/inspect", "application/json"),
+        ("/ui/data", "application/json"),
+        ("/metrics", "text/plain; version=0.0.4; charset=utf-8"),
+    ] {
+        let response = admin_router(harness.state.clone())
+            .oneshot(Request::get(path).body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+        assert_eq!(response.headers()["content-type"], kind, "{path}");
+    }
 }
 
 /// A binder that holds its bind until the test lets it go, saying when it has started.

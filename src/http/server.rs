@@ -35,7 +35,6 @@ use super::wire::{
     ExtenderPreemptionResult, FilterAnswer, HostScore, MetaPod, MetaVictims, NodeList,
     NodeListAnswer, NodeName, NodeReasons,
 };
-use crate::inspect;
 
 /// Everything the handlers share.
 #[derive(Clone)]
@@ -809,13 +808,32 @@ async fn readyz(State(state): State<AppState>) -> Response {
     }
 }
 
-async fn metrics(State(state): State<AppState>) -> Response {
-    // A render reads the whole table (tens of milliseconds at thousands of nodes): on a blocking
-    // thread, not on the runtime's workers that answer kube-scheduler.
-    let metrics = state.metrics.clone();
-    let rendered = tokio::task::spawn_blocking(move || metrics.render())
+/// Runs `work` on a blocking thread: what reads the whole table (the metrics, the report, the
+/// web view's data: tens of milliseconds at thousands of nodes) does not occupy the runtime's
+/// workers, which answer kube-scheduler. An error is the task's failure, as text.
+async fn off_the_workers<R: Send + 'static>(
+    work: impl FnOnce() -> R + Send + 'static,
+) -> Result<R, String> {
+    tokio::task::spawn_blocking(work)
         .await
-        .map_err(|error| format!("rendering the metrics failed: {error}"))
+        .map_err(|error| format!("the admin task failed: {error}"))
+}
+
+/// A JSON answer built and encoded off the runtime's workers ([`off_the_workers`]).
+pub(crate) async fn json_off_the_workers<T: Serialize>(
+    build: impl FnOnce() -> T + Send + 'static,
+) -> Response {
+    match off_the_workers(move || serde_json::to_vec(&build())).await {
+        Ok(Ok(body)) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Ok(Err(error)) => (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response(),
+        Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, error).into_response(),
+    }
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    let metrics = state.metrics.clone();
+    let rendered = off_the_workers(move || metrics.render())
+        .await
         .and_then(|rendered| rendered.map_err(|error| error.to_string()));
     match rendered {
         Ok(text) => (
@@ -830,8 +848,8 @@ async fn metrics(State(state): State<AppState>) -> Response {
     }
 }
 
-async fn inspect_table(State(state): State<AppState>) -> Json<inspect::ClusterReport> {
-    Json(state.cluster.report())
+async fn inspect_table(State(state): State<AppState>) -> Response {
+    json_off_the_workers(move || state.cluster.report()).await
 }
 
 #[cfg(test)]

@@ -9,11 +9,11 @@
 
 use std::collections::BTreeMap;
 
+use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::{Json, Router};
 use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 
@@ -291,7 +291,12 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
     response
 }
 
-async fn data(State(state): State<AppState>) -> Json<View> {
+async fn data(State(state): State<AppState>) -> Response {
+    super::server::json_off_the_workers(move || data_view(&state)).await
+}
+
+/// What `/ui/data` answers: the view of the table, with the first pending pods explained.
+fn data_view(state: &AppState) -> View {
     let mut pending = state.cluster.pending_pods(|_| true);
     pending.sort_by(|(a_key, a), (b_key, b)| {
         let created = |pod: &Pod| pod.metadata.creation_timestamp.as_ref().map(|t| t.0);
@@ -317,7 +322,7 @@ async fn data(State(state): State<AppState>) -> Json<View> {
     let mut view = view(&table, &policy, &waiting);
     drop(table);
     view.pending_unexplained = unexplained;
-    Json(view)
+    view
 }
 
 #[cfg(test)]
