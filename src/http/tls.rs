@@ -613,48 +613,77 @@ mod tests {
         (stream, chosen)
     }
 
-    #[tokio::test]
-    async fn the_extender_listener_serves_many_calls_over_one_http2_connection() {
-        use http_body_util::BodyExt as _;
-        let dir = scratch("h2");
-        let files = files(&dir);
-        let ca = ca();
-        let (cert, key, _) = leaf(&ca);
-        write(&files, &cert, &key);
-        let app = axum::Router::new().route(
+    /// A route that answers the HTTP version its request came in.
+    fn version_echo() -> axum::Router {
+        axum::Router::new().route(
             "/",
             axum::routing::post(|request: axum::extract::Request| async move {
                 format!("{:?}", request.version())
             }),
-        );
-        let (addr, server) = serve(&files, Duration::from_secs(3600), app).await;
+        )
+    }
 
-        // Go's transport, as kube-scheduler's extender client has it, offers both.
-        let (stream, chosen) = connect_offering(addr, &ca, &[b"h2", b"http/1.1"]).await;
-        assert_eq!(chosen.as_deref(), Some(&b"h2"[..]));
+    /// Three calls in flight together over one HTTP/2 connection on `io` (as a bind beside the
+    /// next pod's filter), to [`version_echo`]: the versions answered.
+    async fn versions_over_http2<T>(io: T, addr: SocketAddr) -> Vec<String>
+    where
+        T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        use http_body_util::BodyExt as _;
         let (sender, connection) = hyper::client::conn::http2::handshake(
             hyper_util::rt::TokioExecutor::new(),
-            hyper_util::rt::TokioIo::new(stream),
+            hyper_util::rt::TokioIo::new(io),
         )
         .await
         .unwrap();
         tokio::spawn(connection);
-        // Calls in flight together, as a bind beside the next pod's filter: one connection.
         let calls = (0..3).map(|_| {
             let mut sender = sender.clone();
             async move {
-                let request = hyper::Request::post(format!("https://{addr}/"))
+                let request = hyper::Request::post(format!("http://{addr}/"))
                     .body(http_body_util::Full::new(axum::body::Bytes::from_static(
                         b"{}",
                     )))
                     .unwrap();
                 let answer = sender.send_request(request).await.unwrap();
                 assert_eq!(answer.status(), 200);
-                answer.into_body().collect().await.unwrap().to_bytes()
+                let body = answer.into_body().collect().await.unwrap().to_bytes();
+                String::from_utf8_lossy(&body).into_owned()
             }
         });
-        for body in futures::future::join_all(calls).await {
-            assert_eq!(&body[..], b"HTTP/2.0");
+        futures::future::join_all(calls).await
+    }
+
+    /// The plain listener (no `server.tls`), as `serve` runs it: HTTP/2 from a client that starts
+    /// with it (prior knowledge), HTTP/1.1 otherwise.
+    #[tokio::test]
+    async fn the_plain_listener_answers_http2_with_prior_knowledge() {
+        use axum::serve::ListenerExt as _;
+        let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = tcp.local_addr().unwrap();
+        let listener = tcp.tap_io(crate::http::server::no_delay);
+        let server = tokio::spawn(async move { axum::serve(listener, version_echo()).await });
+        let socket = TcpStream::connect(addr).await.unwrap();
+        for version in versions_over_http2(socket, addr).await {
+            assert_eq!(version, "HTTP/2.0");
+        }
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn the_extender_listener_serves_many_calls_over_one_http2_connection() {
+        let dir = scratch("h2");
+        let files = files(&dir);
+        let ca = ca();
+        let (cert, key, _) = leaf(&ca);
+        write(&files, &cert, &key);
+        let (addr, server) = serve(&files, Duration::from_secs(3600), version_echo()).await;
+
+        // Go's transport, as kube-scheduler's extender client has it, offers both.
+        let (stream, chosen) = connect_offering(addr, &ca, &[b"h2", b"http/1.1"]).await;
+        assert_eq!(chosen.as_deref(), Some(&b"h2"[..]));
+        for version in versions_over_http2(stream, addr).await {
+            assert_eq!(version, "HTTP/2.0");
         }
 
         // A client that offers only HTTP/1.1 (or nothing: `exchange`) gets HTTP/1.1.
