@@ -104,6 +104,28 @@ pub(crate) fn binding_body(write: &BindingWrite) -> Vec<u8> {
     encode_object("Binding", &binding)
 }
 
+/// Sends `request` asking for protobuf answers. A failed request's Status (read in protobuf, JSON
+/// or text, [`failure_status`]) becomes kube's `Error::Api`, as kube's own typed calls report it;
+/// what a successful answer holds is the caller's to read.
+pub(crate) async fn send(
+    client: &kube::Client,
+    request: http::Request<Vec<u8>>,
+) -> Result<http::Response<kube::client::Body>, kube::Error> {
+    let (mut parts, body) = request.into_parts();
+    parts.headers.insert(
+        http::header::ACCEPT,
+        http::HeaderValue::from_static(PROTOBUF),
+    );
+    let request = http::Request::from_parts(parts, kube::client::Body::from(body));
+    let response = client.send(request).await?;
+    if response.status().is_success() {
+        return Ok(response);
+    }
+    let code = response.status().as_u16();
+    let body = response.into_body().collect_bytes().await?;
+    Err(kube::Error::Api(Box::new(failure_status(code, &body))))
+}
+
 /// Creates the pod's Binding in protobuf. A refusal is kube's `Error::Api` with the Status the
 /// API server answered (409 when the pod is bound or its UID differs, 404 when it is gone),
 /// as kube's own typed calls report it.
@@ -122,24 +144,12 @@ pub(crate) async fn create_binding(
                 binding_body(write),
             )
             .map_err(kube::Error::BuildRequest)?;
-    let headers = request.headers_mut();
-    headers.insert(
+    request.headers_mut().insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static(PROTOBUF),
     );
-    headers.insert(
-        http::header::ACCEPT,
-        http::HeaderValue::from_static(PROTOBUF),
-    );
-    let response = client.send(request.map(kube::client::Body::from)).await?;
-    let code = response.status().as_u16();
-    let success = response.status().is_success();
-    let body = response.into_body().collect_bytes().await?;
-    if success {
-        Ok(())
-    } else {
-        Err(kube::Error::Api(Box::new(failure_status(code, &body))))
-    }
+    // The API server answers a Binding with a Status, which a success leaves unread.
+    send(client, request).await.map(drop)
 }
 
 #[cfg(test)]

@@ -33,7 +33,7 @@ use kube::runtime::watcher::{Error, Event};
 use prost::Message;
 use prost::bytes::{Buf, Bytes, BytesMut};
 
-use crate::k8s::proto::{PROTOBUF, decode_object, failure_status, pb, status_of};
+use crate::k8s::proto::{self, PROTOBUF, decode_object, pb, status_of};
 /// Pods per list page (kube-runtime's default).
 const PAGE_SIZE: u32 = 500;
 /// How long the API server keeps one watch open (kube-runtime's default); a silent connection
@@ -264,30 +264,24 @@ impl Source {
         &self,
         request: http::Request<Vec<u8>>,
     ) -> Result<http::Response<kube::client::Body>, kube::Error> {
-        let (mut parts, body) = request.into_parts();
-        parts.headers.insert(
-            http::header::ACCEPT,
-            http::HeaderValue::from_static(PROTOBUF),
-        );
-        let request = http::Request::from_parts(parts, kube::client::Body::from(body));
-        let response = self.client.send(request).await?;
-        let code = response.status().as_u16();
-        if response.status().is_success() {
-            // A proxy in front of the API server may answer JSON whatever was asked: say so,
-            // rather than fail to decode it as protobuf.
-            return match response.headers().get(http::header::CONTENT_TYPE) {
-                Some(kind) if !kind.as_bytes().starts_with(PROTOBUF.as_bytes()) => {
-                    let kind = String::from_utf8_lossy(kind.as_bytes()).into_owned();
-                    Err(not_protobuf(code, &format!("answered {kind}")))
-                }
-                _ => Ok(response),
-            };
+        let response = match proto::send(&self.client, request).await {
+            Err(kube::Error::Api(status)) if status.code == 406 => {
+                return Err(not_protobuf(406, "refused it (406 Not Acceptable)"));
+            }
+            other => other?,
+        };
+        // A proxy in front of the API server may answer JSON whatever was asked: say so,
+        // rather than fail to decode it as protobuf.
+        match response.headers().get(http::header::CONTENT_TYPE) {
+            Some(kind) if !kind.as_bytes().starts_with(PROTOBUF.as_bytes()) => {
+                let kind = String::from_utf8_lossy(kind.as_bytes()).into_owned();
+                Err(not_protobuf(
+                    response.status().as_u16(),
+                    &format!("answered {kind}"),
+                ))
+            }
+            _ => Ok(response),
         }
-        let body = response.into_body().collect_bytes().await?;
-        if code == 406 {
-            return Err(not_protobuf(code, "refused it (406 Not Acceptable)"));
-        }
-        Err(kube::Error::Api(Box::new(failure_status(code, &body))))
     }
 }
 

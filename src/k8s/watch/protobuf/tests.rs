@@ -11,6 +11,7 @@ use hyper::body::Frame;
 
 use super::*;
 use crate::k8s::proto::MAGIC;
+use crate::k8s::proto::failure_status;
 
 fn meta(name: &str, version: &str) -> pb::ObjectMeta {
     pb::ObjectMeta {
