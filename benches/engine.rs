@@ -182,9 +182,8 @@ fn two_islands() -> LinkMatrix {
     })
 }
 
-fn node_spec(index: usize, pool: Pool, rng: &mut Rng) -> NodeSpec {
+fn node_spec(name: &str, pool: Pool, rng: &mut Rng) -> NodeSpec {
     let (model, gib) = rng.pick(&MODELS);
-    let name = format!("gpu-node-{index:05}");
     let spec = match pool {
         Pool::Shared => {
             let mode = if rng.chance(30) {
@@ -197,12 +196,12 @@ fn node_spec(index: usize, pool: Pool, rng: &mut Rng) -> NodeSpec {
             } else {
                 GpuPlacement::Binpack
             };
-            NodeSpec::uniform(&name, mode, GPUS_PER_NODE, model, MemMiB(gib * 1024))
+            NodeSpec::uniform(name, mode, GPUS_PER_NODE, model, MemMiB(gib * 1024))
                 .with_placement(placement)
         }
         Pool::Whole => {
             let spec = NodeSpec::uniform(
-                &name,
+                name,
                 GpuMode::Exclusive,
                 GPUS_PER_NODE,
                 model,
@@ -262,10 +261,23 @@ enum Fill {
 /// pods after, as after a restart (`Table::rebuild`), so the node states sit in memory the way
 /// the extender's own table would hold them.
 fn cluster(count: usize, pool: Pool, fill: Fill, seed: u64) -> Cluster {
+    cluster_named(count, pool, fill, seed, |index| {
+        format!("gpu-node-{index:05}")
+    })
+}
+
+/// [`cluster`] with the nodes named by `name`.
+fn cluster_named(
+    count: usize,
+    pool: Pool,
+    fill: Fill,
+    seed: u64,
+    name: impl Fn(usize) -> String,
+) -> Cluster {
     let mut rng = Rng(seed);
     let policy = Policy::default();
     let specs: Vec<NodeSpec> = (0..count)
-        .map(|index| node_spec(index, pool, &mut rng))
+        .map(|index| node_spec(&name(index), pool, &mut rng))
         .collect();
     let mut table = Table::rebuild(20, specs.iter().cloned(), []);
     let mut pods = Vec::new();
@@ -484,6 +496,77 @@ fn bench_alike(c: &mut Criterion<Clock>) {
     group.finish();
 }
 
+/// What the extender's filter does for one pod in kube-scheduler's loop (`ClusterState::filter`):
+/// look up the names kube-scheduler sent (its window: about 42% of 1,000 nodes, 10% of 5,000)
+/// and judge each through `AlikeScores`, the best one kept (`filterBestOnly`). "cold" first
+/// walks a buffer larger than the caches, as the other processes of the loop (kube-scheduler,
+/// kube-apiserver, etcd) do between two filter calls on a shared machine; its walk is not timed.
+/// "cold-long" names the nodes as EC2 does (41 bytes, `ip-10-0-3-17.us-west-2.compute.internal`).
+fn bench_names(c: &mut Criterion<Clock>) {
+    let (_, whole_pod) = probe_pods();
+    let policy = Policy {
+        filter_best_only: true,
+        ..policy(ScoringPolicy::Binpack)
+    };
+    let mut group = c.benchmark_group("filter_names");
+    let mut evict = vec![0u8; 64 << 20];
+    for (size, window, long) in [(1000, 420, false), (5000, 500, false), (1000, 420, true)] {
+        let empty = if long {
+            cluster_named(size, Pool::Whole, Fill::Pods(0), 43, |index| {
+                format!(
+                    "ip-10-0-{}-{}.us-west-2.compute.internal",
+                    index / 250,
+                    index % 250
+                )
+            })
+        } else {
+            cluster(size, Pool::Whole, Fill::Pods(0), 43)
+        };
+        // kube-scheduler's order is not the table's: its window starts where the last stopped.
+        // The names lie one after another in one buffer, as in the request body they are
+        // borrowed from.
+        let window: Vec<usize> = (0..window).map(|i| (i * 7 + size / 3) % size).collect();
+        let body: String = window
+            .iter()
+            .map(|&i| empty.specs[i].name.as_str())
+            .collect();
+        let mut names = Vec::with_capacity(window.len());
+        let mut start = 0;
+        for &i in &window {
+            let end = start + empty.specs[i].name.as_str().len();
+            names.push(&body[start..end]);
+            start = end;
+        }
+        let table = &empty.table;
+        let run = |names: &[&str]| {
+            let verdict = gpu_extender::state::decide::filter(
+                table.nodes_by_names(names),
+                black_box(&whole_pod),
+                &policy,
+            );
+            verdict.passed.len()
+        };
+        if !long {
+            group.bench_function(BenchmarkId::new("warm", size), |b| {
+                b.iter(|| run(black_box(&names)))
+            });
+        }
+        let label = if long { "cold-long" } else { "cold" };
+        group.bench_function(BenchmarkId::new(label, size), |b| {
+            b.iter_batched(
+                || {
+                    for (i, byte) in evict.iter_mut().enumerate().step_by(64) {
+                        *byte = byte.wrapping_add(i as u8);
+                    }
+                },
+                |()| run(black_box(&names)),
+                BatchSize::PerIteration,
+            )
+        });
+    }
+    group.finish();
+}
+
 fn bench_table(c: &mut Criterion<Clock>) {
     // 5,000 nodes and exactly 4 pods on each: 20,000 pods.
     let cluster = cluster(5000, Pool::Shared, Fill::Pods(4), 7);
@@ -696,6 +779,6 @@ fn config() -> Criterion<Clock> {
 criterion_group! {
     name = benches;
     config = config();
-    targets = bench_evaluate, bench_alike, bench_table, bench_scarcity, bench_topology, bench_estimate
+    targets = bench_evaluate, bench_alike, bench_names, bench_table, bench_scarcity, bench_topology, bench_estimate
 }
 criterion_main!(benches);

@@ -165,11 +165,7 @@ impl ClusterState {
             return Err(NotReady);
         }
         let table = self.read();
-        let mut verdict = filter(
-            names.iter().map(|&name| (name, table.node_by_str(name))),
-            request,
-            policy,
-        );
+        let mut verdict = filter(table.nodes_by_names(names), request, policy);
         drop(table);
         if policy.filter_best_only && !verdict.passed.is_empty() {
             verdict.failed.clear();
@@ -212,11 +208,7 @@ impl ClusterState {
         policy: &Policy,
     ) -> Vec<(&'a str, i64)> {
         let table = self.read();
-        prioritize(
-            names.iter().map(|&name| (name, table.node_by_str(name))),
-            request,
-            policy,
-        )
+        prioritize(table.nodes_by_names(names), request, policy)
     }
 
     /// Keeps the proposed nodes where evicting the victims really makes room on the GPUs, and
