@@ -510,17 +510,22 @@ fn bench_names(c: &mut Criterion<Clock>) {
     };
     let mut group = c.benchmark_group("filter_names");
     let mut evict = vec![0u8; 64 << 20];
-    for (size, window, long) in [(1000, 420, false), (5000, 500, false), (1000, 420, true)] {
-        let empty = if long {
-            cluster_named(size, Pool::Whole, Fill::Pods(0), 43, |index| {
+    for (size, window, label) in [
+        (1000, 420, ""),
+        (5000, 500, ""),
+        (1000, 420, "-long"),
+        (1000, 420, "-mixed"),
+    ] {
+        let built = match label {
+            "-long" => cluster_named(size, Pool::Whole, Fill::Pods(0), 43, |index| {
                 format!(
                     "ip-10-0-{}-{}.us-west-2.compute.internal",
                     index / 250,
                     index % 250
                 )
-            })
-        } else {
-            cluster(size, Pool::Whole, Fill::Pods(0), 43)
+            }),
+            "-mixed" => cluster(size, Pool::Whole, Fill::Mixed, 43),
+            _ => cluster(size, Pool::Whole, Fill::Pods(0), 43),
         };
         // kube-scheduler's order is not the table's: its window starts where the last stopped.
         // The names lie one after another in one buffer, as in the request body they are
@@ -528,16 +533,16 @@ fn bench_names(c: &mut Criterion<Clock>) {
         let window: Vec<usize> = (0..window).map(|i| (i * 7 + size / 3) % size).collect();
         let body: String = window
             .iter()
-            .map(|&i| empty.specs[i].name.as_str())
+            .map(|&i| built.specs[i].name.as_str())
             .collect();
         let mut names = Vec::with_capacity(window.len());
         let mut start = 0;
         for &i in &window {
-            let end = start + empty.specs[i].name.as_str().len();
+            let end = start + built.specs[i].name.as_str().len();
             names.push(&body[start..end]);
             start = end;
         }
-        let table = &empty.table;
+        let table = &built.table;
         let run = |names: &[&str]| {
             let verdict = gpu_extender::state::decide::filter(
                 table.nodes_by_names(names),
@@ -546,13 +551,12 @@ fn bench_names(c: &mut Criterion<Clock>) {
             );
             verdict.passed.len()
         };
-        if !long {
-            group.bench_function(BenchmarkId::new("warm", size), |b| {
+        if label != "-long" {
+            group.bench_function(BenchmarkId::new(format!("warm{label}"), size), |b| {
                 b.iter(|| run(black_box(&names)))
             });
         }
-        let label = if long { "cold-long" } else { "cold" };
-        group.bench_function(BenchmarkId::new(label, size), |b| {
+        group.bench_function(BenchmarkId::new(format!("cold{label}"), size), |b| {
             b.iter_batched(
                 || {
                     for (i, byte) in evict.iter_mut().enumerate().step_by(64) {
