@@ -56,11 +56,15 @@ pub enum TableError {
     NoLongerFits { node: NodeName, detail: String },
 }
 
-/// A map keyed by node name. The extender looks up every candidate of every request by name
-/// (`Table::node_by_str`); std's SipHash made that about 12% of a request's CPU. foldhash is
-/// several times faster on short strings and, with a random state per map, still keyed: names
-/// in a request are arbitrary, so a fixed-seed hasher would let a client pick colliding names.
-type NameMap<V> = HashMap<NodeName, V, foldhash::fast::RandomState>;
+/// The hasher of the maps keyed by node name ([`NameMap`], and the node map by [`NameKey`]). The
+/// extender looks up every candidate of every request by name (`Table::node_by_str`); std's
+/// SipHash made that about 12% of a request's CPU. foldhash is several times faster on short
+/// strings and, with a random state per map, still keyed: names in a request are arbitrary, so a
+/// fixed-seed hasher would let a client pick colliding names.
+type NameHasher = foldhash::fast::RandomState;
+
+/// A map keyed by node name.
+type NameMap<V> = HashMap<NodeName, V, NameHasher>;
 
 /// How many bytes of a node name [`NameKey`] holds in the node map's own entry. Cloud node
 /// names are mostly 15-45 bytes (`ip-10-0-12-123.us-west-2.compute.internal` is 41).
@@ -124,7 +128,7 @@ impl Hash for NameKey {
 /// The table.
 #[derive(Clone, Debug)]
 pub struct Table {
-    nodes: HashMap<NameKey, NodeState, foldhash::fast::RandomState>,
+    nodes: HashMap<NameKey, NodeState, NameHasher>,
     pods: HashMap<PodKey, PodEntry>,
     /// Pods by the node their allocation names, including nodes not (yet) known.
     pods_by_node: NameMap<BTreeSet<PodKey>>,
