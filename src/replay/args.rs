@@ -118,6 +118,12 @@ pub struct ThroughputArgs {
     /// its own Binding writes are not throttled in the baseline).
     #[arg(long = "throughput-qps", default_value_t = 1000)]
     pub qps: u32,
+
+    /// Run this program as the extender in the throughput mode instead of this gpu-extender,
+    /// with the arguments `serve` gets (e.g. `examples/bare_extender.rs`, to measure what the
+    /// extender protocol itself costs kube-scheduler).
+    #[arg(long = "throughput-extender", value_name = "PROGRAM")]
+    pub extender: Option<PathBuf>,
 }
 
 impl ReplayArgs {

@@ -474,6 +474,21 @@ mod tests {
         assert_eq!(parse_scoring(&parsed.policies).unwrap().len(), 2);
         assert_eq!(parsed.percentage_of_nodes_to_score, Some(100));
         assert!(!parsed.throughput.enabled);
+        assert_eq!(parsed.throughput.extender, None);
+        let bare = Wrapper::try_parse_from([
+            "replay",
+            "--throughput",
+            "--throughput-extender",
+            "target/release/examples/bare_extender",
+        ])
+        .unwrap()
+        .args;
+        assert_eq!(
+            bare.throughput.extender.as_deref(),
+            Some(std::path::Path::new(
+                "target/release/examples/bare_extender"
+            ))
+        );
         assert!(
             Wrapper::try_parse_from(["replay", "--percentage-of-nodes-to-score", "101"]).is_err()
         );

@@ -140,7 +140,10 @@ pub async fn run_throughput(args: &ReplayArgs) -> Result<()> {
         t.node_count,
         started.elapsed().as_secs_f64()
     );
-    let extender = std::env::current_exe().context("finding the gpu-extender binary")?;
+    let extender = match &t.extender {
+        Some(program) => program.clone(),
+        None => std::env::current_exe().context("finding the gpu-extender binary")?,
+    };
     let mut measurements = Vec::new();
     // Round 0 warms up and is not reported: the first batch on a fresh plane (an empty watch
     // cache, a just-started extender and kube-scheduler) ran 10-20% slower than the rounds after
@@ -204,7 +207,10 @@ pub async fn run_throughput(args: &ReplayArgs) -> Result<()> {
     plane.stop_extender();
     let _ = plane.stop_scheduler();
     clean_up(&client, run_id).await?;
-    let report = report(&measurements, t.node_count);
+    let mut report = report(&measurements, t.node_count);
+    if let Some(program) = &t.extender {
+        writeln!(report, "the extender: {}", program.display())?;
+    }
     print!("{report}");
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
