@@ -452,6 +452,31 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn a_missing_throughput_extender_is_refused_before_anything_starts() {
+        let missing = std::env::temp_dir().join("gpu-extender-no-such-extender");
+        let args = Wrapper::try_parse_from([
+            "replay".as_ref(),
+            "--throughput".as_ref(),
+            "--throughput-extender".as_ref(),
+            missing.as_os_str(),
+            // A checkout without the control-plane script: had the check not come first, the
+            // run would fail there instead.
+            "--repo".as_ref(),
+            std::env::temp_dir().as_os_str(),
+        ])
+        .unwrap()
+        .args;
+        let error = crate::replay::throughput::run_throughput(&args)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("--throughput-extender") && error.contains("no such program"),
+            "{error}"
+        );
+    }
+
     #[test]
     fn the_command_line_is_consistent_and_parses() {
         Wrapper::command().debug_assert();

@@ -109,6 +109,15 @@ pub async fn run_throughput(args: &ReplayArgs) -> Result<()> {
         t.pod_count,
         t.node_count
     );
+    // Before anything starts: a wrong path would otherwise surface only after the plane and
+    // 1,000 nodes are up, as a failed start of the extender.
+    if let Some(program) = &t.extender {
+        ensure!(
+            program.is_file(),
+            "--throughput-extender {}: no such program (build it first, e.g. cargo build --release --example bare_extender)",
+            program.display()
+        );
+    }
     let cluster = Cluster::new(
         "throughput",
         (0..t.node_count)
