@@ -22,51 +22,51 @@ use axum::extract::State;
 use axum::routing::{get, post};
 use axum::serve::ListenerExt as _;
 use futures::StreamExt as _;
+use gpu_extender::http::wire::{ExtenderBindingArgs, ExtenderBindingResult};
 use gpu_extender::k8s::api::{BindingWrite, KubeApi, PodApi, kube_client};
+use gpu_extender::k8s::watch::LIVE_PODS;
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::watcher;
 use serde::Deserialize;
-use serde_json::json;
 
-/// The one field of `ExtenderArgs` it reads (`nodeCacheCapable: true` sends names).
+/// The one field of `ExtenderArgs` it reads (`nodeCacheCapable: true` sends names). Not the
+/// extender's `CandidateArgs`: that decodes the pod, which this extender means not to read.
 #[derive(Deserialize)]
 struct FilterArgs<'a> {
     #[serde(rename = "NodeNames", borrow, default)]
     node_names: Option<Vec<&'a str>>,
 }
 
-/// `ExtenderBindingArgs`.
-#[derive(Deserialize)]
-#[serde(rename_all = "PascalCase")]
-struct BindArgs {
-    pod_name: String,
-    pod_namespace: String,
-    #[serde(rename = "PodUID")]
-    pod_uid: String,
-    node: String,
+fn json<T: serde::Serialize>(answer: &T) -> String {
+    serde_json::to_string(answer).unwrap_or_default()
 }
 
+/// The smallest answer kube-scheduler accepts: the names and the error, no empty maps.
 async fn filter(body: Bytes) -> String {
     let answer = match serde_json::from_slice::<FilterArgs<'_>>(&body) {
         Ok(args) => {
             let first = args.node_names.as_deref().and_then(<[&str]>::first);
-            json!({ "NodeNames": first.into_iter().collect::<Vec<_>>(), "Error": "" })
+            serde_json::json!({ "NodeNames": first.into_iter().collect::<Vec<_>>(), "Error": "" })
         }
-        Err(error) => json!({ "Error": format!("cannot decode the filter body: {error}") }),
+        Err(error) => {
+            serde_json::json!({ "Error": format!("cannot decode the filter body: {error}") })
+        }
     };
     answer.to_string()
 }
 
 async fn bind(State(api): State<Arc<KubeApi>>, body: Bytes) -> String {
-    let args = match serde_json::from_slice::<BindArgs>(&body) {
+    let args = match serde_json::from_slice::<ExtenderBindingArgs>(&body) {
         Ok(args) => args,
         Err(error) => {
-            return json!({ "Error": format!("cannot decode the bind body: {error}") }).to_string();
+            return json(&ExtenderBindingResult {
+                error: format!("cannot decode the bind body: {error}"),
+            });
         }
     };
     // About the size of gpu-extender's record for a one-GPU pod, so that the pod the API server
     // stores and sends to every watcher weighs what it would.
-    let record = json!({
+    let record = serde_json::json!({
         "version": 1,
         "node": args.node,
         "podUid": args.pod_uid,
@@ -86,15 +86,12 @@ async fn bind(State(api): State<Arc<KubeApi>>, body: Bytes) -> String {
         Ok(()) => String::new(),
         Err(error) => error.to_string(),
     };
-    json!({ "Error": error }).to_string()
+    json(&ExtenderBindingResult { error })
 }
 
 /// Watches Pods and Nodes as gpu-extender does and drops what arrives.
 fn watch_and_drop(client: &kube::Client) {
-    let pods = gpu_extender::k8s::watch::pod_watch(
-        client.clone(),
-        "status.phase!=Succeeded,status.phase!=Failed",
-    );
+    let pods = gpu_extender::k8s::watch::pod_watch(client.clone(), LIVE_PODS);
     tokio::spawn(pods.for_each(|_| async {}));
     let nodes = watcher::watcher(kube::Api::<Node>::all(client.clone()), Default::default());
     tokio::spawn(nodes.for_each(|_| async {}));

@@ -249,7 +249,7 @@ async fn list(args: &ClusterArgs) -> anyhow::Result<(Vec<Node>, Vec<Pod>, kube::
         .context("listing nodes")?;
     // The same selection as the extender's pod watch: finished pods hold nothing.
     let pods = Api::<Pod>::all(client.clone())
-        .list(&ListParams::default().fields("status.phase!=Succeeded,status.phase!=Failed"))
+        .list(&ListParams::default().fields(crate::k8s::watch::LIVE_PODS))
         .await
         .context("listing pods")?;
     Ok((nodes.items, pods.items, client))

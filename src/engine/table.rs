@@ -280,8 +280,7 @@ impl Table {
             return Err(TableError::AlreadyAllocated(pod));
         }
         let node = self
-            .nodes
-            .get(allocation.node.as_str().as_bytes())
+            .node(&allocation.node)
             .ok_or_else(|| TableError::UnknownNode(allocation.node.clone()))?;
         let mut trial = node.clone();
         trial.add(&allocation);
@@ -301,10 +300,7 @@ impl Table {
     /// Frees whatever `pod` holds and returns it.
     pub fn release(&mut self, pod: &PodKey) -> Option<PodAllocation> {
         let entry = self.pods.remove(pod)?;
-        if let Some(node) = self
-            .nodes
-            .get_mut(entry.allocation.node.as_str().as_bytes())
-        {
+        if let Some(node) = self.node_mut(&entry.allocation.node) {
             node.remove(&entry.allocation);
         }
         if let Some(set) = self.pods_by_node.get_mut(&entry.allocation.node) {
@@ -342,7 +338,7 @@ impl Table {
     }
 
     fn insert(&mut self, pod: PodKey, allocation: PodAllocation, hold: Hold) {
-        if let Some(node) = self.nodes.get_mut(allocation.node.as_str().as_bytes()) {
+        if let Some(node) = self.node_mut(&allocation.node) {
             node.add(&allocation);
         }
         self.pods_by_node
@@ -360,6 +356,10 @@ impl Table {
     /// A node's state by name.
     pub fn node_by_str(&self, name: &str) -> Option<&NodeState> {
         self.nodes.get(name.as_bytes())
+    }
+
+    fn node_mut(&mut self, name: &NodeName) -> Option<&mut NodeState> {
+        self.nodes.get_mut(name.as_str().as_bytes())
     }
 
     /// Each of `names` with its node's state, looked up all before any is judged: the lookups

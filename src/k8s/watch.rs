@@ -750,6 +750,11 @@ pub fn slim_pod(pod: &Pod, cfg: &Config) -> Pod {
     }
 }
 
+/// The field selector of the pods the extender reads. Finished pods hold nothing: leaving them
+/// out of the list keeps it small, and a pod that finishes leaves the selection, which the watch
+/// reports as a delete.
+pub const LIVE_PODS: &str = "status.phase!=Succeeded,status.phase!=Failed";
+
 /// Runs the Node and Pod watchers into `feed` until both streams end (they do not, normally:
 /// errors are retried with kube-runtime's default backoff), and expires reservations every
 /// second on the `epoch` time base. Pods are watched in protobuf unless `watch.protobuf` is off.
@@ -764,17 +769,14 @@ pub async fn run(client: kube::Client, mut feed: Feed, epoch: Instant) {
         .default_backoff()
         .modify(|node| node.managed_fields_mut().clear())
         .map(|item| Item::Node(Box::new(item)));
-    // Finished pods hold nothing: leaving them out of the list keeps it small, and a pod that
-    // finishes leaves the selection, which the watch reports as a delete.
-    let selector = "status.phase!=Succeeded,status.phase!=Failed";
     let pods = if protobuf {
-        protobuf::pod_watch(client, selector)
+        protobuf::pod_watch(client, LIVE_PODS)
             .default_backoff()
             .boxed()
     } else {
         watch_stream(
             Api::<Pod>::all(client),
-            watcher::Config::default().fields(selector),
+            watcher::Config::default().fields(LIVE_PODS),
         )
         .default_backoff()
         .modify(|pod| pod.managed_fields_mut().clear())
