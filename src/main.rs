@@ -10,6 +10,7 @@ use gpu_extender::config::ConfigFlags;
 use gpu_extender::replay::ReplayArgs;
 use gpu_extender::service::{ServeArgs, serve};
 use gpu_extender::sim::generate::WorkloadArgs;
+use gpu_extender::sim::vary_cluster::ClusterArgs;
 use gpu_extender::sim::{SimArgs, run_cli};
 use gpu_extender::telemetry::tracing_setup::{self, LogFormat};
 
@@ -53,6 +54,9 @@ enum Command {
     /// of pod (model-constrained, sharing, multi-GPU, CPU-only), as the FGD paper built its
     /// variants.
     Workload(WorkloadArgs),
+    /// Build a harder cluster for `simulate --nodes` from an openb node list: a GPU model
+    /// removed, a sample of the nodes, CPU or memory scaled, big nodes split.
+    Cluster(ClusterArgs),
     /// Replay a trace through a real kube-apiserver, kube-scheduler and gpu-extender (a loopback
     /// plane, or --kubeconfig), or measure kube-scheduler's throughput with and without the
     /// extender (--throughput).
@@ -84,7 +88,8 @@ fn main() -> ExitCode {
         | Command::Simulate(_)
         | Command::Replay(_)
         | Command::NodeAgent(_)
-        | Command::Workload(_) => "info",
+        | Command::Workload(_)
+        | Command::Cluster(_) => "info",
     };
     tracing_setup::init(cli.log_format, default_level);
     match cli.command {
@@ -119,6 +124,13 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
                 eprintln!("gpu-extender workload: {error:#}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Cluster(args) => match gpu_extender::sim::vary_cluster::run_cli(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("gpu-extender cluster: {error:#}");
                 ExitCode::FAILURE
             }
         },

@@ -239,6 +239,105 @@ fn simulate_says_where_it_wrote() {
 }
 
 #[test]
+fn cluster_writes_a_node_list_that_simulate_replays() {
+    let dir = scratch("cluster");
+    std::fs::write(
+        dir.join("openb_node_list_gpu_node.csv"),
+        "sn,cpu_milli,memory_mib,gpu,model\n\
+         n0,96000,393216,8,G2\nn1,104000,524288,2,T4\nn2,104000,524288,2,T4\nn3,16000,122880,2,P100\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("openb_pod_list_tiny.csv"),
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n\
+         p0,4000,8192,1,1000,\np1,2000,4096,1,500,\np2,8000,16384,2,1000,\np3,1000,2048,0,0,\n",
+    )
+    .unwrap();
+    let trace_dir = dir.to_str().unwrap();
+    let made = command(
+        &dir,
+        &[
+            "cluster",
+            "--trace-dir",
+            trace_dir,
+            "--change",
+            "without=T4",
+            "--change",
+            "cpu=0.5",
+            "--out",
+            "out",
+            "--name",
+            "small",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(made.status.success(), "{}", stderr(&made));
+    let written = dir.join("out/openb_node_list_small.csv");
+    let said = stdout(&made);
+    assert!(
+        said.contains("out/openb_node_list_small.csv: 2 nodes, 10 GPUs, 5.6 cores")
+            && said.contains("4 nodes, 14 GPUs"),
+        "{said}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&written).unwrap(),
+        "sn,cpu_milli,memory_mib,gpu,model\nn0,48000,393216,8,G2\nn3,8000,122880,2,P100\n"
+    );
+    let nodes = written.to_str().unwrap();
+    let replayed = command(
+        &dir,
+        &[
+            "simulate",
+            "--trace-dir",
+            trace_dir,
+            "--nodes",
+            nodes,
+            "--trace",
+            "tiny",
+            "--seeds",
+            "1",
+            "--policies",
+            "fgd,fgd-plus",
+            "--quiet",
+            "--out",
+            "sim",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(replayed.status.success(), "{}", stderr(&replayed));
+    let runs = std::fs::read_to_string(dir.join("sim/runs.csv")).unwrap();
+    assert_eq!(runs.lines().count(), 3, "{runs}");
+
+    // A model no node has is refused, naming the models there are; nothing is written.
+    let refused = command(
+        &dir,
+        &[
+            "cluster",
+            "--trace-dir",
+            trace_dir,
+            "--change",
+            "without=A100",
+            "--out",
+            "bad",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(!refused.status.success());
+    let err = stderr(&refused);
+    assert!(
+        err.contains(
+            "gpu-extender cluster: without=A100: no node has that model (models: G2, P100, T4)"
+        ),
+        "{err}"
+    );
+    assert!(!dir.join("bad").exists());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn simulate_replays_kube_scheduler_s_window_only_for_a_percentage_it_accepts() {
     let refused = run(&["simulate", "--percentage-of-nodes-to-score", "101"]);
     assert!(!refused.status.success());

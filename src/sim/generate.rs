@@ -349,6 +349,14 @@ fn pod_list(dir: &Path, name: &str) -> anyhow::Result<Workload> {
     Ok(load::load_workload(&path)?)
 }
 
+/// Writes `text` as `file` in `out` (created if missing); returns the file's path.
+pub(super) fn write_into(out: &Path, file: &str, text: &str) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let path = out.join(file);
+    std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(path)
+}
+
 /// The `workload` command: writes the variant and prints its shares beside the source's.
 pub fn run_cli(args: WorkloadArgs) -> anyhow::Result<()> {
     let raise = args.raise.as_deref().map(Raise::parse).transpose()?;
@@ -382,11 +390,11 @@ pub fn run_cli(args: WorkloadArgs) -> anyhow::Result<()> {
         .name
         .clone()
         .unwrap_or_else(|| format!("{}-{}-s{}", source.name, tags.join("-"), args.seed));
-    std::fs::create_dir_all(&args.out)
-        .with_context(|| format!("cannot create {}", args.out.display()))?;
-    let path = args.out.join(format!("openb_pod_list_{name}.csv"));
-    std::fs::write(&path, openb_csv(&pods)?)
-        .with_context(|| format!("cannot write {}", path.display()))?;
+    let path = write_into(
+        &args.out,
+        &format!("openb_pod_list_{name}.csv"),
+        &openb_csv(&pods)?,
+    )?;
     let (before, after) = (Shares::of(source.pods()), Shares::of(&pods));
     println!(
         "{}: {} pods (source {}: {}); constrained {:.1}% of GPU pods (was {:.1}%), sharing {:.1}% of GPU demand (was {:.1}%), multi-GPU {:.1}% (was {:.1}%), CPU-only CPU {} milli (was {})",

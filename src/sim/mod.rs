@@ -17,6 +17,7 @@ pub mod protocol;
 pub mod replay;
 pub mod report;
 pub mod trace;
+pub mod vary_cluster;
 pub mod window;
 
 pub use cli::{SimArgs, TraceInputs, run_cli};
