@@ -4,6 +4,7 @@
 //! checked on others. Pure: a cluster, changes and a seed in, nodes out; the `cluster` command
 //! (`run_cli`) reads the inputs and writes an openb node CSV for `simulate --nodes`.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
@@ -122,51 +123,45 @@ pub fn vary(cluster: &Cluster, changes: &[Change], seed: u64) -> anyhow::Result<
     let mut rng = GoRand::new(seed as i64);
     let mut nodes: Vec<SimNode> = cluster.nodes().to_vec();
     for change in changes {
-        nodes = match change {
+        match change {
             Change::Without(model) => {
                 if !nodes.iter().any(|node| &node.model == model) {
-                    let mut models: Vec<&str> = nodes
+                    let models: BTreeSet<&str> = nodes
                         .iter()
                         .map(|node| node.model.as_str())
                         .filter(|model| !model.is_empty())
                         .collect();
-                    models.sort_unstable();
-                    models.dedup();
+                    let models: Vec<&str> = models.into_iter().collect();
                     bail!(
                         "without={model}: no node has that model (models: {})",
                         models.join(", ")
                     );
                 }
-                nodes
-                    .into_iter()
-                    .filter(|node| &node.model != model)
-                    .collect()
+                nodes.retain(|node| &node.model != model);
             }
             Change::Keep(share) => {
                 let keep = ((nodes.len() as f64 * share).round() as usize).max(1);
                 let mut chosen: Vec<usize> = rng.perm(nodes.len()).into_iter().take(keep).collect();
                 chosen.sort_unstable();
-                chosen
+                nodes = chosen
                     .into_iter()
                     .map(|index| nodes[index].clone())
-                    .collect()
+                    .collect();
             }
-            Change::Cpu(factor) => nodes
-                .into_iter()
-                .map(|node| SimNode {
-                    cpu: CpuMilli(scaled(node.cpu.0, *factor)),
-                    ..node
-                })
-                .collect(),
-            Change::Memory(factor) => nodes
-                .into_iter()
-                .map(|node| SimNode {
-                    memory: MemMiB(scaled(node.memory.0, *factor)),
-                    ..node
-                })
-                .collect(),
-            Change::Split(most) => nodes.iter().flat_map(|node| split(node, *most)).collect(),
-        };
+            Change::Cpu(factor) => {
+                for node in &mut nodes {
+                    node.cpu = CpuMilli(scaled(node.cpu.0, *factor));
+                }
+            }
+            Change::Memory(factor) => {
+                for node in &mut nodes {
+                    node.memory = MemMiB(scaled(node.memory.0, *factor));
+                }
+            }
+            Change::Split(most) => {
+                nodes = nodes.iter().flat_map(|node| split(node, *most)).collect();
+            }
+        }
     }
     let varied = Cluster::new(cluster.name.clone(), nodes);
     if varied.gpu_count() == 0 {
