@@ -77,6 +77,17 @@ fn scarcity_measured_now_is_a_knob_of_fgd_plus() {
 }
 
 #[test]
+fn the_host_slack_is_a_knob_of_fgd_plus() {
+    let default = SimPolicy::parse("fgd-plus").unwrap();
+    assert_eq!(SimPolicy::parse("fgd-plus:hostslack=10").unwrap(), default);
+    let whole = SimPolicy::parse("fgd-plus:hostslack=0").unwrap();
+    assert_ne!(whole, default);
+    assert_eq!(whole.name(), "fgd-plus:hostslack=0");
+    assert_eq!(SimPolicy::parse(&whole.name()).unwrap(), whole);
+    assert!(SimPolicy::parse("fgd-plus:hostslack=some").is_none());
+}
+
+#[test]
 fn a_seed_replays_identically() {
     let prepared = example();
     for policy in [

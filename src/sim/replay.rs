@@ -120,6 +120,7 @@ impl SimPolicy {
                     "reserve" => tuning.reserve = number()?,
                     "scarce" => tuning.scarce = number()?,
                     "shape" => tuning.scarce_shape = number()?,
+                    "hostslack" => tuning.host_slack = number()?,
                     "scarcity" => {
                         tuning.scarcity = match value {
                             "empty" => Scarcity::Empty,
@@ -175,6 +176,7 @@ fn tuning_knobs(tuning: &fgd_plus::Tuning) -> Vec<String> {
         ("reserve", tuning.reserve, default.reserve),
         ("scarce", tuning.scarce, default.scarce),
         ("shape", tuning.scarce_shape, default.scarce_shape),
+        ("hostslack", tuning.host_slack, default.host_slack),
     ];
     for (key, value, default) in numbers {
         if value != default {

@@ -48,6 +48,12 @@ pub struct TypicalPods {
     /// is given. Their access masks follow the typical classes' in
     /// [`TypicalPods::access_masks`].
     scarce: Vec<(TypicalPod, f64)>,
+    /// The host CPU (milli-cores) and memory (MiB) the classes ask per GPU they ask, typical
+    /// and rare, CPU-only pods counting their CPU and memory and no GPU; zeros when no class
+    /// asks for a GPU.
+    asked_per_gpu: (f64, f64),
+    /// [`TypicalPods::host_slack`]; `None` until a cluster is given.
+    host_slack: Option<f64>,
 }
 
 impl TypicalPods {
@@ -70,11 +76,14 @@ impl TypicalPods {
             }
         }
         let sliver_values = sliver_values(&pods);
+        let asked_per_gpu = asked_per_gpu(pods.iter().chain(&rare));
         Self {
             pods,
             sliver_values,
             rare,
             scarce: Vec::new(),
+            asked_per_gpu,
+            host_slack: None,
         }
     }
 
@@ -122,11 +131,40 @@ impl TypicalPods {
                 (excess >= MIN_EXCESS_SCARCITY).then(|| (pod.clone(), pod.weight * excess))
             })
             .collect();
-        if scarce == self.scarce {
+        let host_slack = self.slack_of(census);
+        if scarce == self.scarce && host_slack == self.host_slack {
             return false;
         }
         self.scarce = scarce;
+        self.host_slack = host_slack;
         true
+    }
+
+    /// How much of the cluster's host CPU and memory is spare beside its GPUs: over every node,
+    /// what its CPU exceeds its GPUs' share of the classes' CPU ask by (the CPU they ask per GPU
+    /// they ask, CPU-only pods included), as a fraction of that ask for every GPU of the
+    /// cluster; the same of memory; whichever is less. FGD+'s host term steers CPU-heavy pods
+    /// to that spare CPU; where a cluster has almost none, the only spare CPU is on idle nodes
+    /// and the steering opens them (docs/policies.md, "Host slack"). `None` until a cluster is
+    /// given ([`TypicalPods::with_cluster`]) or when no class asks for a GPU.
+    pub fn host_slack(&self) -> Option<f64> {
+        self.host_slack
+    }
+
+    /// [`TypicalPods::host_slack`] of the census's nodes.
+    fn slack_of(&self, census: &ScarcityCensus) -> Option<f64> {
+        let (cpu, memory) = self.asked_per_gpu;
+        if census.total == 0 || (cpu <= 0.0 && memory <= 0.0) {
+            return None;
+        }
+        let share = |spare: u64, per_gpu: f64| {
+            if per_gpu > 0.0 {
+                spare as f64 / (per_gpu * census.total as f64)
+            } else {
+                f64::INFINITY
+            }
+        };
+        Some(share(census.cpu_slack, cpu).min(share(census.memory_slack, memory)))
     }
 
     /// Each scarce class with its weight times its excess scarcity
@@ -183,22 +221,7 @@ impl TypicalPods {
     /// The typical GPU pod's CPU (milli-cores) and memory (MiB) per whole GPU it uses; zeros
     /// when the distribution has no GPU pods.
     pub fn host_per_gpu(&self) -> (f64, f64) {
-        let (cpu, mem, gpu) = self.pods.iter().filter(|pod| pod.milli > 0).fold(
-            (0.0, 0.0, 0.0),
-            |(cpu, mem, gpu), pod| {
-                let gpus = f64::from(pod.gpus) * f64::from(pod.milli) / 1000.0;
-                (
-                    cpu + pod.weight * pod.cpu.0 as f64,
-                    mem + pod.weight * pod.memory.0 as f64,
-                    gpu + pod.weight * gpus,
-                )
-            },
-        );
-        if gpu > 0.0 {
-            (cpu / gpu, mem / gpu)
-        } else {
-            (0.0, 0.0)
-        }
+        asked_per_gpu(self.pods.iter().filter(|pod| pod.milli > 0))
     }
 
     /// The reference construction: classes in the given order (most frequent first; the caller
@@ -553,6 +576,24 @@ pub enum Scarcity {
     Now,
 }
 
+/// The host CPU (milli-cores) and memory (MiB) `classes` ask per GPU they ask, by weight; CPU-only
+/// classes count their CPU and memory and no GPU. Zeros when none asks for a GPU.
+fn asked_per_gpu<'a>(classes: impl Iterator<Item = &'a TypicalPod>) -> (f64, f64) {
+    let (cpu, memory, gpus) = classes.fold((0.0, 0.0, 0.0), |(cpu, memory, gpus), pod| {
+        let asked = f64::from(pod.gpus) * f64::from(pod.milli) / 1000.0;
+        (
+            cpu + pod.weight * pod.cpu.0 as f64,
+            memory + pod.weight * pod.memory.0 as f64,
+            gpus + pod.weight * asked,
+        )
+    });
+    if gpus > 0.0 {
+        (cpu / gpus, memory / gpus)
+    } else {
+        (0.0, 0.0)
+    }
+}
+
 /// The cluster's GPUs over the GPUs of the nodes that can run a class, less one (0 when no
 /// node can: no placement can keep room for it).
 fn excess_scarcity(total: u64, capacity: u64) -> f64 {
@@ -588,6 +629,10 @@ fn grown(empty: f64, now: f64) -> f64 {
 pub struct ScarcityCensus {
     how: Scarcity,
     total: u64,
+    /// The nodes' CPU (milli-cores) and memory (MiB) beyond their GPUs' share of the classes'
+    /// ask, for [`TypicalPods::host_slack`].
+    cpu_slack: u64,
+    memory_slack: u64,
     empty: Vec<u64>,
     now: Vec<u64>,
 }
@@ -603,6 +648,8 @@ impl ScarcityCensus {
         let mut census = Self {
             how,
             total: 0,
+            cpu_slack: 0,
+            memory_slack: 0,
             empty: vec![0; classes],
             now: vec![0; classes],
         };
@@ -624,25 +671,35 @@ impl ScarcityCensus {
 
     fn count(&mut self, typical: &TypicalPods, node: &NodeState, add: bool) {
         let gpus = node.gpus.len() as u64;
-        let apply = |value: &mut u64| {
+        let apply = |value: &mut u64, amount: u64| {
             *value = if add {
-                value.saturating_add(gpus)
+                value.saturating_add(amount)
             } else {
-                value.saturating_sub(gpus)
+                value.saturating_sub(amount)
             };
         };
-        apply(&mut self.total);
+        apply(&mut self.total, gpus);
+        let (cpu_per_gpu, memory_per_gpu) = typical.asked_per_gpu;
+        // Rounded down to whole units, so that taking a node out subtracts what putting it in
+        // added.
+        let spare =
+            |capacity: u64, per_gpu: f64| (capacity as f64 - per_gpu * gpus as f64).max(0.0) as u64;
+        apply(&mut self.cpu_slack, spare(node.spec.cpu.0, cpu_per_gpu));
+        apply(
+            &mut self.memory_slack,
+            spare(node.spec.memory.0, memory_per_gpu),
+        );
         // Only the current measure looks at which GPUs have room.
         let all = (self.how != Scarcity::Empty).then(|| every_position(node));
         let classes = typical.pods.iter().chain(&typical.rare);
         let counts = self.empty.iter_mut().zip(self.now.iter_mut());
         for (pod, (empty, now)) in classes.zip(counts) {
             if runs_empty(pod, node) {
-                apply(empty);
+                apply(empty, gpus);
                 if let Some(all) = all
                     && runs_now(pod, node, all)
                 {
-                    apply(now);
+                    apply(now, gpus);
                 }
             }
         }
@@ -882,6 +939,38 @@ mod tests {
             .iter()
             .find(|(scarce, _)| scarce == pod)
             .map_or(0.0, |(_, weight)| *weight)
+    }
+
+    #[test]
+    fn host_slack_is_the_cpu_beyond_what_each_node_s_gpus_ask() {
+        let typical = mixed_classes();
+        assert_eq!(typical.host_slack(), None, "no cluster given");
+        // The classes ask 162 cores per 19.5 GPUs (weights 5, 3, 1, 1, 1, 2; the CPU-only
+        // class's CPU counts), 8.31 per GPU, and no memory. Beyond that ask: 61.5 cores on
+        // each 128-core V100 node, none on the 8-GPU T4 nodes (64 cores), none on the 4-GPU
+        // ones (32 cores); as a share of the ask for all 64 GPUs.
+        let per_gpu = 162.0 / 19.5;
+        let measured = typical.with_cluster(&mixed_cluster());
+        let spare = 2.0 * (128.0 - 8.0 * per_gpu);
+        let expected = spare / (64.0 * per_gpu);
+        let slack = measured.host_slack().unwrap();
+        assert!((slack - expected).abs() < 1e-5, "{slack} vs {expected}");
+        // The census follows the nodes: without the V100 nodes no CPU is spare.
+        let mut fewer = measured.clone();
+        let census = ScarcityCensus::of(&fewer, Scarcity::Empty, &mixed_cluster()[2..]);
+        assert!(fewer.set_census(&census));
+        assert_eq!(fewer.host_slack(), Some(0.0));
+        // Memory decides when it is the scarcer: each GPU asks exactly its node's share.
+        let mut hungry = class(4_000, 1, 1000, 1.0);
+        hungry.memory = MemMiB((1 << 20) / 8);
+        let hungry = TypicalPods::new(vec![hungry]).with_cluster(&mixed_cluster()[..6]);
+        assert_eq!(hungry.host_slack(), Some(0.0));
+        // Taking a node out of the census and putting it back restores the measure.
+        let mut census = ScarcityCensus::of(&measured, Scarcity::Now, &mixed_cluster());
+        let nodes = mixed_cluster();
+        census.remove(&measured, &nodes[0]);
+        census.add(&measured, &nodes[0]);
+        assert_eq!(census, ScarcityCensus::of(&measured, Scarcity::Now, &nodes));
     }
 
     #[test]

@@ -43,6 +43,10 @@ pub struct Tuning {
     pub reserve: u32,
     /// How host stranding is measured: against the mean typical pod, or per class.
     pub host_by: HostBy,
+    /// Host slack ([`TypicalPods::host_slack`], hundredths) from which the host term has its
+    /// whole weight; below it the weight shrinks in proportion, to none without slack. 0 gives
+    /// the term its whole weight on every cluster.
+    pub host_slack: u32,
     /// Weight (hundredths) of the fragmentation of the scarce classes that name GPU models
     /// ([`TypicalPods::scarce_fragmentation`]); 0 turns it off.
     pub scarce: u32,
@@ -55,6 +59,18 @@ pub struct Tuning {
 }
 
 impl Tuning {
+    /// The host term's weight (hundredths) on a cluster with host slack `slack`
+    /// ([`TypicalPods::host_slack`]; `None`, not measured: the whole weight).
+    pub fn host_weight_at(&self, slack: Option<f64>) -> f64 {
+        let weight = f64::from(self.host_weight);
+        match slack {
+            Some(slack) if self.host_slack > 0 => {
+                weight * (100.0 * slack / f64::from(self.host_slack)).clamp(0.0, 1.0)
+            }
+            _ => weight,
+        }
+    }
+
     /// Whether either kind of scarce class is weighed.
     pub fn weighs_scarcity(&self) -> bool {
         self.scarce > 0 || self.scarce_shape > 0
@@ -85,6 +101,15 @@ impl Default for Tuning {
             tie_break: TieBreak::UsedNodes,
             reserve: 0,
             host_by: HostBy::Mean,
+            // The host term steers CPU-heavy pods to the CPU that exceeds what the GPUs beside
+            // it need. On a cluster with almost none of that (the trace's nodes without the
+            // 104-core T4 nodes: host slack 0.02, against 0.36 on the whole trace and 0.11 to
+            // 0.23 with CPU scaled down to 0.5-0.75) the only spare CPU is on idle 8-GPU nodes;
+            // the whole weight opened them, and `fgd-plus` fell up to 0.93 below FGD at 74-90%
+            // arrival. In proportion up to a slack of 0.1 it is >= FGD at every arrival there
+            // (seeds 42..51), and every cluster measured with more slack is scored exactly as
+            // before (docs/policies.md, "Host slack").
+            host_slack: 10,
             // 10, not the 5 of the first sweeps: at 5 the T4-only workload fell 0.03 below
             // FGD at 93% arrival on seeds 52..61 (its T4-only pods outgrow the T4 GPUs from
             // about 80%). At 10 it is >= FGD at every arrival bin on all 30 workloads and
@@ -306,7 +331,8 @@ pub fn score_taking(
     let mem_after = MemMiB(node.mem_free().0.saturating_sub(taking.memory.0));
     let mut reduction = fragmentation(typical, tuning, node.cpu_free(), before, &access)
         - fragmentation(typical, tuning, cpu_after, after, &access);
-    if tuning.host_weight > 0 {
+    let host_weight = tuning.host_weight_at(typical.host_slack());
+    if host_weight > 0.0 {
         let (stranded_before, stranded_after) = match tuning.host_by {
             HostBy::Mean => (
                 host_stranded(typical, node.cpu_free(), node.mem_free(), before),
@@ -326,7 +352,7 @@ pub fn score_taking(
                 )
             }
         };
-        reduction += f64::from(tuning.host_weight) / 100.0 * (stranded_before - stranded_after);
+        reduction += host_weight / 100.0 * (stranded_before - stranded_after);
     }
     let node_idle = node.gpus.iter().all(|usage| usage.is_idle());
     if taking.gpus && node_idle {
@@ -392,6 +418,26 @@ mod tests {
         )
     }
 
+    /// An idle 2-GPU T4 node with `cpu` milli-cores and memory to spare.
+    fn two_gpu_node(cpu: u64) -> NodeState {
+        NodeState::new(
+            NodeSpec::uniform("n", GpuMode::CoreMem, 2, "T4", MemMiB(0)).with_host(
+                CpuMilli(cpu),
+                MemMiB(1 << 30),
+                1001,
+            ),
+        )
+    }
+
+    /// One-GPU pods of 12 cores and CPU-only pods of 8, alike in number: 20 cores asked per
+    /// GPU asked.
+    fn gpu_and_cpu_only_pods() -> TypicalPods {
+        TypicalPods::new(vec![
+            class(12_000, 0, 1, 1000, 1.0),
+            class(8_000, 0, 0, 0, 1.0),
+        ])
+    }
+
     #[test]
     fn demand_weighting_makes_big_pods_count_for_their_gpus() {
         // 90% of pods are 100-milli shares, 10% take 8 whole GPUs.
@@ -431,25 +477,61 @@ mod tests {
     }
 
     #[test]
-    fn cpu_only_pods_go_where_cpu_is_plentiful() {
-        let typical = TypicalPods::new(vec![
-            class(12_000, 0, 1, 1000, 1.0),
-            class(8_000, 0, 0, 0, 1.0),
-        ]);
-        let policy = Policy::scoring(ScoringPolicy::FgdPlus).with_typical(typical);
-        let node = |cpu: u64| {
-            NodeState::new(
-                NodeSpec::uniform("n", GpuMode::CoreMem, 2, "T4", MemMiB(0)).with_host(
-                    CpuMilli(cpu),
-                    MemMiB(1 << 30),
-                    1001,
-                ),
-            )
+    fn the_host_weight_grows_with_the_host_slack() {
+        let tuning = Tuning::default();
+        let whole = f64::from(tuning.host_weight);
+        assert_eq!(
+            tuning.host_weight_at(None),
+            whole,
+            "not measured: whole weight"
+        );
+        assert_eq!(tuning.host_weight_at(Some(0.0)), 0.0);
+        assert!((tuning.host_weight_at(Some(0.05)) - whole / 2.0).abs() < 1e-9);
+        assert!((tuning.host_weight_at(Some(0.1)) - whole).abs() < 1e-9);
+        assert_eq!(tuning.host_weight_at(Some(0.36)), whole);
+        let unscaled = Tuning {
+            host_slack: 0,
+            ..tuning
         };
+        assert_eq!(unscaled.host_weight_at(Some(0.0)), whole);
+    }
+
+    #[test]
+    fn where_no_node_has_cpu_to_spare_beside_its_gpus_the_host_term_is_off() {
+        let typical = gpu_and_cpu_only_pods();
+        let pod = PodRequest::single(CpuMilli(8_000), MemMiB(1024), GpuDemand::None);
+        let score = |typical: &TypicalPods, host_weight: u32| {
+            let policy = Policy {
+                fgd_plus: Tuning {
+                    host_weight,
+                    ..Tuning::default()
+                },
+                ..Policy::scoring(ScoringPolicy::FgdPlus)
+            }
+            .with_typical(typical.clone());
+            policy.evaluate(&two_gpu_node(24_000), &pod).unwrap().score
+        };
+        // A 128-core node has 88 cores beyond its GPUs' 40: slack 88 / 80 = 1.1 of the
+        // cluster's ask. The host term charges the CPU taken from GPUs that need it.
+        let spare = typical
+            .clone()
+            .with_cluster(&[two_gpu_node(128_000), two_gpu_node(24_000)]);
+        assert_eq!(spare.host_slack(), Some(1.1));
+        assert!(score(&spare, 900) < score(&spare, 0));
+        // No node has more than its GPUs ask: nowhere to steer CPU-heavy pods to.
+        let tight = typical.with_cluster(&[two_gpu_node(40_000), two_gpu_node(24_000)]);
+        assert_eq!(tight.host_slack(), Some(0.0));
+        assert_eq!(score(&tight, 900), score(&tight, 0));
+    }
+
+    #[test]
+    fn cpu_only_pods_go_where_cpu_is_plentiful() {
+        let typical = gpu_and_cpu_only_pods();
+        let policy = Policy::scoring(ScoringPolicy::FgdPlus).with_typical(typical);
         let pod = PodRequest::single(CpuMilli(8_000), MemMiB(1024), GpuDemand::None);
         // 104 cores for 2 GPUs have CPU to spare; 24 cores are exactly what the GPUs need.
-        let rich = policy.evaluate(&node(104_000), &pod).unwrap().score;
-        let tight = policy.evaluate(&node(24_000), &pod).unwrap().score;
+        let rich = policy.evaluate(&two_gpu_node(104_000), &pod).unwrap().score;
+        let tight = policy.evaluate(&two_gpu_node(24_000), &pod).unwrap().score;
         assert!(rich > tight, "{rich} vs {tight}");
     }
 
