@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use prometheus::{Histogram, HistogramOpts, Registry};
 
-use crate::engine::Hold;
+use crate::engine::{Hold, ScoringPolicy};
 use crate::inspect::{self, ClusterReport};
 use crate::state::{ClusterState, PolicyCell};
 
@@ -131,6 +131,11 @@ const TYPICAL_PODS_LEARNED_FROM: Family = gauge(
     "Pods the typical-pod distribution was last learned from (policy.typicalPods.learn).",
     &[],
 );
+const FGD_PLUS_HOST_WEIGHT: Family = gauge(
+    "gpu_extender_fgd_plus_host_weight",
+    "Weight of FGD+'s host-stranding term in force: whole (9) from a host slack of 0.1, less in proportion below; 0 unless scoring is fgd-plus.",
+    &[],
+);
 const WATCH_ERRORS: Family = counter(
     "gpu_extender_watch_errors_total",
     "Node and pod watch errors, each retried with backoff.",
@@ -214,7 +219,7 @@ const REBUILD_HELP: &str =
     "Time to apply one full list of nodes or of pods to the allocation table.";
 
 /// Every family written from the state (the rebuild histogram aside: a registered metric).
-const FAMILIES: [&Family; 30] = [
+const FAMILIES: [&Family; 31] = [
     &TABLE_NODES,
     &TABLE_PODS,
     &RESERVATIONS_OUTSTANDING,
@@ -223,6 +228,7 @@ const FAMILIES: [&Family; 30] = [
     &NODES_WITH_PROBLEMS,
     &TYPICAL_POD_CLASSES,
     &TYPICAL_PODS_LEARNED_FROM,
+    &FGD_PLUS_HOST_WEIGHT,
     &WATCH_ERRORS,
     &RESERVATIONS_EXPIRED,
     &RELISTS,
@@ -323,6 +329,12 @@ impl StateCollector {
             &TYPICAL_PODS_LEARNED_FROM,
             whole(self.policy.learned_from()),
         );
+        let host_weight = if policy.scoring == ScoringPolicy::FgdPlus {
+            policy.fgd_plus.host_weight_at(policy.typical.host_slack()) / 100.0
+        } else {
+            0.0
+        };
+        single(out, &FGD_PLUS_HOST_WEIGHT, host_weight);
         single(out, &WATCH_ERRORS, stats.watch_errors as f64);
         single(
             out,
@@ -652,6 +664,61 @@ mod tests {
         });
         built.set_metric(metrics);
         built
+    }
+
+    #[test]
+    fn the_host_term_s_weight_in_force_is_exported() {
+        use crate::engine::policy::fgd::{TypicalPod, TypicalPods};
+        use crate::engine::{CpuMilli, MemMiB, NodeSpec, ScoringPolicy};
+        let node = |name: &str, cpu: u64| {
+            NodeSpec::uniform(name, GpuMode::CoreMem, 2, "T4", MemMiB(0)).with_host(
+                CpuMilli(cpu),
+                MemMiB(1 << 20),
+                110,
+            )
+        };
+        let scrape = |cpus: &[u64], scoring| {
+            let mut table = Table::new(20);
+            for (index, &cpu) in cpus.iter().enumerate() {
+                table.apply(Change::UpsertNode(node(&format!("n{index}"), cpu)));
+            }
+            // One-GPU pods of 12 cores.
+            let typical = TypicalPods::new(vec![TypicalPod {
+                cpu: CpuMilli(12_000),
+                memory: MemMiB(0),
+                gpus: 1,
+                milli: 1000,
+                models: Vec::new(),
+                weight: 1.0,
+            }])
+            .with_cluster(table.nodes());
+            let policy = Policy {
+                typical,
+                ..Policy::scoring(scoring)
+            };
+            let metrics = Metrics::new().unwrap();
+            let cluster = Arc::new(ClusterState::with_table(table));
+            metrics
+                .watch_state(cluster, PolicyCell::from(policy))
+                .unwrap();
+            metrics.render().unwrap()
+        };
+        let weight = |text: &str| {
+            text.lines()
+                .find_map(|line| line.strip_prefix("gpu_extender_fgd_plus_host_weight "))
+                .map(|value| value.parse::<f64>().unwrap())
+        };
+        // Every node's CPU is what its GPUs ask: no slack, the term is off.
+        let tight = scrape(&[24_000, 24_000], ScoringPolicy::FgdPlus);
+        assert_eq!(weight(&tight), Some(0.0), "{tight}");
+        // 2.4 cores beyond the ask of 96 for 8 GPUs: slack 0.025, a quarter of the weight.
+        let thin = scrape(&[26_400, 24_000, 24_000, 24_000], ScoringPolicy::FgdPlus);
+        assert!((weight(&thin).unwrap() - 9.0 / 4.0).abs() < 1e-9, "{thin}");
+        let ample = scrape(&[128_000, 24_000], ScoringPolicy::FgdPlus);
+        assert_eq!(weight(&ample), Some(9.0), "{ample}");
+        // Other scoring policies have no host term.
+        let binpack = scrape(&[128_000, 24_000], ScoringPolicy::Binpack);
+        assert_eq!(weight(&binpack), Some(0.0), "{binpack}");
     }
 
     #[test]
