@@ -407,10 +407,10 @@ mod tests {
         }
     }
 
-    /// An idle 8-GPU node with `cpu` milli-cores and memory to spare.
-    fn eight_gpu_node(cpu: u64) -> NodeState {
+    /// An idle node of `gpus` GPUs of `model` with `cpu` milli-cores and memory to spare.
+    fn idle_node(gpus: u16, model: &str, cpu: u64) -> NodeState {
         NodeState::new(
-            NodeSpec::uniform("n", GpuMode::CoreMem, 8, "G2", MemMiB(0)).with_host(
+            NodeSpec::uniform("n", GpuMode::CoreMem, gpus, model, MemMiB(0)).with_host(
                 CpuMilli(cpu),
                 MemMiB(1 << 30),
                 1001,
@@ -418,15 +418,14 @@ mod tests {
         )
     }
 
+    /// An idle 8-GPU node with `cpu` milli-cores and memory to spare.
+    fn eight_gpu_node(cpu: u64) -> NodeState {
+        idle_node(8, "G2", cpu)
+    }
+
     /// An idle 2-GPU T4 node with `cpu` milli-cores and memory to spare.
     fn two_gpu_node(cpu: u64) -> NodeState {
-        NodeState::new(
-            NodeSpec::uniform("n", GpuMode::CoreMem, 2, "T4", MemMiB(0)).with_host(
-                CpuMilli(cpu),
-                MemMiB(1 << 30),
-                1001,
-            ),
-        )
+        idle_node(2, "T4", cpu)
     }
 
     /// One-GPU pods of 12 cores and CPU-only pods of 8, alike in number: 20 cores asked per
@@ -542,13 +541,7 @@ mod tests {
         v100_only.models = vec![crate::engine::ModelPattern::parse("V100").unwrap()];
         let typical = TypicalPods::new(vec![class(1000, 0, 1, 1000, 1.0), v100_only]);
         let node = |model: &str| {
-            let mut node = NodeState::new(
-                NodeSpec::uniform("n", GpuMode::CoreMem, 2, model, MemMiB(0)).with_host(
-                    CpuMilli(64_000),
-                    MemMiB(1 << 30),
-                    1001,
-                ),
-            );
+            let mut node = idle_node(2, model, 64_000);
             // One GPU already in use, so that the idle-node charge plays no part.
             let first = PodRequest::single(CpuMilli(0), MemMiB(0), GpuDemand::Whole { count: 1 });
             let policy = Policy::scoring(ScoringPolicy::FgdPlus);
@@ -593,15 +586,7 @@ mod tests {
     #[test]
     fn a_class_scarce_by_model_is_scaled_by_the_model_weight_only() {
         // One V100 node among four 8-GPU nodes: a V100-only pod runs on a quarter of the GPUs.
-        let node = |model: &str| {
-            NodeState::new(
-                NodeSpec::uniform("n", GpuMode::CoreMem, 8, model, MemMiB(0)).with_host(
-                    CpuMilli(96_000),
-                    MemMiB(1 << 30),
-                    1001,
-                ),
-            )
-        };
+        let node = |model: &str| idle_node(8, model, 96_000);
         let v100 = node("V100");
         let t4 = node("T4");
         let mut v100_only = class(4_000, 0, 1, 1000, 1.0);
