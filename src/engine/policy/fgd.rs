@@ -960,6 +960,19 @@ mod tests {
         let census = ScarcityCensus::of(&fewer, Scarcity::Empty, &mixed_cluster()[2..]);
         assert!(fewer.set_census(&census));
         assert_eq!(fewer.host_slack(), Some(0.0));
+        // A node without GPUs has all its CPU spare: CPU-only pods can go there.
+        let mut with_cpu_node = mixed_cluster();
+        with_cpu_node.push(NodeState::new(
+            NodeSpec::uniform("cpu", GpuMode::CoreMem, 0, "", MemMiB(0)).with_host(
+                CpuMilli(64_000),
+                MemMiB(1 << 20),
+                110,
+            ),
+        ));
+        let widened = mixed_classes().with_cluster(&with_cpu_node);
+        let expected = (spare + 64.0) / (64.0 * per_gpu);
+        let slack = widened.host_slack().unwrap();
+        assert!((slack - expected).abs() < 1e-5, "{slack} vs {expected}");
         // Memory decides when it is the scarcer: each GPU asks exactly its node's share.
         let mut hungry = class(4_000, 1, 1000, 1.0);
         hungry.memory = MemMiB((1 << 20) / 8);
