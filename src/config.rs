@@ -377,10 +377,13 @@ impl Default for TypicalPodsConfig {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ScarcityConfig {
-    /// The classes scarce by their shape are measured on the nodes as they are, again within
-    /// 100 ms of a change to the table (docs/policies.md, "Scarcity measured now").
+    /// Every class scarce on the empty cluster is measured on the nodes as they are, again
+    /// within 100 ms of a change to the table (docs/policies.md, "Scarcity measured now").
     #[default]
     Now,
+    /// Only the classes scarce by their shape are measured on the nodes as they are; those
+    /// that name models as if empty (the default before 2026-11-28).
+    Shape,
     /// Every class is measured on the nodes as if empty.
     Empty,
 }
@@ -391,6 +394,7 @@ impl ScarcityConfig {
     pub fn engine(self) -> Scarcity {
         match self {
             Self::Now => Scarcity::Now,
+            Self::Shape => Scarcity::Shape,
             Self::Empty => Scarcity::Empty,
         }
     }
@@ -1421,6 +1425,21 @@ limits:
     fn the_example_file_in_deploy_is_valid() {
         let text = include_str!("../deploy/config.example.yaml");
         from_yaml(text).unwrap();
+    }
+
+    #[test]
+    fn the_scarcity_measure_is_chosen_by_name() {
+        for (name, engine) in [
+            ("now", Scarcity::Now),
+            ("shape", Scarcity::Shape),
+            ("empty", Scarcity::Empty),
+        ] {
+            let yaml = format!("policy:\n  typicalPods:\n    scarcity: {name}\n");
+            let cfg = from_yaml(&yaml).unwrap();
+            assert_eq!(cfg.policy.typical_pods.scarcity.engine(), engine, "{name}");
+        }
+        assert_eq!(ScarcityConfig::default().engine(), Scarcity::Now);
+        assert!(from_yaml("policy:\n  typicalPods:\n    scarcity: later\n").is_err());
     }
 
     #[test]

@@ -67,6 +67,9 @@ fn scarcity_measured_now_is_a_knob_of_fgd_plus() {
         SimPolicy::parse("fgd-plus:scarcity=empty").unwrap().name(),
         "fgd-plus:scarcity=empty"
     );
+    let shape = SimPolicy::parse("fgd-plus:scarcity=shape").unwrap();
+    assert_eq!(shape.name(), "fgd-plus:scarcity=shape");
+    assert_ne!(shape, now);
     assert!(SimPolicy::parse("fgd-plus:scarcity=later").is_none());
     // The census kept per placement replays like any other run.
     let prepared = example();

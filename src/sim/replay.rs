@@ -125,6 +125,7 @@ impl SimPolicy {
                         tuning.scarcity = match value {
                             "empty" => Scarcity::Empty,
                             "now" => Scarcity::Now,
+                            "shape" => Scarcity::Shape,
                             _ => return None,
                         }
                     }
@@ -195,6 +196,7 @@ fn tuning_knobs(tuning: &fgd_plus::Tuning) -> Vec<String> {
         let scarcity = match tuning.scarcity {
             Scarcity::Empty => "empty",
             Scarcity::Now => "now",
+            Scarcity::Shape => "shape",
         };
         knobs.push(format!("scarcity={scarcity}"));
     }

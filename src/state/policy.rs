@@ -5,8 +5,9 @@
 //! task swaps in a policy with a new distribution every `policy.typicalPods.learnIntervalSeconds`
 //! when what the table holds has changed it. Until the table holds [`MIN_LEARNED_PODS`] pods the
 //! configured distribution (`policy.typicalPods.pods`, possibly empty) stays in force: a handful
-//! of pods is no distribution. With `policy.typicalPods.scarcity: now` the same task measures
-//! FGD+'s scarce classes again on the nodes as they are, within 100 ms of a change to the table.
+//! of pods is no distribution. With `policy.typicalPods.scarcity: now` (or `shape`) the same task
+//! measures FGD+'s scarce classes again on the nodes as they are, within 100 ms of a change to
+//! the table.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -126,10 +127,11 @@ pub fn relearn(
 /// placements behind. Stores a new policy only when a weight moved a step. Whether it did.
 pub fn remeasure_scarcity(cluster: &ClusterState, cell: &PolicyCell) -> bool {
     let current = cell.load();
-    if !current.weighs_scarcity() || current.fgd_plus.scarcity != Scarcity::Now {
+    let how = current.fgd_plus.scarcity;
+    if !current.weighs_scarcity() || how == Scarcity::Empty {
         return false;
     }
-    let census = ScarcityCensus::of(&current.typical, Scarcity::Now, cluster.read().nodes());
+    let census = ScarcityCensus::of(&current.typical, how, cluster.read().nodes());
     let mut measured = current.typical.clone();
     if !measured.set_census(&census) {
         return false;

@@ -119,12 +119,22 @@ impl TypicalPods {
             .zip(counts)
             .filter_map(|(pod, (&empty, &now))| {
                 let empty = excess_scarcity(total, empty);
-                // Only the classes scarce by their shape follow the nodes as they fill: those
-                // that name models, measured now, cost the model-constrained workloads half a
-                // point at full load (docs/policies.md, "Scarcity measured now").
+                let now = || excess_scarcity(total, now);
+                // The classes that name models follow their nodes too: measured as if empty, a
+                // model holding a large part of the cluster (T4 without the G2 nodes: 46% of
+                // the GPUs, excess 1.2) was barely protected, and pods that could run anywhere
+                // filled it before those that can only run there came (1 point below FGD at 96%
+                // arrival). In whole doublings, not quarter-octave steps: with those every step
+                // made every cached score stale (3 times the replay's time on `gpuspec10`) and
+                // cost more at full load (docs/policies.md, "Scarcity measured now").
                 let excess = match census.how {
-                    Scarcity::Now if empty >= MIN_EXCESS_SCARCITY && pod.models.is_empty() => {
-                        grown(empty, excess_scarcity(total, now))
+                    Scarcity::Now | Scarcity::Shape
+                        if empty >= MIN_EXCESS_SCARCITY && pod.models.is_empty() =>
+                    {
+                        grown(empty, now(), SCARCITY_STEPS_PER_DOUBLING)
+                    }
+                    Scarcity::Now if empty >= MIN_EXCESS_SCARCITY => {
+                        grown(empty, now(), MODEL_SCARCITY_STEPS_PER_DOUBLING)
                     }
                     _ => empty,
                 };
@@ -568,12 +578,16 @@ pub enum Scarcity {
     /// On the node as if it were empty: its GPUs, CPU and memory. Measured once, it does not
     /// see the nodes able to run the big classes become fewer as the cluster fills.
     Empty,
-    /// For the classes that accept any model and are scarce on the empty cluster (by GPU
-    /// count, CPU or memory): on the node as it is, its free CPU and memory and enough GPUs of
-    /// an accepted model with room for the class, so that such a class grows scarcer as the
-    /// nodes that could take it fill (in steps, [`SCARCITY_STEPS_PER_DOUBLING`]) and less
-    /// scarce as they empty. The other classes keep the empty measure. FGD+'s default.
+    /// For every class scarce on the empty cluster: on the node as it is, its free CPU and
+    /// memory and enough GPUs of an accepted model with room for the class, so that such a
+    /// class grows scarcer as the nodes that could take it fill and less scarce as they empty:
+    /// in quarter-octave steps ([`SCARCITY_STEPS_PER_DOUBLING`]) for the classes that accept any
+    /// model (scarce by GPU count, CPU or memory), in whole doublings
+    /// ([`MODEL_SCARCITY_STEPS_PER_DOUBLING`]) for those that name models. FGD+'s default.
     Now,
+    /// [`Scarcity::Now`] for the classes that accept any model only; those that name models
+    /// keep the empty measure (the default before 2026-11-28).
+    Shape,
 }
 
 /// The host CPU (milli-cores) and memory (MiB) `classes` ask per GPU they ask, by weight; CPU-only
@@ -609,15 +623,20 @@ fn excess_scarcity(total: u64, capacity: u64) -> f64 {
 /// scores of every node (and so makes every cached score stale).
 const SCARCITY_STEPS_PER_DOUBLING: f64 = 4.0;
 
-/// The current excess scarcity `now`, rounded down to a step from the empty measure `empty`
-/// ([`SCARCITY_STEPS_PER_DOUBLING`]); 0 when `now` is (no node can run the class now).
-fn grown(empty: f64, now: f64) -> f64 {
+/// [`SCARCITY_STEPS_PER_DOUBLING`] for the classes that name models ([`Scarcity::Now`]): whole
+/// doublings.
+const MODEL_SCARCITY_STEPS_PER_DOUBLING: f64 = 1.0;
+
+/// The current excess scarcity `now`, rounded down to one of `steps_per_doubling` steps per
+/// doubling of (1 + excess) from the empty measure `empty`; 0 when `now` is (no node can run the
+/// class now).
+fn grown(empty: f64, now: f64, steps_per_doubling: f64) -> f64 {
     if now <= 0.0 {
         return 0.0;
     }
     let ratio = ((1.0 + now) / (1.0 + empty)).max(1.0);
-    let steps = (ratio.log2() * SCARCITY_STEPS_PER_DOUBLING).floor();
-    (1.0 + empty) * (steps / SCARCITY_STEPS_PER_DOUBLING).exp2() - 1.0
+    let steps = (ratio.log2() * steps_per_doubling).floor();
+    (1.0 + empty) * (steps / steps_per_doubling).exp2() - 1.0
 }
 
 /// Per class of a [`TypicalPods`] (typical, then rare), the GPUs of the nodes that can run it
@@ -1022,6 +1041,44 @@ mod tests {
             typical.clone().with_cluster(&nodes),
             before,
             "the empty measure does not move"
+        );
+    }
+
+    #[test]
+    fn a_model_s_scarcity_now_grows_in_whole_doublings() {
+        // Three V100 nodes: the V100-only class runs on 24 of 72 GPUs, excess 2.
+        let mut nodes = mixed_cluster();
+        // The census counts GPUs, not names: a copy of v0 is a third V100 node.
+        nodes.push(nodes[0].clone());
+        let typical = mixed_classes();
+        let v100_only = typical.pods()[4].clone();
+        assert!(!v100_only.models.is_empty());
+        let weight = v100_only.weight;
+        let policy = Policy::scoring(ScoringPolicy::Binpack);
+        let one = PodRequest::single(CpuMilli(1000), MemMiB(0), GpuDemand::Whole { count: 1 });
+        let fill = |node: &mut NodeState| {
+            while let Ok(allocation) = fit(node, &one, &policy) {
+                node.add(&allocation);
+            }
+        };
+        let measured = |nodes: &[NodeState], how| {
+            scarcity_of(&typical.clone().with_scarcity(nodes, how), &v100_only) / weight
+        };
+        assert!((measured(&nodes, Scarcity::Now) - 2.0).abs() < 1e-9);
+        // One V100 node full: 16 of 72, excess 3.5, (1 + 3.5) / (1 + 2) = 1.5, under a doubling.
+        fill(&mut nodes[0]);
+        assert!((measured(&nodes, Scarcity::Now) - 2.0).abs() < 1e-9);
+        // Two full: 8 of 72, excess 8, a ratio of 3: one doubling, (1 + 2) * 2 - 1.
+        fill(&mut nodes[1]);
+        assert!((measured(&nodes, Scarcity::Now) - 5.0).abs() < 1e-9);
+        // `shape` keeps the empty measure for a class that names models, and `now` follows the
+        // classes scarce by their shape in quarter-octave steps under both.
+        assert!((measured(&nodes, Scarcity::Shape) - 2.0).abs() < 1e-9);
+        let big = typical.pods()[2].clone();
+        let shape_classes = |how| scarcity_of(&typical.clone().with_scarcity(&nodes, how), &big);
+        assert_eq!(shape_classes(Scarcity::Now), shape_classes(Scarcity::Shape));
+        assert!(
+            shape_classes(Scarcity::Now) > scarcity_of(&typical.clone().with_cluster(&nodes), &big)
         );
     }
 

@@ -123,6 +123,11 @@ impl Default for Tuning {
             // FGD at every arrival bin on all 46 workloads measured, for up to 0.14 points of
             // the CPU-scarce ones' gain at 130% (docs/policies.md, "Shape weight 60").
             scarce_shape: 6000,
+            // Every scarce class measured as its nodes fill, those that name models too since
+            // 2026-11-28: measured as if empty, a model holding much of the cluster (T4 without
+            // the G2 nodes) was barely protected and `fgd-plus` fell 0.94 below FGD at 96%
+            // arrival there; `Scarcity::Shape` is the earlier measure (docs/policies.md, "Model
+            // classes measured now too").
             scarcity: Scarcity::Now,
         }
     }
