@@ -126,7 +126,7 @@ impl TypicalPods {
                 // filled it before those that can only run there came (1 point below FGD at 96%
                 // arrival). In whole doublings, not quarter-octave steps: with those every step
                 // made every cached score stale (3 times the replay's time on `gpuspec10`) and
-                // cost more at full load (docs/policies.md, "Scarcity measured now").
+                // cost more at full load (docs/policies.md, "Model classes measured now too").
                 let excess = match census.how {
                     Scarcity::Now | Scarcity::Shape
                         if empty >= MIN_EXCESS_SCARCITY && pod.models.is_empty() =>
