@@ -119,7 +119,6 @@ impl TypicalPods {
             .zip(counts)
             .filter_map(|(pod, (&empty, &now))| {
                 let empty = excess_scarcity(total, empty);
-                let now = || excess_scarcity(total, now);
                 // The classes that name models follow their nodes too: measured as if empty, a
                 // model holding a large part of the cluster (T4 without the G2 nodes: 46% of
                 // the GPUs, excess 1.2) was barely protected, and pods that could run anywhere
@@ -127,16 +126,21 @@ impl TypicalPods {
                 // arrival). In whole doublings, not quarter-octave steps: with those every step
                 // made every cached score stale (3 times the replay's time on `gpuspec10`) and
                 // cost more at full load (docs/policies.md, "Model classes measured now too").
-                let excess = match census.how {
-                    Scarcity::Now | Scarcity::Shape
-                        if empty >= MIN_EXCESS_SCARCITY && pod.models.is_empty() =>
-                    {
-                        grown(empty, now(), SCARCITY_STEPS_PER_DOUBLING)
-                    }
-                    Scarcity::Now if empty >= MIN_EXCESS_SCARCITY => {
-                        grown(empty, now(), MODEL_SCARCITY_STEPS_PER_DOUBLING)
-                    }
-                    _ => empty,
+                let names_models = !pod.models.is_empty();
+                let follows_nodes = match census.how {
+                    Scarcity::Empty => false,
+                    Scarcity::Shape => !names_models,
+                    Scarcity::Now => true,
+                };
+                let excess = if follows_nodes && empty >= MIN_EXCESS_SCARCITY {
+                    let steps_per_doubling = if names_models {
+                        MODEL_SCARCITY_STEPS_PER_DOUBLING
+                    } else {
+                        SCARCITY_STEPS_PER_DOUBLING
+                    };
+                    grown(empty, excess_scarcity(total, now), steps_per_doubling)
+                } else {
+                    empty
                 };
                 (excess >= MIN_EXCESS_SCARCITY).then(|| (pod.clone(), pod.weight * excess))
             })
