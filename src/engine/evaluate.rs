@@ -40,6 +40,20 @@ impl Policy {
         node: &NodeState,
         request: &PodRequest,
     ) -> Result<f64, RejectReason> {
+        self.evaluate_score_with(node, request, &mut FgdCache::default())
+    }
+
+    /// [`Policy::evaluate_score`] with `cache` holding what FGD and FGD+ derived from `node` in
+    /// earlier calls (the measure of the node as it is, its classes' access): a replay keeps one
+    /// per node while neither the node nor the classes' scarcity changes, and scores the node for
+    /// every pod class from it. The same score bit for bit: the cache holds what would be
+    /// computed again.
+    pub(crate) fn evaluate_score_with(
+        &self,
+        node: &NodeState,
+        request: &PodRequest,
+        cache: &mut FgdCache,
+    ) -> Result<f64, RejectReason> {
         // Allocations name GPUs by index and scores read them back by index: the footprint,
         // which works on positions, gives the same usage only when indices are positions.
         if !node.profile.contiguous {
@@ -47,19 +61,18 @@ impl Policy {
                 .evaluate(node, request)
                 .map(|evaluation| evaluation.score);
         }
-        let mut cache = FgdCache::default();
         // The node's usage, then the placement's scratch, then the usage the pod leaves: built
         // here and written in place (moving it out of the placement was a `memcpy` call, 10% of
         // filtering a share pod).
         let mut after = PerGpu::copy_of(&node.gpus);
-        let group_quality = footprint_with(node, request, self, &mut cache, &mut after)?;
+        let group_quality = footprint_with(node, request, self, cache, &mut after)?;
         let taking = Taking {
             cpu: request.cpu,
             memory: request.memory,
             // The placement succeeded, so the pod holds GPUs exactly when it asks for any.
             gpus: request.wants_gpu(),
         };
-        let score = self.score_after(node, &after, taking, group_quality, &mut cache);
+        let score = self.score_after(node, &after, taking, group_quality, cache);
         if request.constraints.topology == TopologyPreference::Preferred {
             return Ok(preferred_score(score, group_quality));
         }

@@ -337,6 +337,7 @@ fn place(
         policy,
         require_connected: request.constraints.topology == TopologyPreference::Required,
         cpu_after: CpuMilli(node.cpu_free().0.saturating_sub(request.cpu.0)),
+        mem_after: MemMiB(node.mem_free().0.saturating_sub(request.memory.0)),
     };
     if let Err(reason) = check_host(node, request) {
         return Err(placer.confirm_resolvable(request, reason));
@@ -451,6 +452,8 @@ struct Placer<'a> {
     require_connected: bool,
     /// Free host CPU once the pod is placed (FGD's fragmentation depends on it).
     cpu_after: CpuMilli,
+    /// The node's free memory once the pod is on it (FGD+ measures the GPUs it strands).
+    mem_after: MemMiB,
 }
 
 impl Placer<'_> {
@@ -528,6 +531,7 @@ impl Placer<'_> {
             Placer {
                 node: &empty,
                 cpu_after: CpuMilli(empty.cpu_free().0.saturating_sub(request.cpu.0)),
+                mem_after: MemMiB(empty.mem_free().0.saturating_sub(request.memory.0)),
                 ..*self
             }
         };
@@ -638,6 +642,7 @@ impl Placer<'_> {
                     compute: compute_per_gpu,
                     count,
                     cpu_after: self.cpu_after,
+                    mem_after: self.mem_after,
                 };
                 let chosen = self
                     .policy

@@ -17,7 +17,7 @@ use super::metrics::{Curves, PodKind, Rejections, Step};
 use super::protocol::{self, Arrivals};
 use super::trace::{Cluster, Workload};
 use super::window::{SchedulerWindow, feasible_nodes_to_find};
-use crate::engine::policy::fgd::{Scarcity, ScarcityCensus};
+use crate::engine::policy::fgd::{FgdCache, Scarcity, ScarcityCensus};
 use crate::engine::policy::reference::{
     self, GpuClass, GpuClassMix, GpuSelection, PodShape, ReferencePolicy,
 };
@@ -479,20 +479,21 @@ impl Scorer {
         }
     }
 
-    /// Feasibility and score of a class on a node (`None`: the pod does not fit).
+    /// Feasibility and score of a class on a node (`None`: the pod does not fit). `cache` holds
+    /// what FGD and FGD+ derived from the node for earlier classes since it last changed.
     fn evaluate(
         &self,
         node: &NodeState,
         free: &[u32],
         mix: &GpuClassMix,
         class: &PodClass,
+        cache: &mut FgdCache,
     ) -> Option<f64> {
         match self.policy {
             SimPolicy::Reference(ReferencePolicy::Fgd) | SimPolicy::Engine { .. } => self
                 .engine
-                .evaluate(node, &class.request)
-                .ok()
-                .map(|evaluation| evaluation.score),
+                .evaluate_score_with(node, &class.request, cache)
+                .ok(),
             SimPolicy::Reference(policy) => {
                 fit(node, &class.request, &self.engine).ok()?;
                 Some(reference::node_score(policy, node, free, mix, class.shape) as f64)
@@ -611,6 +612,9 @@ struct NodeAnswers {
     mixes: Vec<GpuClassMix>,
     /// Per node, bumped when it changes; the cache below answers for one generation.
     generation: Vec<u32>,
+    /// Per node, what the policy derived from it (its measure as it is, its classes' access)
+    /// and the generation that was for: scoring a node for every pod class measures it once.
+    measured: Vec<(u32, FgdCache)>,
     /// (class, node) answers, class-major, so that the scan over nodes for one pod reads
     /// contiguous memory.
     cache: Vec<Entry>,
@@ -623,6 +627,7 @@ impl NodeAnswers {
             scorer: Scorer::new(policy, &prepared.typical, &prepared.nodes),
             mixes: vec![GpuClassMix::default(); node_count],
             generation: vec![1; node_count],
+            measured: (0..node_count).map(|_| (0, FgdCache::default())).collect(),
             cache: vec![Entry::default(); node_count * prepared.classes.len()],
         }
     }
@@ -640,9 +645,15 @@ impl NodeAnswers {
         let row = &mut self.cache[class_id * count..(class_id + 1) * count];
         let mut evaluations = 0;
         for (n, entry) in row.iter_mut().enumerate() {
-            if entry.refresh(self.generation[n], || {
+            let generation = self.generation[n];
+            if entry.refresh(generation, || {
+                let (measured_for, cache) = &mut self.measured[n];
+                if *measured_for != generation {
+                    *measured_for = generation;
+                    *cache = FgdCache::default();
+                }
                 self.scorer
-                    .evaluate(&nodes[n], &live.free[n], &self.mixes[n], class)
+                    .evaluate(&nodes[n], &live.free[n], &self.mixes[n], class, cache)
             }) {
                 evaluations += 1;
             }

@@ -11,6 +11,8 @@ use crate::engine::request::ModelPattern;
 use crate::engine::state::{NodeState, PerGpu};
 use crate::engine::topology::bit;
 
+use super::fgd_plus::{NodeMeasure, Tuning};
+
 /// One class of pod the cluster typically sees, with its share of arrivals.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TypicalPod {
@@ -196,6 +198,7 @@ impl TypicalPods {
     pub fn scarce_fragmentation(
         &self,
         cpu_free: CpuMilli,
+        mem_free: MemMiB,
         free_milli: &[u32],
         access: &[u64],
         by_model: f64,
@@ -215,7 +218,10 @@ impl TypicalPods {
                 if scale == 0.0 {
                     return 0.0;
                 }
-                scale * weight * lost(pod, cpu_free, free_milli, mask, total) as f64
+                // Memory counts, as in the census, which counts a class scarce where the nodes
+                // with the memory it asks are few.
+                let lost = lost_with_memory(pod, cpu_free, mem_free, free_milli, mask, total);
+                scale * weight * lost as f64
             })
             .sum()
     }
@@ -417,6 +423,28 @@ impl TypicalPods {
         expected
     }
 
+    /// [`TypicalPods::fragmentation`] with the node's free memory counted as its free CPU is: a
+    /// class that asks more memory than is free loses every free GPU. FGD's measure leaves
+    /// memory out (the reference does); FGD+ counts it, so that where memory runs short before
+    /// GPUs (the trace's nodes with half their memory) a placement that leaves a node's GPUs
+    /// without the memory to run its classes shows as the stranding it is (docs/policies.md,
+    /// "Memory counted").
+    pub fn fragmentation_with_memory(
+        &self,
+        cpu_free: CpuMilli,
+        mem_free: MemMiB,
+        free_milli: &[u32],
+        access: &[u64],
+    ) -> f64 {
+        let total: u64 = free_milli.iter().map(|&free| u64::from(free)).sum();
+        let mut expected = 0.0;
+        for (pod, &mask) in self.pods.iter().zip(access) {
+            expected += pod.weight
+                * lost_with_memory(pod, cpu_free, mem_free, free_milli, mask, total) as f64;
+        }
+        expected
+    }
+
     /// Expected fragmentation in milli-GPU of a node with `cpu_free` CPU and `free_milli` per GPU.
     pub fn fragmentation(&self, cpu_free: CpuMilli, free_milli: &[u32], access: &[u64]) -> f64 {
         let total: u64 = free_milli.iter().map(|&free| u64::from(free)).sum();
@@ -536,8 +564,9 @@ impl TypicalPods {
 /// the pod cannot run there (CPU-only pod, wrong model, no GPU fits, CPU short), otherwise only
 /// the GPUs too small for it. `total` is the sum of `free_milli`.
 fn lost(pod: &TypicalPod, cpu_free: CpuMilli, free_milli: &[u32], mask: u64, total: u64) -> u64 {
-    if pod.milli == 0 {
-        // A CPU-only pod can use none of the idle GPU capacity.
+    if pod.milli == 0 || mask == 0 {
+        // A CPU-only pod can use none of the idle GPU capacity, nor can a class of none of the
+        // node's models (most classes that name models, on most nodes).
         return total;
     }
     let mut fitting = 0u32;
@@ -553,6 +582,22 @@ fn lost(pod: &TypicalPod, cpu_free: CpuMilli, free_milli: &[u32], mask: u64, tot
         stranded
     } else {
         total
+    }
+}
+
+/// [`lost`] with the node's free memory counted too: all of it when the class asks for more.
+fn lost_with_memory(
+    pod: &TypicalPod,
+    cpu_free: CpuMilli,
+    mem_free: MemMiB,
+    free_milli: &[u32],
+    mask: u64,
+    total: u64,
+) -> u64 {
+    if mem_free < pod.memory {
+        total
+    } else {
+        lost(pod, cpu_free, free_milli, mask, total)
     }
 }
 
@@ -767,8 +812,10 @@ fn accessible_count(pod: &TypicalPod, node: &NodeState) -> usize {
         .count()
 }
 
-/// What FGD derives from one node as it stands, computed once per evaluation and shared by the
-/// GPU choice and the score. Valid for one node and one [`TypicalPods`] only.
+/// What FGD and FGD+ derive from one node as it stands, computed once per evaluation and shared
+/// by the GPU choice and the score. Valid for one node in one state and one [`TypicalPods`]
+/// (and FGD+ tuning) only: a replay keeps one per node across the pod classes it scores the
+/// node for, and drops it when the node or the classes' scarcity changes.
 #[derive(Debug, Default)]
 pub(crate) struct FgdCache {
     access: Option<Vec<u64>>,
@@ -777,6 +824,8 @@ pub(crate) struct FgdCache {
     /// The last GPU choice rated against `base`: the change, the CPU left, and the resulting
     /// fragmentation, which scoring a one-GPU placement asks for again.
     rated: Option<(FreeChange, CpuMilli, f64)>,
+    /// FGD+'s measure of the node as it is.
+    measure: Option<NodeMeasure>,
 }
 
 impl FgdCache {
@@ -793,6 +842,7 @@ impl FgdCache {
             access,
             base,
             rated,
+            measure: _,
         } = self;
         let access = access.get_or_insert_with(|| typical.access_masks(node));
         if !matches!(base, Some((seen, _, _)) if **seen == *free) {
@@ -805,6 +855,30 @@ impl FgdCache {
             (PerGpu::copy_of(free), state, fragmentation)
         });
         (access, state, *fragmentation)
+    }
+
+    /// The class access masks of `node` and FGD+'s measure of it as it is, whose free capacity
+    /// is `free`: computed on the first call, reused after.
+    pub(crate) fn node_measure(
+        &mut self,
+        typical: &TypicalPods,
+        tuning: &Tuning,
+        node: &NodeState,
+        free: &[u32],
+    ) -> (&[u64], NodeMeasure) {
+        let access = self
+            .access
+            .get_or_insert_with(|| typical.access_masks(node));
+        let measure = *self
+            .measure
+            .get_or_insert_with(|| NodeMeasure::of(typical, tuning, node, free, access));
+        (access, measure)
+    }
+
+    /// The class access masks of `node`: computed on the first call, reused after.
+    pub(crate) fn access(&mut self, typical: &TypicalPods, node: &NodeState) -> &[u64] {
+        self.access
+            .get_or_insert_with(|| typical.access_masks(node))
     }
 
     /// Remembers that `change` with `cpu_free` CPU left rates `fragmentation` against the state

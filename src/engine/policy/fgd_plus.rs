@@ -17,7 +17,7 @@ use crate::engine::state::{GpuUsage, NodeState};
 use crate::engine::topology::{bit, positions};
 
 use super::binpack;
-use super::fgd::{self, Scarcity, TypicalPod, TypicalPods};
+use super::fgd::{self, FgdCache, Scarcity, TypicalPod, TypicalPods};
 use super::pick::{Picked, ShareAsk, free_milli};
 
 /// The knobs of the policy; [`Tuning::default`] is the measured best on the openb traces.
@@ -168,13 +168,14 @@ pub fn fragmentation(
     typical: &TypicalPods,
     tuning: &Tuning,
     cpu_free: CpuMilli,
+    mem_free: MemMiB,
     free_milli: &[u32],
     access: &[u64],
 ) -> f64 {
     let expected = if tuning.demand_weighted {
         typical.fragmentation_scaled(cpu_free, free_milli, access, demand)
     } else {
-        typical.fragmentation(cpu_free, free_milli, access)
+        typical.fragmentation_with_memory(cpu_free, mem_free, free_milli, access)
     };
     let look = if tuning.lookahead > 0 {
         let values: f64 = free_milli.iter().map(|&f| typical.sliver_value(f)).sum();
@@ -198,6 +199,7 @@ pub fn fragmentation(
     let scarce = if tuning.weighs_scarcity() {
         typical.scarce_fragmentation(
             cpu_free,
+            mem_free,
             free_milli,
             access,
             f64::from(tuning.scarce) / 100.0,
@@ -211,7 +213,7 @@ pub fn fragmentation(
 
 /// FGD+'s GPU choice for a share: one GPU at a time, the one whose use leaves the least
 /// [`fragmentation`] (lowest position on ties; with a quantum, FGD's integer scores are
-/// compared instead).
+/// compared instead). `cache` holds the node's access masks across calls.
 pub(crate) fn pick(
     node: &NodeState,
     usage: &[GpuUsage],
@@ -219,11 +221,12 @@ pub(crate) fn pick(
     ask: ShareAsk,
     typical: &TypicalPods,
     tuning: &Tuning,
+    cache: &mut FgdCache,
 ) -> Picked {
     if typical.is_empty() {
         return binpack::pick(node, usage, pool, ask.count);
     }
-    let access = typical.access_masks(node);
+    let access = cache.access(typical, node);
     let with_ask = |slot: GpuUsage| GpuUsage {
         mem: MemMiB(slot.mem.0 + ask.mem.0),
         compute: ComputeMilli(slot.compute.0 + ask.compute.0),
@@ -231,7 +234,14 @@ pub(crate) fn pick(
     };
     let mut scratch = usage.to_vec();
     let mut free = free_milli(node, &scratch);
-    let before = fragmentation(typical, tuning, node.cpu_free(), &free, &access);
+    let before = fragmentation(
+        typical,
+        tuning,
+        node.cpu_free(),
+        node.mem_free(),
+        &free,
+        access,
+    );
     let mut remaining = pool;
     let mut chosen = Picked::new();
     let mut trial = free.clone();
@@ -240,7 +250,15 @@ pub(crate) fn pick(
         for position in positions(remaining) {
             trial.copy_from_slice(&free);
             trial[position] = node.free_milli_under(position, &with_ask(scratch[position]));
-            let reduction = before - fragmentation(typical, tuning, ask.cpu_after, &trial, &access);
+            let reduction = before
+                - fragmentation(
+                    typical,
+                    tuning,
+                    ask.cpu_after,
+                    ask.mem_after,
+                    &trial,
+                    access,
+                );
             let value = if tuning.quantum > 0 {
                 fgd::reference_score(reduction)
             } else {
@@ -332,32 +350,83 @@ pub fn score_taking(
     after: &[u32],
 ) -> f64 {
     let access = typical.access_masks(node);
+    let measure = NodeMeasure::of(typical, tuning, node, before, &access);
+    score_measured(typical, tuning, node, taking, &access, measure, after)
+}
+
+/// FGD+'s measure of a node before a placement: what every candidate placement on it is
+/// compared with, so that a replay scoring the node for many pod classes measures it once
+/// ([`score_measured`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct NodeMeasure {
+    /// [`fragmentation`] of the node's free capacity, CPU and memory.
+    fragmentation: f64,
+    /// Its host-stranded capacity under the tuning's host term (0 when the term is off).
+    host_stranded: f64,
+}
+
+impl NodeMeasure {
+    /// The measure of `node` with free capacity `free` (milli-GPU per GPU); `access` is
+    /// [`TypicalPods::access_masks`]'s.
+    pub(crate) fn of(
+        typical: &TypicalPods,
+        tuning: &Tuning,
+        node: &NodeState,
+        free: &[u32],
+        access: &[u64],
+    ) -> Self {
+        let (cpu, memory) = (node.cpu_free(), node.mem_free());
+        let host_stranded = if tuning.host_weight_at(typical.host_slack()) > 0.0 {
+            host_stranded_of(typical, tuning, cpu, memory, free, access)
+        } else {
+            0.0
+        };
+        Self {
+            fragmentation: fragmentation(typical, tuning, cpu, memory, free, access),
+            host_stranded,
+        }
+    }
+}
+
+/// The host-stranded capacity the tuning's host term counts (`host_by`).
+fn host_stranded_of(
+    typical: &TypicalPods,
+    tuning: &Tuning,
+    cpu_free: CpuMilli,
+    mem_free: MemMiB,
+    free: &[u32],
+    access: &[u64],
+) -> f64 {
+    match tuning.host_by {
+        HostBy::Mean => host_stranded(typical, cpu_free, mem_free, free),
+        by => typical.host_stranded_by_class(
+            cpu_free,
+            mem_free,
+            free,
+            access,
+            by == HostBy::Constrained,
+        ),
+    }
+}
+
+/// [`score_taking`] against the node's measure taken beforehand (`measure`, with `access`).
+pub(crate) fn score_measured(
+    typical: &TypicalPods,
+    tuning: &Tuning,
+    node: &NodeState,
+    taking: Taking,
+    access: &[u64],
+    measure: NodeMeasure,
+    after: &[u32],
+) -> f64 {
     let cpu_after = CpuMilli(node.cpu_free().0.saturating_sub(taking.cpu.0));
     let mem_after = MemMiB(node.mem_free().0.saturating_sub(taking.memory.0));
-    let mut reduction = fragmentation(typical, tuning, node.cpu_free(), before, &access)
-        - fragmentation(typical, tuning, cpu_after, after, &access);
+    let mut reduction =
+        measure.fragmentation - fragmentation(typical, tuning, cpu_after, mem_after, after, access);
     let host_weight = tuning.host_weight_at(typical.host_slack());
     if host_weight > 0.0 {
-        let (stranded_before, stranded_after) = match tuning.host_by {
-            HostBy::Mean => (
-                host_stranded(typical, node.cpu_free(), node.mem_free(), before),
-                host_stranded(typical, cpu_after, mem_after, after),
-            ),
-            by => {
-                let pool = by == HostBy::Constrained;
-                (
-                    typical.host_stranded_by_class(
-                        node.cpu_free(),
-                        node.mem_free(),
-                        before,
-                        &access,
-                        pool,
-                    ),
-                    typical.host_stranded_by_class(cpu_after, mem_after, after, &access, pool),
-                )
-            }
-        };
-        reduction += host_weight / 100.0 * (stranded_before - stranded_after);
+        let stranded_after = host_stranded_of(typical, tuning, cpu_after, mem_after, after, access);
+        reduction += host_weight / 100.0 * (measure.host_stranded - stranded_after);
     }
     let node_idle = node.gpus.iter().all(|usage| usage.is_idle());
     if taking.gpus && node_idle {
@@ -455,7 +524,14 @@ mod tests {
         // One GPU half used: the 8-GPU pod can no longer run, all 7500 is lost to it.
         let free = [500, 1000, 1000, 1000, 1000, 1000, 1000, 1000];
         let counted = typical.fragmentation(CpuMilli(64_000), &free, &access);
-        let weighted = fragmentation(&typical, &tuning, CpuMilli(64_000), &free, &access);
+        let weighted = fragmentation(
+            &typical,
+            &tuning,
+            CpuMilli(64_000),
+            MemMiB(1 << 20),
+            &free,
+            &access,
+        );
         assert!((counted - 0.1 * 7500.0).abs() < 1e-9);
         // Weights 9 × 100 = 900 and 1 × 8000 = 8000: 8000/8900 of 7500.
         assert!((weighted - 7500.0 * 8000.0 / 8900.0).abs() < 1e-6);
@@ -583,8 +659,22 @@ mod tests {
         };
         let access = [0b11];
         assert_eq!(
-            fragmentation(&plain, &with, CpuMilli(1000), &free, &access),
-            fragmentation(&plain, &Tuning::default(), CpuMilli(1000), &free, &access)
+            fragmentation(
+                &plain,
+                &with,
+                CpuMilli(1000),
+                MemMiB(1 << 20),
+                &free,
+                &access
+            ),
+            fragmentation(
+                &plain,
+                &Tuning::default(),
+                CpuMilli(1000),
+                MemMiB(1 << 20),
+                &free,
+                &access
+            )
         );
     }
 
@@ -602,10 +692,24 @@ mod tests {
         // Every GPU has 300 milli free: a whole-GPU class loses all 2400. Weight 0.1, excess 3.
         let free = [300; 8];
         let expected = 0.1 * 3.0 * 2400.0;
-        let by_model = typical.scarce_fragmentation(CpuMilli(96_000), &free, &access, 2.0, 0.0);
+        let by_model = typical.scarce_fragmentation(
+            CpuMilli(96_000),
+            MemMiB(1 << 20),
+            &free,
+            &access,
+            2.0,
+            0.0,
+        );
         assert!((by_model - 2.0 * expected).abs() < 1e-6, "{by_model}");
         assert_eq!(
-            typical.scarce_fragmentation(CpuMilli(96_000), &free, &access, 0.0, 7.0),
+            typical.scarce_fragmentation(
+                CpuMilli(96_000),
+                MemMiB(1 << 20),
+                &free,
+                &access,
+                0.0,
+                7.0
+            ),
             0.0,
             "a class that names a model is not scaled by the shape weight"
         );
@@ -632,22 +736,49 @@ mod tests {
         let free = [0, 1000, 1000, 1000, 1000, 1000, 1000, 1000];
         // Excess scarcity 32/8 - 1 = 3 for the big class, none for the small one: the big
         // class's lost 7000 milli counts 0.1 × 3 × 7000.
-        let measured = scarce.scarce_fragmentation(CpuMilli(128_000), &free, &access, 1.0, 1.0);
+        let measured = scarce.scarce_fragmentation(
+            CpuMilli(128_000),
+            MemMiB(1 << 20),
+            &free,
+            &access,
+            1.0,
+            1.0,
+        );
         assert!((measured - 0.1 * 3.0 * 7000.0).abs() < 1e-6, "{measured}");
         // The big class accepts any model: it is scarce by shape, so only `by_shape` scales it.
-        let by_shape_only =
-            scarce.scarce_fragmentation(CpuMilli(128_000), &free, &access, 0.0, 2.0);
+        let by_shape_only = scarce.scarce_fragmentation(
+            CpuMilli(128_000),
+            MemMiB(1 << 20),
+            &free,
+            &access,
+            0.0,
+            2.0,
+        );
         assert!(
             (by_shape_only - 2.0 * measured).abs() < 1e-6,
             "{by_shape_only}"
         );
         assert_eq!(
-            scarce.scarce_fragmentation(CpuMilli(128_000), &free, &access, 5.0, 0.0),
+            scarce.scarce_fragmentation(
+                CpuMilli(128_000),
+                MemMiB(1 << 20),
+                &free,
+                &access,
+                5.0,
+                0.0
+            ),
             0.0,
             "a class that names no model is not scaled by the model weight"
         );
         assert_eq!(
-            typical.scarce_fragmentation(CpuMilli(128_000), &free, &access, 1.0, 1.0),
+            typical.scarce_fragmentation(
+                CpuMilli(128_000),
+                MemMiB(1 << 20),
+                &free,
+                &access,
+                1.0,
+                1.0
+            ),
             0.0,
             "no cluster, no scarcity"
         );
@@ -689,9 +820,74 @@ mod tests {
         let cut = cut.with_cluster(&cluster);
         let access = cut.access_masks(&big);
         assert_eq!(access.len(), 2, "the typical class, then the scarce one");
-        let measured = cut.scarce_fragmentation(CpuMilli(128_000), &free, &access, 1.0, 1.0);
+        let measured =
+            cut.scarce_fragmentation(CpuMilli(128_000), MemMiB(1 << 20), &free, &access, 1.0, 1.0);
         // Weight 1/99 on the kept classes' scale, excess 3, 7000 lost.
         assert!((measured - 3.0 * 7000.0 / 99.0).abs() < 1e-6, "{measured}");
+    }
+
+    #[test]
+    fn a_class_scarce_by_memory_is_protected_only_where_the_memory_is() {
+        // One 8-GPU node with 384 GiB, three with 192 GiB (the trace's G2 nodes with memory
+        // halved): an 8-GPU pod of 257 GiB runs on a quarter of the GPUs. Its measure must see
+        // memory as the census does: before, it counted the class as fitting the 192 GiB nodes
+        // too, charged opening any node alike, and one-GPU pods filled the only nodes the
+        // class can run on (`fgd-plus` 2.1 points below FGD at 72% arrival on that cluster).
+        let node = |memory_gib: u64| {
+            NodeState::new(
+                NodeSpec::uniform("n", GpuMode::CoreMem, 8, "G2", MemMiB(0)).with_host(
+                    CpuMilli(96_000),
+                    MemMiB(memory_gib << 10),
+                    1001,
+                ),
+            )
+        };
+        let (big, small) = (node(384), node(192));
+        let typical = TypicalPods::new(vec![
+            class(12_000, 16 << 10, 1, 1000, 9.0),
+            class(64_000, 257 << 10, 8, 1000, 1.0),
+        ])
+        .with_cluster(&[big.clone(), small.clone(), small.clone(), small.clone()]);
+        assert_eq!(typical.scarce().len(), 1, "the big class is scarce");
+        let access = typical.access_masks(&small);
+        let free = [1000; 8];
+        // Excess scarcity 3, weight 0.1: on the small node the class strands all 8000 whatever
+        // is placed; on the big one nothing until its memory runs short.
+        let lost_on = |memory_gib: u64| {
+            typical.scarce_fragmentation(
+                CpuMilli(96_000),
+                MemMiB(memory_gib << 10),
+                &free,
+                &access,
+                0.0,
+                1.0,
+            )
+        };
+        assert!((lost_on(192) - 0.1 * 3.0 * 8000.0).abs() < 1e-6);
+        assert_eq!(lost_on(384), 0.0);
+        assert!(
+            (lost_on(256) - lost_on(192)).abs() < 1e-6,
+            "257 GiB no longer fits"
+        );
+        // FGD's own measure of the typical classes leaves memory out; FGD+'s counts it: with 8
+        // GiB free neither class can run, and all 8000 is lost to both.
+        let short = MemMiB(8 << 10);
+        assert_eq!(typical.fragmentation(CpuMilli(96_000), &free, &access), 0.0);
+        let with_memory =
+            typical.fragmentation_with_memory(CpuMilli(96_000), short, &free, &access);
+        assert!((with_memory - 8000.0).abs() < 1e-6, "{with_memory}");
+
+        // A one-GPU pod of 48 GiB goes to a small node: there it strands nothing the big class
+        // could use, on the big node it strands all of it.
+        let pod = PodRequest::single(
+            CpuMilli(12_000),
+            MemMiB(48 << 10),
+            GpuDemand::Whole { count: 1 },
+        );
+        let policy = Policy::scoring(ScoringPolicy::FgdPlus).with_typical(typical);
+        let on_small = policy.evaluate(&small, &pod).unwrap().score;
+        let on_big = policy.evaluate(&big, &pod).unwrap().score;
+        assert!(on_small > on_big, "{on_small} vs {on_big}");
     }
 
     #[test]

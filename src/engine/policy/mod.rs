@@ -175,7 +175,7 @@ impl Policy {
             ShareChoice::Binpack => binpack::pick(node, usage, pool, ask.count),
             ShareChoice::Spread => spread::pick(node, usage, pool, ask.count),
             ShareChoice::Fgd if self.scoring == ScoringPolicy::FgdPlus => {
-                fgd_plus::pick(node, usage, pool, ask, &self.typical, &self.fgd_plus)
+                fgd_plus::pick(node, usage, pool, ask, &self.typical, &self.fgd_plus, cache)
             }
             ShareChoice::Fgd => fgd_pick(node, usage, pool, ask, self, cache),
             ShareChoice::Drawn(draw) => reference::drawn_pick(pool, ask.count, draw),
@@ -241,7 +241,17 @@ impl Policy {
             }
             ScoringPolicy::FgdPlus => {
                 let before = free_milli_of(node, &node.gpus);
-                fgd_plus::score_taking(&self.typical, &self.fgd_plus, node, taking, &before, &after)
+                let (access, measure) =
+                    cache.node_measure(&self.typical, &self.fgd_plus, node, &before);
+                fgd_plus::score_measured(
+                    &self.typical,
+                    &self.fgd_plus,
+                    node,
+                    taking,
+                    access,
+                    measure,
+                    &after,
+                )
             }
         };
         (base * quality).clamp(0.0, 100.0)

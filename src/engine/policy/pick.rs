@@ -17,6 +17,7 @@ pub struct ShareAsk {
     pub compute: ComputeMilli,
     pub count: usize,
     pub cpu_after: CpuMilli,
+    pub mem_after: MemMiB,
 }
 
 /// GPU positions picked for a share, in the order they were picked; on the stack, since masks
