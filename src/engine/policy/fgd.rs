@@ -11,8 +11,6 @@ use crate::engine::request::ModelPattern;
 use crate::engine::state::{NodeState, PerGpu};
 use crate::engine::topology::bit;
 
-use super::fgd_plus::{NodeMeasure, Tuning};
-
 /// One class of pod the cluster typically sees, with its share of arrivals.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TypicalPod {
@@ -812,6 +810,18 @@ fn accessible_count(pod: &TypicalPod, node: &NodeState) -> usize {
         .count()
 }
 
+/// FGD+'s measure of a node before a placement: what every candidate placement on it is
+/// compared with, so that a replay scoring the node for many pod classes measures it once
+/// (`fgd_plus::score_measured`; defined here, beside the cache that keeps it, and computed by
+/// `fgd_plus::measure_node`, whose module builds on this one).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct NodeMeasure {
+    /// `fgd_plus::fragmentation` of the node's free capacity, CPU and memory.
+    pub(crate) fragmentation: f64,
+    /// Its host-stranded capacity under the tuning's host term (0 when the term is off).
+    pub(crate) host_stranded: f64,
+}
+
 /// What FGD and FGD+ derive from one node as it stands, computed once per evaluation and shared
 /// by the GPU choice and the score. Valid for one node in one state and one [`TypicalPods`]
 /// (and FGD+ tuning) only: a replay keeps one per node across the pod classes it scores the
@@ -857,21 +867,18 @@ impl FgdCache {
         (access, state, *fragmentation)
     }
 
-    /// The class access masks of `node` and FGD+'s measure of it as it is, whose free capacity
-    /// is `free`: computed on the first call, reused after.
+    /// The class access masks of `node` and FGD+'s measure of it as it is (`measure`, given the
+    /// masks): computed on the first call, reused after.
     pub(crate) fn node_measure(
         &mut self,
         typical: &TypicalPods,
-        tuning: &Tuning,
         node: &NodeState,
-        free: &[u32],
+        measure: impl FnOnce(&[u64]) -> NodeMeasure,
     ) -> (&[u64], NodeMeasure) {
         let access = self
             .access
             .get_or_insert_with(|| typical.access_masks(node));
-        let measure = *self
-            .measure
-            .get_or_insert_with(|| NodeMeasure::of(typical, tuning, node, free, access));
+        let measure = *self.measure.get_or_insert_with(|| measure(access));
         (access, measure)
     }
 

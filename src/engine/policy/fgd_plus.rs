@@ -17,7 +17,7 @@ use crate::engine::state::{GpuUsage, NodeState};
 use crate::engine::topology::{bit, positions};
 
 use super::binpack;
-use super::fgd::{self, FgdCache, Scarcity, TypicalPod, TypicalPods};
+use super::fgd::{self, FgdCache, NodeMeasure, Scarcity, TypicalPod, TypicalPods};
 use super::pick::{Picked, ShareAsk, free_milli};
 
 /// The knobs of the policy; [`Tuning::default`] is the measured best on the openb traces.
@@ -350,41 +350,28 @@ pub fn score_taking(
     after: &[u32],
 ) -> f64 {
     let access = typical.access_masks(node);
-    let measure = NodeMeasure::of(typical, tuning, node, before, &access);
+    let measure = measure_node(typical, tuning, node, before, &access);
     score_measured(typical, tuning, node, taking, &access, measure, after)
 }
 
-/// FGD+'s measure of a node before a placement: what every candidate placement on it is
-/// compared with, so that a replay scoring the node for many pod classes measures it once
-/// ([`score_measured`]).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct NodeMeasure {
-    /// [`fragmentation`] of the node's free capacity, CPU and memory.
-    fragmentation: f64,
-    /// Its host-stranded capacity under the tuning's host term (0 when the term is off).
-    host_stranded: f64,
-}
-
-impl NodeMeasure {
-    /// The measure of `node` with free capacity `free` (milli-GPU per GPU); `access` is
-    /// [`TypicalPods::access_masks`]'s.
-    pub(crate) fn of(
-        typical: &TypicalPods,
-        tuning: &Tuning,
-        node: &NodeState,
-        free: &[u32],
-        access: &[u64],
-    ) -> Self {
-        let (cpu, memory) = (node.cpu_free(), node.mem_free());
-        let host_stranded = if tuning.host_weight_at(typical.host_slack()) > 0.0 {
-            host_stranded_of(typical, tuning, cpu, memory, free, access)
-        } else {
-            0.0
-        };
-        Self {
-            fragmentation: fragmentation(typical, tuning, cpu, memory, free, access),
-            host_stranded,
-        }
+/// FGD+'s measure ([`NodeMeasure`]) of `node` with free capacity `free` (milli-GPU per GPU);
+/// `access` is [`TypicalPods::access_masks`]'s.
+pub(crate) fn measure_node(
+    typical: &TypicalPods,
+    tuning: &Tuning,
+    node: &NodeState,
+    free: &[u32],
+    access: &[u64],
+) -> NodeMeasure {
+    let (cpu, memory) = (node.cpu_free(), node.mem_free());
+    let host_stranded = if tuning.host_weight_at(typical.host_slack()) > 0.0 {
+        host_stranded_of(typical, tuning, cpu, memory, free, access)
+    } else {
+        0.0
+    };
+    NodeMeasure {
+        fragmentation: fragmentation(typical, tuning, cpu, memory, free, access),
+        host_stranded,
     }
 }
 

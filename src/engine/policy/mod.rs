@@ -241,8 +241,9 @@ impl Policy {
             }
             ScoringPolicy::FgdPlus => {
                 let before = free_milli_of(node, &node.gpus);
-                let (access, measure) =
-                    cache.node_measure(&self.typical, &self.fgd_plus, node, &before);
+                let (access, measure) = cache.node_measure(&self.typical, node, |access| {
+                    fgd_plus::measure_node(&self.typical, &self.fgd_plus, node, &before, access)
+                });
                 fgd_plus::score_measured(
                     &self.typical,
                     &self.fgd_plus,
