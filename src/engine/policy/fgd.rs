@@ -445,12 +445,8 @@ impl TypicalPods {
 
     /// Expected fragmentation in milli-GPU of a node with `cpu_free` CPU and `free_milli` per GPU.
     pub fn fragmentation(&self, cpu_free: CpuMilli, free_milli: &[u32], access: &[u64]) -> f64 {
-        let total: u64 = free_milli.iter().map(|&free| u64::from(free)).sum();
-        let mut expected = 0.0;
-        for (pod, &mask) in self.pods.iter().zip(access) {
-            expected += pod.weight * lost(pod, cpu_free, free_milli, mask, total) as f64;
-        }
-        expected
+        // FGD leaves memory out: as if the node's memory never ran short.
+        self.fragmentation_with_memory(cpu_free, MemMiB(u64::MAX), free_milli, access)
     }
 
     /// Host stranding measured per class: for each typical GPU class, the free GPU capacity it
