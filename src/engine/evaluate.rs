@@ -305,6 +305,79 @@ mod tests {
         assert_eq!((scores.asked, scores.remembered), (ALIKE_PROBE, 0));
     }
 
+    /// A replay scores one node for every pod class from one cache (`evaluate_score_with`): each
+    /// score must be the one a fresh evaluation gives, bit for bit, under FGD and FGD+ (with a
+    /// scarce class, so that FGD+'s node measure has every term), whatever was scored before.
+    #[test]
+    fn one_cache_across_pod_classes_scores_as_fresh_evaluations_do() {
+        use crate::engine::ScoringPolicy;
+        use crate::engine::model::ComputeMilli;
+        use crate::engine::policy::fgd::{TypicalPod, TypicalPods};
+        let node_of = |name: &str, memory_gib: u64| {
+            NodeState::new(
+                NodeSpec::uniform(name, GpuMode::CoreMem, 8, "T4", MemMiB(16 << 10)).with_host(
+                    CpuMilli(96_000),
+                    MemMiB(memory_gib << 10),
+                    110,
+                ),
+            )
+        };
+        let class = |cpu: u64, memory_gib: u64, gpus: u16, milli: u32, weight: f64| TypicalPod {
+            cpu: CpuMilli(cpu),
+            memory: MemMiB(memory_gib << 10),
+            gpus,
+            milli,
+            models: Vec::new(),
+            weight,
+        };
+        let (big, small) = (node_of("big", 384), node_of("small", 192));
+        let typical = TypicalPods::new(vec![
+            class(8_000, 16, 1, 1000, 6.0),
+            class(4_000, 8, 1, 500, 3.0),
+            class(64_000, 257, 8, 1000, 1.0),
+        ])
+        .with_cluster(&[big.clone(), small.clone(), small.clone(), small.clone()]);
+        assert!(!typical.scarce().is_empty(), "the 257 GiB class is scarce");
+        let share = |gib: u64, compute: u32| GpuDemand::Share {
+            gpus: 1,
+            mem_per_gpu: MemMiB(gib << 10),
+            compute_per_gpu: ComputeMilli(compute),
+        };
+        let requests: Vec<PodRequest> = [
+            (8_000, 16, GpuDemand::Whole { count: 1 }),
+            (16_000, 64, GpuDemand::Whole { count: 2 }),
+            (4_000, 8, share(8, 500)),
+            (2_000, 4, share(4, 0)),
+            (12_000, 48, GpuDemand::None),
+            (64_000, 257, GpuDemand::Whole { count: 8 }),
+        ]
+        .into_iter()
+        .map(|(cpu, gib, demand)| PodRequest::single(CpuMilli(cpu), MemMiB(gib << 10), demand))
+        .collect();
+        // The node part used: a whole GPU and a share taken, memory and CPU partly spent.
+        let mut busy = node_of("busy", 384);
+        let placed = Policy::default().evaluate(&busy, &requests[0]).unwrap();
+        busy.add(&placed.allocation);
+        let placed = Policy::default().evaluate(&busy, &requests[2]).unwrap();
+        busy.add(&placed.allocation);
+        for scoring in [ScoringPolicy::Fgd, ScoringPolicy::FgdPlus] {
+            let policy = Policy::scoring(scoring).with_typical(typical.clone());
+            for node in [&big, &small, &busy] {
+                let mut cache = FgdCache::default();
+                // Twice over, so that every class also meets a cache another class filled.
+                for request in requests.iter().chain(&requests) {
+                    let fresh = policy
+                        .evaluate(node, request)
+                        .map(|evaluation| evaluation.score.to_bits());
+                    let cached = policy
+                        .evaluate_score_with(node, request, &mut cache)
+                        .map(f64::to_bits);
+                    assert_eq!(cached, fresh, "{scoring:?} on {}", node.spec.name);
+                }
+            }
+        }
+    }
+
     proptest! {
         /// Whatever the policy scores, a best-connected placement outranks every other one, and
         /// among placements of one kind the policy's order is kept.
