@@ -121,6 +121,7 @@ impl SimPolicy {
                     "scarce" => tuning.scarce = number()?,
                     "shape" => tuning.scarce_shape = number()?,
                     "hostslack" => tuning.host_slack = number()?,
+                    "idlehost" => tuning.idle_host_credit = number()?,
                     "scarcity" => {
                         tuning.scarcity = match value {
                             "empty" => Scarcity::Empty,
@@ -178,6 +179,11 @@ fn tuning_knobs(tuning: &fgd_plus::Tuning) -> Vec<String> {
         ("scarce", tuning.scarce, default.scarce),
         ("shape", tuning.scarce_shape, default.scarce_shape),
         ("hostslack", tuning.host_slack, default.host_slack),
+        (
+            "idlehost",
+            tuning.idle_host_credit,
+            default.idle_host_credit,
+        ),
     ];
     for (key, value, default) in numbers {
         if value != default {
