@@ -423,10 +423,11 @@ pub(crate) fn score_measured(
         measure.fragmentation - fragmentation(typical, tuning, cpu_after, mem_after, after, access);
     let host_weight = tuning.host_weight_at(typical.host_slack());
     let node_idle = node.gpus.iter().all(|usage| usage.is_idle());
+    let opens_idle_node = taking.gpus && node_idle;
     if host_weight > 0.0 {
         let stranded_after = host_stranded_of(typical, tuning, cpu_after, mem_after, after, access);
         let mut host = measure.host_stranded - stranded_after;
-        if taking.gpus && node_idle && host > 0.0 {
+        if opens_idle_node && host > 0.0 {
             // An idle node's stranding is a possibility, not yet a loss: a whole-node pod may
             // still bring its own CPU and memory. Crediting all of it sent low-memory pods to
             // open every memory-poor node and left none idle for the 8-GPU pods.
@@ -434,7 +435,7 @@ pub(crate) fn score_measured(
         }
         reduction += host_weight / 100.0 * host;
     }
-    if taking.gpus && node_idle {
+    if opens_idle_node {
         reduction -= f64::from(tuning.idle_node_penalty);
     }
     let score = if tuning.quantum > 0 {
