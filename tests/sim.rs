@@ -91,6 +91,17 @@ fn the_host_slack_is_a_knob_of_fgd_plus() {
 }
 
 #[test]
+fn the_idle_node_host_credit_is_a_knob_of_fgd_plus() {
+    let default = SimPolicy::parse("fgd-plus").unwrap();
+    assert_eq!(SimPolicy::parse("fgd-plus:idlehost=80").unwrap(), default);
+    let whole = SimPolicy::parse("fgd-plus:idlehost=100").unwrap();
+    assert_ne!(whole, default);
+    assert_eq!(whole.name(), "fgd-plus:idlehost=100");
+    assert_eq!(SimPolicy::parse(&whole.name()).unwrap(), whole);
+    assert!(SimPolicy::parse("fgd-plus:idlehost=half").is_none());
+}
+
+#[test]
 fn a_seed_replays_identically() {
     let prepared = example();
     for policy in [
