@@ -79,26 +79,29 @@ fn scarcity_measured_now_is_a_knob_of_fgd_plus() {
     assert!(a.last.used_milli > 0);
 }
 
+/// A numeric knob of fgd-plus: `key=default` is the plain policy, `key=other` differs and
+/// round-trips through its name, and `key=garbage` is refused.
+fn assert_numeric_knob(key: &str, default_value: u32, other: u32, garbage: &str) {
+    let default = SimPolicy::parse("fgd-plus").unwrap();
+    assert_eq!(
+        SimPolicy::parse(&format!("fgd-plus:{key}={default_value}")).unwrap(),
+        default
+    );
+    let changed = SimPolicy::parse(&format!("fgd-plus:{key}={other}")).unwrap();
+    assert_ne!(changed, default);
+    assert_eq!(changed.name(), format!("fgd-plus:{key}={other}"));
+    assert_eq!(SimPolicy::parse(&changed.name()).unwrap(), changed);
+    assert!(SimPolicy::parse(&format!("fgd-plus:{key}={garbage}")).is_none());
+}
+
 #[test]
 fn the_host_slack_is_a_knob_of_fgd_plus() {
-    let default = SimPolicy::parse("fgd-plus").unwrap();
-    assert_eq!(SimPolicy::parse("fgd-plus:hostslack=10").unwrap(), default);
-    let whole = SimPolicy::parse("fgd-plus:hostslack=0").unwrap();
-    assert_ne!(whole, default);
-    assert_eq!(whole.name(), "fgd-plus:hostslack=0");
-    assert_eq!(SimPolicy::parse(&whole.name()).unwrap(), whole);
-    assert!(SimPolicy::parse("fgd-plus:hostslack=some").is_none());
+    assert_numeric_knob("hostslack", 10, 0, "some");
 }
 
 #[test]
 fn the_idle_node_host_credit_is_a_knob_of_fgd_plus() {
-    let default = SimPolicy::parse("fgd-plus").unwrap();
-    assert_eq!(SimPolicy::parse("fgd-plus:idlehost=80").unwrap(), default);
-    let whole = SimPolicy::parse("fgd-plus:idlehost=100").unwrap();
-    assert_ne!(whole, default);
-    assert_eq!(whole.name(), "fgd-plus:idlehost=100");
-    assert_eq!(SimPolicy::parse(&whole.name()).unwrap(), whole);
-    assert!(SimPolicy::parse("fgd-plus:idlehost=half").is_none());
+    assert_numeric_knob("idlehost", 80, 100, "half");
 }
 
 #[test]
