@@ -105,6 +105,13 @@ fn the_idle_node_host_credit_is_a_knob_of_fgd_plus() {
 }
 
 #[test]
+fn the_idle_node_guard_is_three_knobs_of_fgd_plus() {
+    assert_numeric_knob("idlefloor", 25, 0, "quarter");
+    assert_numeric_knob("guardpen", 4000, 100, "much");
+    assert_numeric_knob("guardrise", 1600, 100, "x16");
+}
+
+#[test]
 fn a_seed_replays_identically() {
     let prepared = example();
     for policy in [

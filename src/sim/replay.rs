@@ -122,6 +122,9 @@ impl SimPolicy {
                     "shape" => tuning.scarce_shape = number()?,
                     "hostslack" => tuning.host_slack = number()?,
                     "idlehost" => tuning.idle_host_credit = number()?,
+                    "idlefloor" => tuning.idle_floor = number()?,
+                    "guardpen" => tuning.guard_penalty = number()?,
+                    "guardrise" => tuning.guard_rise = number()?,
                     "scarcity" => {
                         tuning.scarcity = match value {
                             "empty" => Scarcity::Empty,
@@ -184,6 +187,9 @@ fn tuning_knobs(tuning: &fgd_plus::Tuning) -> Vec<String> {
             tuning.idle_host_credit,
             default.idle_host_credit,
         ),
+        ("idlefloor", tuning.idle_floor, default.idle_floor),
+        ("guardpen", tuning.guard_penalty, default.guard_penalty),
+        ("guardrise", tuning.guard_rise, default.guard_rise),
     ];
     for (key, value, default) in numbers {
         if value != default {

@@ -33,6 +33,16 @@ pub struct TypicalPod {
 /// load on CPU-heavy workloads (`cpu25` in docs/policies.md), without protecting anyone.
 const MIN_EXCESS_SCARCITY: f64 = 1.0;
 
+/// GPUs per pod from which a class is big ([`TypicalPods::idle_cover`]): on the trace's 8-GPU
+/// nodes, a pod of four GPUs or more needs a node that is idle or half free.
+pub const BIG_CLASS_GPUS: u16 = 4;
+
+/// [`TypicalPods::idle_cover`] is measured up to this (hundredths) and in steps of
+/// [`IDLE_COVER_STEP`]: every step makes every cached score stale, and the guard it feeds only
+/// reads the cover well below a whole one.
+const IDLE_COVER_CAP: u32 = 100;
+const IDLE_COVER_STEP: u32 = 5;
+
 /// The workload distribution fragmentation is measured against.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TypicalPods {
@@ -54,6 +64,10 @@ pub struct TypicalPods {
     asked_per_gpu: (f64, f64),
     /// [`TypicalPods::host_slack`]; `None` until a cluster is given.
     host_slack: Option<f64>,
+    /// The big classes' ([`BIG_CLASS_GPUS`]) share of the GPU demand, typical and rare.
+    big_share: f64,
+    /// [`TypicalPods::idle_cover`]; `None` until a cluster is given.
+    idle_cover: Option<u32>,
 }
 
 impl TypicalPods {
@@ -77,6 +91,7 @@ impl TypicalPods {
         }
         let sliver_values = sliver_values(&pods);
         let asked_per_gpu = asked_per_gpu(pods.iter().chain(&rare));
+        let big_share = big_share(pods.iter().chain(&rare));
         Self {
             pods,
             sliver_values,
@@ -84,6 +99,8 @@ impl TypicalPods {
             scarce: Vec::new(),
             asked_per_gpu,
             host_slack: None,
+            big_share,
+            idle_cover: None,
         }
     }
 
@@ -146,11 +163,13 @@ impl TypicalPods {
             })
             .collect();
         let host_slack = self.slack_of(census);
-        if scarce == self.scarce && host_slack == self.host_slack {
+        let idle_cover = self.cover_of(census);
+        if scarce == self.scarce && host_slack == self.host_slack && idle_cover == self.idle_cover {
             return false;
         }
         self.scarce = scarce;
         self.host_slack = host_slack;
+        self.idle_cover = idle_cover;
         true
     }
 
@@ -163,6 +182,27 @@ impl TypicalPods {
     /// given ([`TypicalPods::with_cluster`]) or when no class asks for a GPU.
     pub fn host_slack(&self) -> Option<f64> {
         self.host_slack
+    }
+
+    /// How well the idle nodes cover the big classes ([`BIG_CLASS_GPUS`]), in hundredths: the
+    /// idle GPUs' share of the cluster's GPUs over the big classes' share of the GPU demand,
+    /// rounded down to a step of 5 and capped at 100. A big pod needs an idle node, or one
+    /// nearly so; where pods leave and the cluster stays full, idle nodes come back one at a
+    /// time, and a policy that hands each to a small pod has none left when a run of big pods
+    /// arrives (docs/policies.md, "Idle nodes guarded"). `None` until a cluster is given, or
+    /// when no class is big.
+    pub fn idle_cover(&self) -> Option<u32> {
+        self.idle_cover
+    }
+
+    /// [`TypicalPods::idle_cover`] of the census's nodes.
+    fn cover_of(&self, census: &ScarcityCensus) -> Option<u32> {
+        if census.total == 0 || self.big_share <= 0.0 {
+            return None;
+        }
+        let idle_share = census.idle_gpus as f64 / census.total as f64;
+        let cover = (100.0 * idle_share / self.big_share).min(f64::from(IDLE_COVER_CAP)) as u32;
+        Some(cover / IDLE_COVER_STEP * IDLE_COVER_STEP)
     }
 
     /// [`TypicalPods::host_slack`] of the census's nodes.
@@ -651,6 +691,21 @@ fn asked_per_gpu<'a>(classes: impl Iterator<Item = &'a TypicalPod>) -> (f64, f64
     }
 }
 
+/// The big classes' ([`BIG_CLASS_GPUS`]) share of the GPU demand of `classes`, by weight; 0
+/// when none asks for a GPU.
+fn big_share<'a>(classes: impl Iterator<Item = &'a TypicalPod>) -> f64 {
+    let (big, all) = classes.fold((0.0, 0.0), |(big, all), pod| {
+        let demand = pod.weight * f64::from(pod.gpus) * f64::from(pod.milli);
+        let big_demand = if pod.gpus >= BIG_CLASS_GPUS {
+            demand
+        } else {
+            0.0
+        };
+        (big + big_demand, all + demand)
+    });
+    if all > 0.0 { big / all } else { 0.0 }
+}
+
 /// The cluster's GPUs over the GPUs of the nodes that can run a class, less one (0 when no
 /// node can: no placement can keep room for it).
 fn excess_scarcity(total: u64, capacity: u64) -> f64 {
@@ -695,6 +750,8 @@ pub struct ScarcityCensus {
     /// ask, for [`TypicalPods::host_slack`].
     cpu_slack: u64,
     memory_slack: u64,
+    /// The GPUs of the nodes whose GPUs are all idle, for [`TypicalPods::idle_cover`].
+    idle_gpus: u64,
     empty: Vec<u64>,
     now: Vec<u64>,
 }
@@ -712,6 +769,7 @@ impl ScarcityCensus {
             total: 0,
             cpu_slack: 0,
             memory_slack: 0,
+            idle_gpus: 0,
             empty: vec![0; classes],
             now: vec![0; classes],
         };
@@ -741,6 +799,9 @@ impl ScarcityCensus {
             };
         };
         apply(&mut self.total, gpus);
+        if node.gpus.iter().all(|usage| usage.is_idle()) {
+            apply(&mut self.idle_gpus, gpus);
+        }
         let (cpu_per_gpu, memory_per_gpu) = typical.asked_per_gpu;
         // Rounded down to whole units, so that taking a node out subtracts what putting it in
         // added.
@@ -1123,6 +1184,48 @@ mod tests {
             before,
             "the empty measure does not move"
         );
+    }
+
+    #[test]
+    fn the_idle_cover_is_the_idle_share_over_the_big_classes_share() {
+        // The 8-GPU and 4-GPU classes ask 12 of the 19.5 GPUs asked (0.615).
+        let typical = mixed_classes();
+        assert_eq!(typical.idle_cover(), None, "no cluster given");
+        let mut nodes = mixed_cluster();
+        let measured = |nodes: &[NodeState]| {
+            typical
+                .clone()
+                .with_scarcity(nodes, Scarcity::Now)
+                .idle_cover()
+        };
+        assert_eq!(measured(&nodes), Some(100), "capped");
+        let policy = Policy::scoring(ScoringPolicy::Binpack);
+        let one = PodRequest::single(CpuMilli(1000), MemMiB(0), GpuDemand::Whole { count: 1 });
+        let take_one = |node: &mut NodeState| {
+            let allocation = fit(node, &one, &policy).unwrap();
+            node.add(&allocation);
+        };
+        // Only the V100 nodes idle: 16 of 64 GPUs, 0.25 / 0.615 = 0.41, in steps of 0.05.
+        for node in &mut nodes[2..] {
+            take_one(node);
+        }
+        assert_eq!(measured(&nodes), Some(40));
+        take_one(&mut nodes[1]);
+        assert_eq!(measured(&nodes), Some(20));
+        take_one(&mut nodes[0]);
+        assert_eq!(measured(&nodes), Some(0));
+        // The census kept per change measures the same.
+        let mut census = ScarcityCensus::of(&typical, Scarcity::Now, &mixed_cluster());
+        let mut kept = typical.clone();
+        for (before, after) in mixed_cluster().iter().zip(&nodes) {
+            census.remove(&typical, before);
+            census.add(&typical, after);
+        }
+        assert!(kept.set_census(&census));
+        assert_eq!(kept.idle_cover(), Some(0));
+        // No class of four GPUs or more: nothing to cover.
+        let small = TypicalPods::new(vec![class(4_000, 1, 1000, 1.0)]).with_cluster(&nodes);
+        assert_eq!(small.idle_cover(), None);
     }
 
     #[test]
