@@ -1,6 +1,7 @@
 //! FGD+: fragmentation gradient descent with two more things measured, host stranding and the
 //! look-ahead value of slivers, compared without truncation, plus a small charge for opening a
-//! fully idle node and "used nodes first" among equals.
+//! fully idle node (a large one once idle nodes run short of what the big pods need) and "used
+//! nodes first" among equals.
 //!
 //! Why, in short (docs/policies.md has the measurements): at the end of a replay FGD's leftover
 //! GPU capacity is mostly slivers no pod fits and GPUs whose node ran out of CPU or memory. FGD
