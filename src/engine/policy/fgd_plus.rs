@@ -165,7 +165,7 @@ impl Default for Tuning {
             // cover under a quarter of the big pods' share of the demand, it is at or above FGD
             // at every arrival on all 34 stretched workloads measured and on five more stretched
             // with a seed no knob was chosen on, for up to 0.74 of a workload's gain at 130% on
-            // the trace's cluster (1.07 on a held-out one); on the 42 workloads without
+            // the trace's cluster (0.68 on a held-out one); on the 42 workloads without
             // departures it moves the value at 130% by -0.05 to +0.01 and puts none below FGD
             // (docs/policies.md, "Idle nodes guarded").
             idle_floor: 25,
