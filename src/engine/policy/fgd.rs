@@ -27,6 +27,13 @@ pub struct TypicalPod {
     pub weight: f64,
 }
 
+impl TypicalPod {
+    /// The class's GPU demand per pod in milli-GPU (0 for CPU-only pods).
+    pub fn demand(&self) -> f64 {
+        f64::from(self.gpus) * f64::from(self.milli)
+    }
+}
+
 /// The least excess scarcity ([`TypicalPods::with_cluster`]) that makes a class scarce: at most
 /// half of the cluster's GPUs can run it. Below that, many mildly constrained classes (a CPU-heavy
 /// pod only the larger hosts take) pulled against the host-stranding term and cost gains at full
@@ -41,6 +48,7 @@ pub const BIG_CLASS_GPUS: u16 = 4;
 /// [`IDLE_COVER_STEP`]: every step makes every cached score stale, and the guard it feeds only
 /// reads the cover well below a whole one.
 const IDLE_COVER_CAP: u32 = 100;
+/// The step (hundredths) of [`TypicalPods::idle_cover`].
 const IDLE_COVER_STEP: u32 = 5;
 
 /// The workload distribution fragmentation is measured against.
@@ -512,7 +520,7 @@ impl TypicalPods {
             if pod.milli == 0 || pod.gpus == 0 {
                 continue;
             }
-            let gpus = f64::from(pod.gpus) * f64::from(pod.milli) / 1000.0;
+            let gpus = pod.demand() / 1000.0;
             let weight = pod.weight * gpus;
             if pool_unconstrained && pod.models.is_empty() {
                 cpu += pod.weight * pod.cpu.0 as f64;
@@ -677,7 +685,7 @@ pub enum Scarcity {
 /// classes count their CPU and memory and no GPU. Zeros when none asks for a GPU.
 fn asked_per_gpu<'a>(classes: impl Iterator<Item = &'a TypicalPod>) -> (f64, f64) {
     let (cpu, memory, gpus) = classes.fold((0.0, 0.0, 0.0), |(cpu, memory, gpus), pod| {
-        let asked = f64::from(pod.gpus) * f64::from(pod.milli) / 1000.0;
+        let asked = pod.demand() / 1000.0;
         (
             cpu + pod.weight * pod.cpu.0 as f64,
             memory + pod.weight * pod.memory.0 as f64,
@@ -695,7 +703,7 @@ fn asked_per_gpu<'a>(classes: impl Iterator<Item = &'a TypicalPod>) -> (f64, f64
 /// when none asks for a GPU.
 fn big_share<'a>(classes: impl Iterator<Item = &'a TypicalPod>) -> f64 {
     let (big, all) = classes.fold((0.0, 0.0), |(big, all), pod| {
-        let demand = pod.weight * f64::from(pod.gpus) * f64::from(pod.milli);
+        let demand = pod.weight * pod.demand();
         let big_demand = if pod.gpus >= BIG_CLASS_GPUS {
             demand
         } else {

@@ -199,11 +199,6 @@ pub enum TieBreak {
     UsedNodes,
 }
 
-/// A typical pod's GPU demand in milli-GPU (0 for CPU-only pods).
-pub fn demand(pod: &TypicalPod) -> f64 {
-    f64::from(pod.gpus) * f64::from(pod.milli)
-}
-
 /// The part of the measure that depends on individual GPUs (FGD's expectation, optionally
 /// demand-weighted, plus the weighted sliver look-ahead): what the choice of GPU minimises.
 pub fn fragmentation(
@@ -215,7 +210,7 @@ pub fn fragmentation(
     access: &[u64],
 ) -> f64 {
     let expected = if tuning.demand_weighted {
-        typical.fragmentation_scaled(cpu_free, free_milli, access, demand)
+        typical.fragmentation_scaled(cpu_free, free_milli, access, TypicalPod::demand)
     } else {
         typical.fragmentation_with_memory(cpu_free, mem_free, free_milli, access)
     };
@@ -1071,14 +1066,17 @@ mod tests {
         let node = || eight_gpu_node(128_000);
         let one = PodRequest::single(CpuMilli(1000), MemMiB(0), GpuDemand::Whole { count: 1 });
         let binpack = Policy::scoring(ScoringPolicy::Binpack);
-        let used = || {
-            let mut node = node();
+        let used = |mut node: NodeState| {
             node.add(&crate::engine::fit(&node, &one, &binpack).unwrap());
             node
         };
         // Nine used nodes and one idle: 8 of 80 GPUs idle, a cover of 0.1 / 0.571 = 0.175.
-        let mut cluster: Vec<NodeState> = (0..9).map(|_| used()).collect();
-        cluster.push(node());
+        let one_idle_of_ten = |node: &dyn Fn() -> NodeState| -> Vec<NodeState> {
+            let mut cluster: Vec<NodeState> = (0..9).map(|_| used(node())).collect();
+            cluster.push(node());
+            cluster
+        };
+        let cluster = one_idle_of_ten(&node);
         let few_idle = typical.clone().with_cluster(&cluster);
         assert_eq!(few_idle.idle_cover(), Some(15));
         let idle_cluster: Vec<NodeState> = (0..10).map(|_| node()).collect();
@@ -1086,14 +1084,17 @@ mod tests {
         assert_eq!(all_idle.idle_cover(), Some(100));
         // A CPU-heavy one-GPU pod: 64 cores leave the idle node's other GPUs short of CPU.
         let heavy = PodRequest::single(CpuMilli(64_000), MemMiB(0), GpuDemand::Whole { count: 1 });
-        let score = |typical: &TypicalPods, node: &NodeState, tuning: Tuning| {
+        let score_of = |pod: &PodRequest, typical: &TypicalPods, node: &NodeState, tuning| {
             Policy {
                 fgd_plus: tuning,
                 ..Policy::scoring(ScoringPolicy::FgdPlus).with_typical(typical.clone())
             }
-            .evaluate(node, &heavy)
+            .evaluate(node, pod)
             .unwrap()
             .score
+        };
+        let score = |typical: &TypicalPods, node: &NodeState, tuning| {
+            score_of(&heavy, typical, node, tuning)
         };
         let guarded = Tuning::default();
         let penalty_only = Tuning {
@@ -1112,7 +1113,7 @@ mod tests {
             score(&all_idle, &idle, guarded),
             score(&all_idle, &idle, off)
         );
-        let used = used();
+        let used = used(node());
         assert_eq!(
             score(&few_idle, &used, guarded),
             score(&few_idle, &used, off)
@@ -1120,28 +1121,11 @@ mod tests {
         // Where no node has CPU to spare beside its GPUs (96 cores for 8 GPUs at 12 per GPU)
         // the host term is off, and so is the guard's charge.
         let tight_node = || eight_gpu_node(96_000);
-        let mut tight: Vec<NodeState> = (0..9)
-            .map(|_| {
-                let mut node = tight_node();
-                node.add(&crate::engine::fit(&node, &one, &binpack).unwrap());
-                node
-            })
-            .collect();
-        tight.push(tight_node());
-        let tight = typical.clone().with_cluster(&tight);
+        let tight = typical.clone().with_cluster(&one_idle_of_ten(&tight_node));
         assert_eq!(tight.host_slack(), Some(0.0));
         assert_eq!(tight.idle_cover(), Some(15));
-        let light = PodRequest::single(CpuMilli(1000), MemMiB(0), GpuDemand::Whole { count: 1 });
-        let light_score = |tuning: Tuning| {
-            Policy {
-                fgd_plus: tuning,
-                ..Policy::scoring(ScoringPolicy::FgdPlus).with_typical(tight.clone())
-            }
-            .evaluate(&tight_node(), &light)
-            .unwrap()
-            .score
-        };
-        assert_eq!(light_score(guarded), light_score(off));
+        let light = |tuning| score_of(&one, &tight, &tight_node(), tuning);
+        assert_eq!(light(guarded), light(off));
         // Without big classes there is nothing to guard the idle nodes for.
         let small = TypicalPods::new(vec![class(12_000, 0, 1, 1000, 1.0)]).with_cluster(&cluster);
         assert_eq!(small.idle_cover(), None);
