@@ -341,6 +341,58 @@ mod tests {
     }
 
     #[test]
+    fn the_idle_cover_follows_the_nodes_without_relearning() {
+        // Four idle 8-GPU nodes and a distribution whose 4-GPU class asks half the GPU demand:
+        // idle share 1 over 0.5, capped at 1. One pod on each of three nodes leaves 8 of 32
+        // GPUs idle: 0.25 / 0.5 = 0.5, under 1, where FGD+'s idle-node guard reads it.
+        let mut table = Table::new(20);
+        for i in 0..4 {
+            table.apply(Change::UpsertNode(
+                NodeSpec::uniform(&format!("n{i}"), GpuMode::CoreMem, 8, "G2", MemMiB(0))
+                    .with_host(CpuMilli(128_000), MemMiB(1 << 30), 110),
+            ));
+        }
+        let cluster = ClusterState::with_table(table);
+        let class = |gpus: u16, weight: f64| TypicalPod {
+            cpu: CpuMilli(8_000),
+            memory: MemMiB(0),
+            gpus,
+            milli: 1000,
+            models: Vec::new(),
+            weight,
+        };
+        let configured = TypicalPods::new(vec![class(1, 4.0), class(4, 1.0)]);
+        let cell = PolicyCell::from(Policy {
+            typical: configured.clone(),
+            ..Policy::scoring(crate::engine::ScoringPolicy::FgdPlus)
+        });
+        relearn(&cluster, &cell, &configured, false);
+        assert_eq!(cell.load().typical.idle_cover(), Some(100));
+        let request = PodRequest::single(CpuMilli(1_000), MemMiB(0), GpuDemand::Whole { count: 1 });
+        for i in 0..3 {
+            let allocation = {
+                let table = cluster.read();
+                let Some(state) = table.node_by_str(&format!("n{i}")) else {
+                    panic!("node n{i} is missing");
+                };
+                fit(state, &request, &Policy::default())
+                    .unwrap_or_else(|reason| panic!("the pod does not fit: {reason:?}"))
+            };
+            cluster.write().apply(Change::PodBound {
+                pod: PodKey::new("ns", &format!("p{i}")),
+                allocation,
+            });
+        }
+        assert!(remeasure_scarcity(&cluster, &cell));
+        assert_eq!(cell.load().typical.idle_cover(), Some(50));
+        assert_eq!(
+            cell.load().typical.pods(),
+            configured.pods(),
+            "same classes"
+        );
+    }
+
+    #[test]
     fn a_decision_keeps_the_policy_it_loaded() {
         let cell = PolicyCell::from(Policy::default());
         let held = cell.load();
