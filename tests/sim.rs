@@ -102,6 +102,7 @@ fn the_host_slack_is_a_knob_of_fgd_plus() {
 #[test]
 fn the_idle_node_host_credit_is_a_knob_of_fgd_plus() {
     assert_numeric_knob("idlehost", 80, 100, "half");
+    assert_numeric_knob("creditcover", 100, 0, "full");
 }
 
 #[test]
