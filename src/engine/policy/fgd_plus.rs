@@ -562,6 +562,22 @@ mod tests {
         }
     }
 
+    /// FGD+'s score for `pod` on `node` with `tuning`, against `typical`.
+    fn score_with(
+        typical: &TypicalPods,
+        tuning: Tuning,
+        node: &NodeState,
+        pod: &PodRequest,
+    ) -> f64 {
+        Policy {
+            fgd_plus: tuning,
+            ..Policy::scoring(ScoringPolicy::FgdPlus).with_typical(typical.clone())
+        }
+        .evaluate(node, pod)
+        .unwrap()
+        .score
+    }
+
     /// An idle node of `gpus` GPUs of `model` with `cpu` milli-cores and memory to spare.
     fn idle_node(gpus: u16, model: &str, cpu: u64) -> NodeState {
         NodeState::new(
@@ -1070,13 +1086,7 @@ mod tests {
             };
             let pod =
                 PodRequest::single(CpuMilli(0), MemMiB(memory), GpuDemand::Whole { count: 1 });
-            Policy {
-                fgd_plus: tuning,
-                ..Policy::scoring(ScoringPolicy::FgdPlus).with_typical(typical.clone())
-            }
-            .evaluate(node, &pod)
-            .unwrap()
-            .score
+            score_with(&typical, tuning, node, &pod)
         };
         // A pod without memory lowers the stranding by a GPU: on the idle node the credit
         // decides how much of that counts, on the used node it always counts whole.
@@ -1160,13 +1170,7 @@ mod tests {
         let all_idle = typical.clone().with_cluster(&cluster(10));
         assert_eq!(all_idle.idle_cover(), Some(100));
         let score = |typical: &TypicalPods, node: &NodeState, tuning| {
-            Policy {
-                fgd_plus: tuning,
-                ..Policy::scoring(ScoringPolicy::FgdPlus).with_typical(typical.clone())
-            }
-            .evaluate(node, &lean)
-            .unwrap()
-            .score
+            score_with(typical, tuning, node, &lean)
         };
         let ramped = Tuning::default();
         let always_whole = Tuning {
@@ -1216,13 +1220,7 @@ mod tests {
         // A CPU-heavy one-GPU pod: 64 cores leave the idle node's other GPUs short of CPU.
         let heavy = PodRequest::single(CpuMilli(64_000), MemMiB(0), GpuDemand::Whole { count: 1 });
         let score_of = |pod: &PodRequest, typical: &TypicalPods, node: &NodeState, tuning| {
-            Policy {
-                fgd_plus: tuning,
-                ..Policy::scoring(ScoringPolicy::FgdPlus).with_typical(typical.clone())
-            }
-            .evaluate(node, pod)
-            .unwrap()
-            .score
+            score_with(typical, tuning, node, pod)
         };
         let score = |typical: &TypicalPods, node: &NodeState, tuning| {
             score_of(&heavy, typical, node, tuning)
