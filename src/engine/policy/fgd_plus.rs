@@ -182,8 +182,8 @@ impl Default for Tuning {
             // model-constrained workloads, 80 up to 0.19 (docs/policies.md, "Idle nodes
             // credited 80%").
             idle_host_credit: 80,
-            // Where pods leave, the credit drew the idle nodes that came back one by one into
-            // one- and two-GPU pods before the guard's floor was reached: on the trace's nodes
+            // Where pods leave, the credit still paid one- and two-GPU pods for opening the
+            // idle nodes that came back, before the guard's floor was reached: on the trace's nodes
             // with 70% of their memory `fgd-plus` fell 1.49 below FGD at 108% arrival on the
             // multi-GPU-heavy workload stretched for departures, where FGD turned no pod away.
             // Shrinking the credit as the idle nodes cover fewer big pods, to none at the
