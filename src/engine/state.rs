@@ -316,6 +316,11 @@ impl NodeState {
         self.spec.position_of(index)
     }
 
+    /// Whether every GPU of the node is idle (true of a node without GPUs).
+    pub fn gpus_idle(&self) -> bool {
+        self.gpus.iter().all(GpuUsage::is_idle)
+    }
+
     /// Free host CPU.
     pub fn cpu_free(&self) -> CpuMilli {
         CpuMilli(self.spec.cpu.0.saturating_sub(self.cpu_used.0))

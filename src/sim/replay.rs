@@ -797,7 +797,7 @@ impl Live {
             prepared
                 .typical
                 .fragmentation(node.cpu_free(), &self.free[n], &prepared.access[n]);
-        self.idle[n] = !node.gpus.is_empty() && node.gpus.iter().all(|usage| usage.is_idle());
+        self.idle[n] = !node.gpus.is_empty() && node.gpus_idle();
     }
 
     /// The cluster-wide step after a pod.

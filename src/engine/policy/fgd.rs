@@ -45,8 +45,9 @@ const MIN_EXCESS_SCARCITY: f64 = 1.0;
 pub const BIG_CLASS_GPUS: u16 = 4;
 
 /// [`TypicalPods::idle_cover`] is measured up to this (hundredths) and in steps of
-/// [`IDLE_COVER_STEP`]: every step makes every cached score stale, and the guard it feeds only
-/// reads the cover well below a whole one.
+/// [`IDLE_COVER_STEP`]: every step makes every cached score stale, and what reads the cover
+/// reads it up to a whole one at most (the guard well below it, the idle credit's ramp up to
+/// it).
 const IDLE_COVER_CAP: u32 = 100;
 /// The step (hundredths) of [`TypicalPods::idle_cover`].
 const IDLE_COVER_STEP: u32 = 5;
@@ -807,7 +808,7 @@ impl ScarcityCensus {
             };
         };
         apply(&mut self.total, gpus);
-        if node.gpus.iter().all(|usage| usage.is_idle()) {
+        if node.gpus_idle() {
             apply(&mut self.idle_gpus, gpus);
         }
         let (cpu_per_gpu, memory_per_gpu) = typical.asked_per_gpu;

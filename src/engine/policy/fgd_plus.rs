@@ -483,7 +483,7 @@ pub(crate) fn score_measured(
     let mut reduction =
         measure.fragmentation - fragmentation(typical, tuning, cpu_after, mem_after, after, access);
     let host_weight = tuning.host_weight_at(typical.host_slack());
-    let node_idle = node.gpus.iter().all(|usage| usage.is_idle());
+    let node_idle = node.gpus_idle();
     let opens_idle_node = taking.gpus && node_idle;
     let guarded = opens_idle_node
         && typical
