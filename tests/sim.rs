@@ -106,6 +106,20 @@ fn the_idle_node_host_credit_is_a_knob_of_fgd_plus() {
 }
 
 #[test]
+fn how_cpu_only_pods_are_scored_is_a_knob_of_fgd_plus() {
+    let default = SimPolicy::parse("fgd-plus").unwrap();
+    assert_eq!(SimPolicy::parse("fgd-plus:cpuonly=plus").unwrap(), default);
+    for value in ["nohost", "fgd"] {
+        let changed = SimPolicy::parse(&format!("fgd-plus:cpuonly={value}")).unwrap();
+        assert_ne!(changed, default);
+        assert_eq!(changed.name(), format!("fgd-plus:cpuonly={value}"));
+        assert_eq!(SimPolicy::parse(&changed.name()).unwrap(), changed);
+    }
+    assert!(SimPolicy::parse("fgd-plus:cpuonly=none").is_none());
+    assert_numeric_knob("cpuscarce", 5, 0, "little");
+}
+
+#[test]
 fn the_idle_node_guard_is_three_knobs_of_fgd_plus() {
     assert_numeric_knob("idlefloor", 25, 0, "quarter");
     assert_numeric_knob("guardpen", 4000, 100, "much");

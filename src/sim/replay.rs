@@ -126,6 +126,7 @@ impl SimPolicy {
                     "idlefloor" => tuning.idle_floor = number()?,
                     "guardpen" => tuning.guard_penalty = number()?,
                     "guardrise" => tuning.guard_rise = number()?,
+                    "cpuscarce" => tuning.cpu_only_scarce = number()?,
                     "scarcity" => {
                         tuning.scarcity = match value {
                             "empty" => Scarcity::Empty,
@@ -139,6 +140,14 @@ impl SimPolicy {
                             "mean" => fgd_plus::HostBy::Mean,
                             "class" => fgd_plus::HostBy::Class,
                             "constrained" => fgd_plus::HostBy::Constrained,
+                            _ => return None,
+                        }
+                    }
+                    "cpuonly" => {
+                        tuning.cpu_only = match value {
+                            "plus" => fgd_plus::CpuOnlyScore::Plus,
+                            "nohost" => fgd_plus::CpuOnlyScore::NoHost,
+                            "fgd" => fgd_plus::CpuOnlyScore::Fgd,
                             _ => return None,
                         }
                     }
@@ -192,6 +201,7 @@ fn tuning_knobs(tuning: &fgd_plus::Tuning) -> Vec<String> {
         ("idlefloor", tuning.idle_floor, default.idle_floor),
         ("guardpen", tuning.guard_penalty, default.guard_penalty),
         ("guardrise", tuning.guard_rise, default.guard_rise),
+        ("cpuscarce", tuning.cpu_only_scarce, default.cpu_only_scarce),
     ];
     for (key, value, default) in numbers {
         if value != default {
@@ -221,6 +231,14 @@ fn tuning_knobs(tuning: &fgd_plus::Tuning) -> Vec<String> {
             fgd_plus::TieBreak::UsedNodes => "used",
         };
         knobs.push(format!("tie={tie}"));
+    }
+    if tuning.cpu_only != default.cpu_only {
+        let cpu_only = match tuning.cpu_only {
+            fgd_plus::CpuOnlyScore::Plus => "plus",
+            fgd_plus::CpuOnlyScore::NoHost => "nohost",
+            fgd_plus::CpuOnlyScore::Fgd => "fgd",
+        };
+        knobs.push(format!("cpuonly={cpu_only}"));
     }
     knobs
 }
