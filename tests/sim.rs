@@ -120,6 +120,34 @@ fn how_cpu_only_pods_are_scored_is_a_knob_of_fgd_plus() {
 }
 
 #[test]
+fn the_knobs_that_take_a_word_round_trip_through_the_name() {
+    let default = SimPolicy::parse("fgd-plus").unwrap();
+    for knob in [
+        "hostby=class",
+        "hostby=constrained",
+        "tie=none",
+        "tie=pack",
+        "scarcity=empty",
+        "cpuonly=fgd",
+    ] {
+        let changed = SimPolicy::parse(&format!("fgd-plus:{knob}")).unwrap();
+        assert_ne!(changed, default, "{knob}");
+        assert_eq!(changed.name(), format!("fgd-plus:{knob}"));
+    }
+    let all = SimPolicy::parse("fgd-plus:tie=pack+hostby=class+cpuonly=nohost").unwrap();
+    assert_eq!(all.name(), "fgd-plus:hostby=class+tie=pack+cpuonly=nohost");
+    assert_eq!(SimPolicy::parse(&all.name()).unwrap(), all);
+    for default_word in ["hostby=mean", "tie=used", "scarcity=now", "cpuonly=plus"] {
+        assert_eq!(
+            SimPolicy::parse(&format!("fgd-plus:{default_word}")).unwrap(),
+            default
+        );
+    }
+    assert!(SimPolicy::parse("fgd-plus:hostby=median").is_none());
+    assert!(SimPolicy::parse("fgd-plus:tie=random").is_none());
+}
+
+#[test]
 fn the_idle_node_guard_is_three_knobs_of_fgd_plus() {
     assert_numeric_knob("idlefloor", 25, 0, "quarter");
     assert_numeric_knob("guardpen", 4000, 100, "much");

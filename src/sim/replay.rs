@@ -127,43 +127,77 @@ impl SimPolicy {
                     "guardpen" => tuning.guard_penalty = number()?,
                     "guardrise" => tuning.guard_rise = number()?,
                     "cpuscarce" => tuning.cpu_only_scarce = number()?,
-                    "scarcity" => {
-                        tuning.scarcity = match value {
-                            "empty" => Scarcity::Empty,
-                            "now" => Scarcity::Now,
-                            "shape" => Scarcity::Shape,
-                            _ => return None,
-                        }
-                    }
-                    "hostby" => {
-                        tuning.host_by = match value {
-                            "mean" => fgd_plus::HostBy::Mean,
-                            "class" => fgd_plus::HostBy::Class,
-                            "constrained" => fgd_plus::HostBy::Constrained,
-                            _ => return None,
-                        }
-                    }
-                    "cpuonly" => {
-                        tuning.cpu_only = match value {
-                            "plus" => fgd_plus::CpuOnlyScore::Plus,
-                            "nohost" => fgd_plus::CpuOnlyScore::NoHost,
-                            "fgd" => fgd_plus::CpuOnlyScore::Fgd,
-                            _ => return None,
-                        }
-                    }
-                    "tie" => {
-                        tuning.tie_break = match value {
-                            "none" => fgd_plus::TieBreak::None,
-                            "pack" => fgd_plus::TieBreak::Pack,
-                            "used" => fgd_plus::TieBreak::UsedNodes,
-                            _ => return None,
-                        }
-                    }
+                    "scarcity" => tuning.scarcity = WordKnob::from_word(value)?,
+                    "hostby" => tuning.host_by = WordKnob::from_word(value)?,
+                    "cpuonly" => tuning.cpu_only = WordKnob::from_word(value)?,
+                    "tie" => tuning.tie_break = WordKnob::from_word(value)?,
                     _ => return None,
                 }
             }
         }
         Some(Self::Engine { scoring, tuning })
+    }
+}
+
+/// A knob of FGD+ that takes a word: one place for the words, read by the parse and the name.
+trait WordKnob: Copy + 'static {
+    /// Every value (what [`WordKnob::from_word`] looks through).
+    const ALL: &'static [Self];
+
+    /// The value's word.
+    fn word(self) -> &'static str;
+
+    /// The value that `word` names.
+    fn from_word(word: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|value| value.word() == word)
+    }
+}
+
+impl WordKnob for Scarcity {
+    const ALL: &'static [Self] = &[Self::Empty, Self::Now, Self::Shape];
+
+    fn word(self) -> &'static str {
+        match self {
+            Self::Empty => "empty",
+            Self::Now => "now",
+            Self::Shape => "shape",
+        }
+    }
+}
+
+impl WordKnob for fgd_plus::HostBy {
+    const ALL: &'static [Self] = &[Self::Mean, Self::Class, Self::Constrained];
+
+    fn word(self) -> &'static str {
+        match self {
+            Self::Mean => "mean",
+            Self::Class => "class",
+            Self::Constrained => "constrained",
+        }
+    }
+}
+
+impl WordKnob for fgd_plus::TieBreak {
+    const ALL: &'static [Self] = &[Self::None, Self::Pack, Self::UsedNodes];
+
+    fn word(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Pack => "pack",
+            Self::UsedNodes => "used",
+        }
+    }
+}
+
+impl WordKnob for fgd_plus::CpuOnlyScore {
+    const ALL: &'static [Self] = &[Self::Plus, Self::NoHost, Self::Fgd];
+
+    fn word(self) -> &'static str {
+        match self {
+            Self::Plus => "plus",
+            Self::NoHost => "nohost",
+            Self::Fgd => "fgd",
+        }
     }
 }
 
@@ -204,43 +238,30 @@ fn tuning_knobs(tuning: &fgd_plus::Tuning) -> Vec<String> {
         ("cpuscarce", tuning.cpu_only_scarce, default.cpu_only_scarce),
     ];
     for (key, value, default) in numbers {
-        if value != default {
-            knobs.push(format!("{key}={value}"));
-        }
+        push_changed(&mut knobs, key, value, default);
     }
-    if tuning.host_by != default.host_by {
-        let by = match tuning.host_by {
-            fgd_plus::HostBy::Mean => "mean",
-            fgd_plus::HostBy::Class => "class",
-            fgd_plus::HostBy::Constrained => "constrained",
-        };
-        knobs.push(format!("hostby={by}"));
-    }
-    if tuning.scarcity != default.scarcity {
-        let scarcity = match tuning.scarcity {
-            Scarcity::Empty => "empty",
-            Scarcity::Now => "now",
-            Scarcity::Shape => "shape",
-        };
-        knobs.push(format!("scarcity={scarcity}"));
-    }
-    if tuning.tie_break != default.tie_break {
-        let tie = match tuning.tie_break {
-            fgd_plus::TieBreak::None => "none",
-            fgd_plus::TieBreak::Pack => "pack",
-            fgd_plus::TieBreak::UsedNodes => "used",
-        };
-        knobs.push(format!("tie={tie}"));
-    }
-    if tuning.cpu_only != default.cpu_only {
-        let cpu_only = match tuning.cpu_only {
-            fgd_plus::CpuOnlyScore::Plus => "plus",
-            fgd_plus::CpuOnlyScore::NoHost => "nohost",
-            fgd_plus::CpuOnlyScore::Fgd => "fgd",
-        };
-        knobs.push(format!("cpuonly={cpu_only}"));
+    let words = [
+        ("hostby", tuning.host_by.word(), default.host_by.word()),
+        ("scarcity", tuning.scarcity.word(), default.scarcity.word()),
+        ("tie", tuning.tie_break.word(), default.tie_break.word()),
+        ("cpuonly", tuning.cpu_only.word(), default.cpu_only.word()),
+    ];
+    for (key, value, default) in words {
+        push_changed(&mut knobs, key, value, default);
     }
     knobs
+}
+
+/// Adds `key=value` to `knobs` where `value` is not the default.
+fn push_changed<T: PartialEq + std::fmt::Display>(
+    knobs: &mut Vec<String>,
+    key: &str,
+    value: T,
+    default: T,
+) {
+    if value != default {
+        knobs.push(format!("{key}={value}"));
+    }
 }
 
 /// Our own policies (the ones `all` adds to the reference six).
