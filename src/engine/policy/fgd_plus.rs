@@ -825,6 +825,29 @@ mod tests {
         };
         assert!(score(5) < score(0), "{} vs {}", score(5), score(0));
         assert!(score(100) < score(5));
+
+        // No tie-break by FGD's measure: on a used node the used-nodes order adds nothing.
+        let mut used = two_gpu_node(128_000);
+        let first = PodRequest::single(CpuMilli(0), MemMiB(0), GpuDemand::Whole { count: 1 });
+        used.add(
+            &crate::engine::fit(&used, &first, &Policy::scoring(ScoringPolicy::FgdPlus)).unwrap(),
+        );
+        let tied = |tuning: Tuning, tie_break: TieBreak| {
+            score_with(
+                &typical,
+                Tuning {
+                    tie_break,
+                    ..tuning
+                },
+                &used,
+                &pod,
+            )
+        };
+        assert!(tied(as_gpu_pod, TieBreak::UsedNodes) > tied(as_gpu_pod, TieBreak::None));
+        assert_eq!(
+            tied(by_fgd, TieBreak::UsedNodes),
+            tied(by_fgd, TieBreak::None)
+        );
     }
 
     #[test]
