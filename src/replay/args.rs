@@ -37,6 +37,12 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub compare: bool,
 
+    /// Replay departures, as `simulate --departures`: pods are offered in order of their trace
+    /// creation time, and before each one the bound pods whose deletion time has come are
+    /// deleted (every pod needs both times, e.g. a `gpu-extender workload --stretch` file).
+    #[arg(long)]
+    pub departures: bool,
+
     /// Replay in the cluster this kubeconfig names (its kube-scheduler and gpu-extender decide)
     /// instead of a loopback plane. Only the replay's own nodes and namespace are created.
     #[arg(long, value_name = "PATH")]

@@ -51,6 +51,11 @@ pub async fn run_cli(args: ReplayArgs) -> Result<()> {
     let mut decisions: Vec<Vec<PodDecision>> = Vec::new();
     for workload in &workloads {
         let prepared = Prepared::new(&cluster, workload);
+        let prepared = if args.departures {
+            prepared.with_departures()?
+        } else {
+            prepared
+        };
         for &scoring in &policies {
             for &seed in &seeds {
                 let replayed =
@@ -133,6 +138,11 @@ fn choices_line(choices: &ChoiceTally) -> String {
     if let Some(first) = choices.first_below {
         let _ = write!(line, "; the first was arrival {}", first + 1);
     }
+    let _ = write!(
+        line,
+        "; {} of {} unschedulable pods fit a node of the whole cluster",
+        choices.unschedulable_fit, choices.unschedulable
+    );
     if choices.not_fit > 0 {
         let _ = write!(
             line,
@@ -449,6 +459,27 @@ mod tests {
                 "small-example,engine-binpack,42,2,p-2,,unschedulable",
                 "small-example,fgd-plus,42,1,p-1,replay-b,below_best",
             ]
+        );
+    }
+
+    #[tokio::test]
+    async fn departures_without_lifetimes_are_refused_before_anything_starts() {
+        // The built-in example's pods have no creation or deletion time.
+        let args = Wrapper::try_parse_from([
+            "replay".as_ref(),
+            "--departures".as_ref(),
+            // A checkout without the control-plane script: had the check not come first, the
+            // run would fail there instead.
+            "--repo".as_ref(),
+            std::env::temp_dir().as_os_str(),
+        ])
+        .unwrap()
+        .args;
+        assert!(args.departures);
+        let error = format!("{:#}", run_cli(args).await.unwrap_err());
+        assert!(
+            error.contains("needed for departures") && error.contains("creation_time"),
+            "{error}"
         );
     }
 

@@ -3,7 +3,9 @@
 //! kube-scheduler has bound it or marked it unschedulable; an unschedulable pod is deleted at
 //! once and never retried, as in the reference. After each pod the same measurements as
 //! `simulate` are taken from the allocation records of the bound pods, so the outputs are
-//! `simulate`'s. Also the checks that keep the replay to objects of its own, and the clean-up.
+//! `simulate`'s. With departures, before each pod the bound pods whose deletion time has come
+//! are deleted, and the next pod waits until the watch has reported them gone. Also the checks
+//! that keep the replay to objects of its own, and the clean-up.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -25,7 +27,7 @@ use crate::objects::{record, translate};
 use crate::sim::ceiling::RunCeiling;
 use crate::sim::metrics::{Curves, Rejections};
 use crate::sim::progress::Progress;
-use crate::sim::replay::{ChoiceRank, Live, Referee};
+use crate::sim::replay::{ChoiceRank, Leaving, Live, Referee};
 use crate::sim::{Cluster, Prepared, RunResult, SimPolicy};
 
 /// What one replay is asked to do.
@@ -81,6 +83,12 @@ pub struct ChoiceTally {
     pub not_fit: usize,
     /// The arrival index (from 0) of the first pod bound below the best.
     pub first_below: Option<usize>,
+    /// Pods marked unschedulable.
+    pub unschedulable: usize,
+    /// Of those, the ones some node of the whole cluster fits in `simulate`'s view of the same
+    /// state: turned away by kube-scheduler's window, or by a view of the cluster (the
+    /// extender's table, kube-scheduler's cache) behind the API server.
+    pub unschedulable_fit: usize,
 }
 
 impl ChoiceTally {
@@ -248,6 +256,17 @@ pub async fn clean_up(client: &kube::Client, run_id: &str) -> Result<()> {
 enum Seen {
     Bound(Box<Pod>),
     Unschedulable,
+    /// Deleted: gone from the API server.
+    Gone,
+}
+
+/// A bound pod that leaves at its deletion time (with departures).
+struct Running {
+    name: String,
+    /// Its workload pod and node (indices), and what it holds there.
+    pod: usize,
+    node: usize,
+    allocation: PodAllocation,
 }
 
 /// The receiving end of [`watch_decisions`]; the watch stops when it is dropped (the run is
@@ -272,16 +291,20 @@ fn watch_decisions(client: &kube::Client, run_id: &str) -> Decisions {
     let task = tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         while let Some(event) = stream.next().await {
-            let pod = match event {
-                Ok(Event::Apply(pod) | Event::InitApply(pod)) => pod,
+            let (pod, deleted) = match event {
+                Ok(Event::Apply(pod) | Event::InitApply(pod)) => (pod, false),
+                Ok(Event::Delete(pod)) => (pod, true),
                 Ok(_) => continue,
-                // The watcher re-lists by itself; a pod decided meanwhile shows in the re-list.
+                // The watcher re-lists by itself; a pod decided meanwhile shows in the re-list,
+                // and one deleted meanwhile as a delete.
                 Err(_) => continue,
             };
             let Some(name) = pod.metadata.name.clone() else {
                 continue;
             };
-            let seen = if pod.spec.as_ref().is_some_and(|s| s.node_name.is_some()) {
+            let seen = if deleted {
+                Seen::Gone
+            } else if pod.spec.as_ref().is_some_and(|s| s.node_name.is_some()) {
                 Seen::Bound(Box::new(pod))
             } else if is_unschedulable(&pod) {
                 Seen::Unschedulable
@@ -345,9 +368,35 @@ pub async fn replay_pods(
         grace_period_seconds: Some(0),
         ..DeleteParams::default()
     };
+    // With departures: the bound pods by deletion time, as `simulate` keeps them.
+    let mut leaving: Leaving<Running> = Leaving::default();
     let started = Instant::now();
     for (index, &pod_id) in arrivals.order.iter().enumerate() {
         let pod = &prepared.workload().pods()[pod_id];
+        if prepared.departures() {
+            let created = prepared.lifetime(pod_id).0;
+            let mut departed = Vec::new();
+            for leaver in leaving.due(created) {
+                pods_api
+                    .delete(&leaver.name, &immediate)
+                    .await
+                    .with_context(|| format!("deleting departing pod {}", leaver.name))?;
+                referee.node_changing(&nodes[leaver.node]);
+                nodes[leaver.node].remove(&leaver.allocation);
+                referee.node_changed(prepared, &nodes, leaver.node, leaver.pod, false);
+                live.measure(prepared, &nodes, leaver.node);
+                departed.push(leaver.name);
+            }
+            // What a departure frees reaches kube-scheduler's cache and the extender's table on
+            // their own watches, about as promptly as this one but not in step with the next
+            // pod: a pod turned away meanwhile is counted (`ChoiceTally::unschedulable_fit`),
+            // as a cluster would have turned it away (docs/simulate.md, replay's departures).
+            for name in departed {
+                if !matches!(early.remove(&name), Some(Seen::Gone)) {
+                    wait_for_gone(&mut decided, &mut early, &name, plan.decision_timeout).await?;
+                }
+            }
+        }
         let object = pod_object(pod, index, plan.scheduler_name, plan.run_id, plan.config)?;
         let name = objects::pod_name(pod, index);
         arrived += pod.gpu_total();
@@ -366,8 +415,17 @@ pub async fn replay_pods(
                 choices.count(index, choice);
                 referee.node_changing(&nodes[n]);
                 nodes[n].add(&allocation);
-                referee.pod_added(prepared, &nodes, n, pod_id);
+                referee.node_changed(prepared, &nodes, n, pod_id, true);
                 live.measure(prepared, &nodes, n);
+                if prepared.departures() {
+                    let running = Running {
+                        name: name.clone(),
+                        pod: pod_id,
+                        node: n,
+                        allocation,
+                    };
+                    leaving.add(prepared.lifetime(pod_id).1, running);
+                }
                 decisions.push(PodDecision {
                     pod: name,
                     decision: Decision::Bound {
@@ -376,7 +434,12 @@ pub async fn replay_pods(
                     },
                 });
             }
+            Seen::Gone => bail!("pod {name} was deleted before kube-scheduler decided"),
             Seen::Unschedulable => {
+                choices.unschedulable += 1;
+                if referee.fits_somewhere(prepared, &nodes, &live, pod_id) {
+                    choices.unschedulable_fit += 1;
+                }
                 failed += 1;
                 failed_milli += pod.gpu_total();
                 rejected.reject(pod.kind());
@@ -398,12 +461,15 @@ pub async fn replay_pods(
     let elapsed = started.elapsed();
     progress.finish();
     let curves = Curves::of_steps(&steps, capacity);
-    let ceiling = RunCeiling::of_run(
-        prepared.workload().pods(),
-        &arrivals.order,
-        &steps,
-        capacity,
-    );
+    // As `simulate`: no bound holds once pods leave.
+    let ceiling = (!prepared.departures()).then(|| {
+        RunCeiling::of_run(
+            prepared.workload().pods(),
+            &arrivals.order,
+            &steps,
+            capacity,
+        )
+    });
     let last = steps
         .last()
         .copied()
@@ -424,7 +490,7 @@ pub async fn replay_pods(
             last,
             evaluations: 0,
             end_nodes: Some(nodes),
-            ceiling: Some(ceiling),
+            ceiling,
             // The real loop's are the extender's `gpu_extender_filter_window_misses_total`,
             // which the command prints for a loopback plane.
             window_misses: None,
@@ -442,22 +508,63 @@ async fn wait_for(
     name: &str,
     timeout: Duration,
 ) -> Result<Seen> {
+    next_of(decided, early, name, timeout, |_| true)
+        .await
+        .map_err(|error| match error {
+            WaitError::Timeout => anyhow!(
+                "pod {name} was neither bound nor marked unschedulable within {} s (is \
+                 kube-scheduler running and serving the pods' schedulerName?)",
+                timeout.as_secs()
+            ),
+            WaitError::Ended => anyhow!("the pod watch ended"),
+        })
+}
+
+/// Waits until the watch reports `name` deleted, keeping what it reports of other pods.
+async fn wait_for_gone(
+    decided: &mut Decisions,
+    early: &mut HashMap<String, Seen>,
+    name: &str,
+    timeout: Duration,
+) -> Result<()> {
+    next_of(decided, early, name, timeout, |seen| {
+        matches!(seen, Seen::Gone)
+    })
+    .await
+    .map(drop)
+    .map_err(|error| match error {
+        WaitError::Timeout => anyhow!(
+            "departing pod {name} was not reported deleted within {} s",
+            timeout.as_secs()
+        ),
+        WaitError::Ended => anyhow!("the pod watch ended"),
+    })
+}
+
+enum WaitError {
+    Timeout,
+    Ended,
+}
+
+/// The next report of `name` that `wanted` accepts; other reports are kept in `early` (the
+/// latest per pod: a later update of a pod already handled, its deletion included, lands there
+/// and is never read).
+async fn next_of(
+    decided: &mut Decisions,
+    early: &mut HashMap<String, Seen>,
+    name: &str,
+    timeout: Duration,
+    wanted: impl Fn(&Seen) -> bool,
+) -> Result<Seen, WaitError> {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         let next = tokio::time::timeout_at(deadline, decided.receiver.recv())
             .await
-            .map_err(|_| {
-                anyhow!(
-                    "pod {name} was neither bound nor marked unschedulable within {} s (is \
-                     kube-scheduler running and serving the pods' schedulerName?)",
-                    timeout.as_secs()
-                )
-            })?
-            .ok_or_else(|| anyhow!("the pod watch ended"))?;
-        if next.0 == name {
+            .map_err(|_| WaitError::Timeout)?
+            .ok_or(WaitError::Ended)?;
+        if next.0 == name && wanted(&next.1) {
             return Ok(next.1);
         }
-        // A later update of a pod already handled (its deletion's status) is dropped here.
         early.insert(next.0, next.1);
     }
 }

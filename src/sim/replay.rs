@@ -385,7 +385,8 @@ impl Prepared {
         self.departures
     }
 
-    fn lifetime(&self, pod: usize) -> (u64, u64) {
+    /// Workload pod `pod`'s creation and deletion times (0 and never without a lifetime).
+    pub(crate) fn lifetime(&self, pod: usize) -> (u64, u64) {
         self.workload.pods()[pod]
             .lifetime
             .map_or((0, u64::MAX), |l| (l.created, l.deleted))
@@ -743,6 +744,45 @@ impl NodeAnswers {
     }
 }
 
+/// The placed pods that leave at their deletion times (with departures), as a run and an
+/// in-cluster replay keep them.
+pub(crate) struct Leaving<T> {
+    /// (deletion time, slot in `placed`), earliest first; equal times in placement order.
+    due: BinaryHeap<Reverse<(u64, usize)>>,
+    /// Every pod placed, taken out when it leaves.
+    placed: Vec<Option<T>>,
+}
+
+impl<T> Default for Leaving<T> {
+    fn default() -> Self {
+        Self {
+            due: BinaryHeap::new(),
+            placed: Vec::new(),
+        }
+    }
+}
+
+impl<T> Leaving<T> {
+    /// A pod placed now that leaves at `deleted`.
+    pub(crate) fn add(&mut self, deleted: u64, pod: T) {
+        self.due.push(Reverse((deleted, self.placed.len())));
+        self.placed.push(Some(pod));
+    }
+
+    /// The pods whose deletion time is at or before `now`, earliest first, each once.
+    pub(crate) fn due(&mut self, now: u64) -> Vec<T> {
+        let mut leaving = Vec::new();
+        while let Some(&Reverse((time, slot))) = self.due.peek() {
+            if time > now {
+                break;
+            }
+            self.due.pop();
+            leaving.extend(self.placed.get_mut(slot).and_then(Option::take));
+        }
+        leaving
+    }
+}
+
 /// The policy as `simulate` runs it, kept in step with the nodes of an in-cluster replay: it
 /// tells whether kube-scheduler bound each pod to the node the policy scores best over the
 /// whole cluster, or only to the best of the candidates it sent (`percentageOfNodesToScore`).
@@ -787,21 +827,36 @@ impl Referee {
         }
     }
 
+    /// Whether some node of `nodes` fits workload pod `pod` as the policy sees them.
+    pub(crate) fn fits_somewhere(
+        &mut self,
+        prepared: &Prepared,
+        nodes: &[NodeState],
+        live: &Live,
+        pod: usize,
+    ) -> bool {
+        let (row, _) = self
+            .answers
+            .row(prepared, nodes, live, prepared.class_of[pod]);
+        row.iter().any(|entry| entry.feasible)
+    }
+
     /// Takes node `node`, about to receive a pod, out of the scarcity census.
     pub(crate) fn node_changing(&mut self, node: &NodeState) {
         self.answers.node_changing(node);
     }
 
-    /// Counts node `n` back in after workload pod `pod` was added to it.
-    pub(crate) fn pod_added(
+    /// Counts node `n` back in after workload pod `pod` was added to it (`added`) or left it.
+    pub(crate) fn node_changed(
         &mut self,
         prepared: &Prepared,
         nodes: &[NodeState],
         n: usize,
         pod: usize,
+        added: bool,
     ) {
         self.answers
-            .node_changed(prepared, nodes, n, prepared.class_of[pod], true);
+            .node_changed(prepared, nodes, n, prepared.class_of[pod], added);
     }
 }
 
@@ -889,9 +944,8 @@ pub fn run(
     let mut rejected = Rejections::default();
     let mut reported = 0u64;
     let mut evaluations = 0u64;
-    // With departures: the placed pods by deletion time (a min-heap of (time, index)).
-    let mut leaving: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
-    let mut running: Vec<Option<(usize, usize, PodAllocation)>> = Vec::new();
+    // With departures: the placed pods, (node, class, allocation), by deletion time.
+    let mut leaving: Leaving<(usize, usize, PodAllocation)> = Leaving::default();
     let mut window = prepared
         .window_percent
         .map(|percent| SchedulerWindow::new(percent, node_count));
@@ -901,17 +955,11 @@ pub fn run(
         let class = &prepared.classes[class_id];
         let (created, deleted) = prepared.lifetime(pod);
         if prepared.departures {
-            while let Some(&Reverse((time, index))) = leaving.peek() {
-                if time > created {
-                    break;
-                }
-                leaving.pop();
-                if let Some((n, left_class, allocation)) = running[index].take() {
-                    answers.node_changing(&nodes[n]);
-                    nodes[n].remove(&allocation);
-                    answers.node_changed(prepared, &nodes, n, left_class, false);
-                    live.measure(prepared, &nodes, n);
-                }
+            for (n, left_class, allocation) in leaving.due(created) {
+                answers.node_changing(&nodes[n]);
+                nodes[n].remove(&allocation);
+                answers.node_changed(prepared, &nodes, n, left_class, false);
+                live.measure(prepared, &nodes, n);
             }
         }
         arrived += class.shape.gpu_total();
@@ -947,8 +995,7 @@ pub fn run(
                 answers.node_changed(prepared, &nodes, n, class_id, true);
                 live.measure(prepared, &nodes, n);
                 if prepared.departures {
-                    leaving.push(Reverse((deleted, running.len())));
-                    running.push(Some((n, class_id, allocation)));
+                    leaving.add(deleted, (n, class_id, allocation));
                 }
             }
             None => {
@@ -1014,6 +1061,18 @@ mod tests {
 
     fn fgd() -> SimPolicy {
         SimPolicy::Reference(ReferencePolicy::Fgd)
+    }
+
+    #[test]
+    fn pods_leave_earliest_first_equal_times_in_placement_order_each_once() {
+        let mut leaving = Leaving::default();
+        for (deleted, pod) in [(30, "c"), (10, "a"), (20, "b1"), (20, "b2"), (40, "d")] {
+            leaving.add(deleted, pod);
+        }
+        assert!(leaving.due(9).is_empty());
+        assert_eq!(leaving.due(20), ["a", "b1", "b2"]);
+        assert!(leaving.due(20).is_empty(), "each pod leaves once");
+        assert_eq!(leaving.due(u64::MAX), ["c", "d"]);
     }
 
     #[test]
@@ -1120,7 +1179,7 @@ mod tests {
         let allocation = fit(&nodes[0], request, &Policy::scoring(ScoringPolicy::Binpack)).unwrap();
         referee.node_changing(&nodes[0]);
         nodes[0].add(&allocation);
-        referee.pod_added(&prepared, &nodes, 0, 0);
+        referee.node_changed(&prepared, &nodes, 0, 0, true);
         live.measure(&prepared, &nodes, 0);
         // Binpack: with a on t0, t0 is b's best and the empty nodes below it.
         assert_eq!(

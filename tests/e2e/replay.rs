@@ -204,6 +204,124 @@ fn replay_the_real_loop_places_as_simulate_does() {
     });
 }
 
+/// A small cluster and a workload whose pods leave (`creation_time`, `deletion_time`), in the
+/// openb CSV layout: 8 nodes of 8 GPUs and 16 of 2 (96 GPUs), and 240 pods arriving every 10 s
+/// that live 1,200 to 2,800 s: the cluster fills (`simulate` turns 8 pods away under either
+/// policy, seed 42) and empties again as they leave (86.5% in use at the end). Drawn from a
+/// fixed linear congruential sequence, so every run replays the same workload.
+fn departures_workload(dir: &Path) -> Result<(PathBuf, PathBuf)> {
+    let nodes = dir.join("nodes.csv");
+    let mut text = String::from("sn,cpu_milli,memory_mib,gpu,model\n");
+    for i in 0..8 {
+        text.push_str(&format!("big-{i},96000,786432,8,V100M32\n"));
+    }
+    for i in 0..16 {
+        text.push_str(&format!("small-{i},64000,262144,2,T4\n"));
+    }
+    std::fs::write(&nodes, text)?;
+    let pods = dir.join("pods.csv");
+    let mut text = String::from(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,creation_time,deletion_time\n",
+    );
+    let mut state: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut draw = |below: u64| {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (state >> 33) % below
+    };
+    for i in 0..240u64 {
+        // Shares, whole GPUs, two and four GPUs, CPU-only pods.
+        let (gpus, milli) = match draw(10) {
+            0..=2 => (1, [250, 460, 500][draw(3) as usize]),
+            3..=5 => (1, 1000),
+            6 => (2, 1000),
+            7 => (4, 1000),
+            _ => (0, 0),
+        };
+        let cpu = 2000 + 2000 * draw(6);
+        let created = 10 * i;
+        let deleted = created + 1200 + 200 * draw(9);
+        text.push_str(&format!(
+            "dep-{i:03},{cpu},{},{gpus},{milli},,{created},{deleted}\n",
+            cpu * 4
+        ));
+    }
+    std::fs::write(&pods, text)?;
+    Ok((nodes, pods))
+}
+
+#[test]
+#[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
+fn replay_with_departures_frees_what_leaves_as_simulate_does() {
+    harness::run_with_bins(
+        "replay_with_departures_frees_what_leaves_as_simulate_does",
+        |bins| {
+            let out = tempfile_dir("replay-departures-out")?;
+            let (nodes, pods) = departures_workload(&out)?;
+            let output = replay(
+                &[
+                    "--nodes",
+                    &nodes.to_string_lossy(),
+                    "--trace",
+                    &pods.to_string_lossy(),
+                    "--departures",
+                    "--policies",
+                    "binpack,fgd-plus",
+                    "--compare",
+                    "--out",
+                    &out.join("result").to_string_lossy(),
+                ],
+                bins,
+            )?;
+            ensure!(output.status.success(), "replay failed:\n{}", text(&output));
+            let result = out.join("result");
+            check_compare(&result, &["binpack", "fgd-plus"])?;
+            check_decisions(&result)?;
+            // The cluster filled: what a departure frees decides whether later pods fit, so a
+            // view that missed one would turn pods away that `simulate` places.
+            let runs = std::fs::read_to_string(result.join("runs.csv"))?;
+            for run in runs.lines().skip(1) {
+                let failed: usize = run.split(',').nth(5).context("runs.csv row")?.parse()?;
+                ensure!(
+                    failed > 0,
+                    "no pod was turned away, the cluster never filled: {run}"
+                );
+            }
+            // Departures happened in the real loop: the GPUs in use fell between two arrivals
+            // (steps.csv: arrived then used milli-GPU, per pod, each run's rows in order).
+            let steps = std::fs::read_to_string(result.join("steps.csv"))?;
+            let mut header = steps
+                .lines()
+                .next()
+                .context("steps.csv is empty")?
+                .split(',');
+            let used_column = header
+                .position(|name| name == "used_milli")
+                .context("steps.csv has no used_milli column")?;
+            let used: Vec<(String, f64)> = steps
+                .lines()
+                .skip(1)
+                .filter_map(|line| {
+                    let fields: Vec<&str> = line.split(',').collect();
+                    let run = fields.get(..3)?.join(",");
+                    Some((run, fields.get(used_column)?.parse().ok()?))
+                })
+                .collect();
+            let falls = used
+                .windows(2)
+                .filter(|pair| pair[0].0 == pair[1].0 && pair[1].1 < pair[0].1)
+                .count();
+            ensure!(
+                falls > 10,
+                "the GPUs in use fell {falls} times: pods did not leave"
+            );
+            std::fs::remove_dir_all(&out).ok();
+            Ok(())
+        },
+    );
+}
+
 #[test]
 #[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
 fn replay_the_throughput_mode_measures_both_setups() {
