@@ -581,7 +581,8 @@ fn reject_all<'a>(names: impl IntoIterator<Item = &'a str>, message: &'a str) ->
 
 /// Counts a filter that fitted none of the candidates while a node kube-scheduler did not send
 /// would have taken the pod (`gpu_extender_filter_window_misses_total`): kube-scheduler's
-/// `percentageOfNodesToScore` window hid it, and the pod waits for a retry that may see it.
+/// `percentageOfNodesToScore` window hid it. The pod is noted for the requeue task, which asks
+/// kube-scheduler to retry it once it is marked unschedulable (its next window starts elsewhere).
 fn count_window_miss(state: &AppState, pod: &Pod, names: &[&str], request: &PodRequest) {
     // A pod whose resources do not read was refused by kube-scheduler's own check already.
     let Ok(claims) = PodClaims::of(pod, &state.config) else {
@@ -592,6 +593,7 @@ fn count_window_miss(state: &AppState, pod: &Pod, names: &[&str], request: &PodR
         .fits_outside(names, &claims, request, &state.policy.load())
     {
         state.metrics.filter_window_misses.inc();
+        state.cluster.note_window_miss(translate::pod_key(pod));
         debug!(
             pod = %pod_name(Some(pod)),
             candidates = names.len(),
@@ -951,14 +953,24 @@ mod tests {
                 .collect();
             (passed, state.metrics.filter_window_misses.get())
         };
+        // Each miss notes the pod for the requeue task, and nothing else does.
+        let noted = || {
+            let missed = state.cluster.take_window_missed();
+            missed
+                .iter()
+                .map(|key| key.as_str().to_owned())
+                .collect::<Vec<_>>()
+        };
         // Two GPUs: "small" cannot, "large" can.
         assert_eq!(filter(2, false, &["small"]), (vec![], 1));
+        assert_eq!(noted(), ["ns/p"]);
         assert_eq!(
             filter(2, false, &["small", "large"]),
             (vec!["large".to_owned()], 1)
         );
         // Eight GPUs fit nowhere: the cluster is full for it, not the window.
         assert_eq!(filter(8, false, &["small"]), (vec![], 1));
+        assert!(noted().is_empty());
         // "large" tainted: kube-scheduler would never have sent it to this pod.
         let name = state
             .cluster
@@ -988,7 +1000,9 @@ mod tests {
         };
         state.cluster.note_node_claims(name, &tainted);
         assert_eq!(filter(2, false, &["small"]), (vec![], 1));
+        assert!(noted().is_empty());
         assert_eq!(filter(2, true, &["small"]), (vec![], 2));
+        assert_eq!(noted(), ["ns/p"]);
     }
 
     /// A team at its quota's max: every candidate is refused as full, with the quota's reason;

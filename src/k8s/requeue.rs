@@ -14,6 +14,13 @@
 //! fit one of the freed nodes now (the engine's own `fit`), at most `requeue.maxPodsPerNode` per
 //! freed node (oldest first) and each at most once per `requeue.minIntervalSeconds`. The choice
 //! is [`choose`], a pure function; [`run`] is the loop around it.
+//!
+//! Also touched: pods filter turned away while a node kube-scheduler did not send would have
+//! taken them (its `percentageOfNodesToScore` window hid every node with room). Nothing frees
+//! capacity for them, so without a touch they wait for an unrelated cluster event or
+//! kube-scheduler's periodic flush; retried, kube-scheduler starts its window elsewhere. Once
+//! kube-scheduler has marked such a pod unschedulable it is touched if some node still fits it
+//! ([`choose_missed`]), under the same once-per-interval limit.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -71,7 +78,39 @@ pub fn choose(
     chosen
 }
 
-/// Touches the chosen pods whenever capacity is freed, until the task is dropped.
+/// Of the waiting pods, those in `missed` (turned away behind kube-scheduler's window) that some
+/// node of `table` still fits, oldest first.
+pub fn choose_missed(
+    table: &Table,
+    policy: &Policy,
+    missed: &HashMap<PodKey, u64>,
+    waiting: &[Waiting],
+) -> Vec<PodKey> {
+    let mut ordered: Vec<&Waiting> = waiting
+        .iter()
+        .filter(|pod| missed.contains_key(&pod.key))
+        .collect();
+    ordered.sort_by(|a, b| a.created.cmp(&b.created).then_with(|| a.key.cmp(&b.key)));
+    ordered
+        .into_iter()
+        .filter(|pod| {
+            table
+                .nodes()
+                .any(|node| fit(node, &pod.request, policy).is_ok())
+        })
+        .map(|pod| pod.key.clone())
+        .collect()
+}
+
+/// How often a window-missed pod is looked for among the unschedulable ones: kube-scheduler
+/// marks it so within milliseconds of the filter.
+const MISSED_RECHECK: Duration = Duration::from_millis(200);
+/// How long a window-missed pod is looked for before it is let go (deleted, bound by a retry of
+/// kube-scheduler's own, or never marked).
+const MISSED_KEEP_MS: u64 = 5_000;
+
+/// Touches the chosen pods whenever capacity is freed or a pod was turned away behind
+/// kube-scheduler's window, until the task is dropped.
 pub async fn run<A: PodTouch>(
     state: Arc<ClusterState>,
     cfg: Arc<Config>,
@@ -83,16 +122,29 @@ pub async fn run<A: PodTouch>(
     let min_interval_ms = cfg.requeue.min_interval_seconds.saturating_mul(1000);
     let per_node = usize::from(cfg.requeue.max_pods_per_node);
     let mut last_touched: HashMap<PodKey, u64> = HashMap::new();
+    // Window-missed pods not touched yet, with when they were noted (monotonic ms).
+    let mut missed: HashMap<PodKey, u64> = HashMap::new();
     loop {
-        state.freed_wakeup().await;
+        if missed.is_empty() {
+            state.freed_wakeup().await;
+        } else {
+            tokio::select! {
+                () = state.freed_wakeup() => {}
+                () = tokio::time::sleep(MISSED_RECHECK) => {}
+            }
+        }
         // Frees come in bursts (a job's pods ending together): take them in one round.
         tokio::time::sleep(Duration::from_millis(20)).await;
         let freed = state.take_freed();
-        if freed.is_empty() {
-            continue;
-        }
         let time = BindTime::now(epoch);
         let now = time.monotonic_ms;
+        for key in state.take_window_missed() {
+            missed.entry(key).or_insert(now);
+        }
+        missed.retain(|_, at| now.saturating_sub(*at) < MISSED_KEEP_MS);
+        if freed.is_empty() && missed.is_empty() {
+            continue;
+        }
         last_touched.retain(|_, at| now.saturating_sub(*at) < min_interval_ms);
         let waiting: Vec<Waiting> = state
             .pending_pods(is_unschedulable)
@@ -105,7 +157,14 @@ pub async fn run<A: PodTouch>(
         }
         let chosen = {
             let table = state.read();
-            choose(&table, &policy.load(), &freed, &waiting, per_node)
+            let policy = policy.load();
+            let mut chosen = choose(&table, &policy, &freed, &waiting, per_node);
+            for key in choose_missed(&table, &policy, &missed, &waiting) {
+                if !chosen.contains(&key) {
+                    chosen.push(key);
+                }
+            }
+            chosen
         };
         // Any new value makes the update; the time tells a reader when it happened.
         let stamp = (time.unix_nanos / 1_000_000_000).to_string();
@@ -125,6 +184,7 @@ pub async fn run<A: PodTouch>(
                 Err(ApiError::NotFound(_)) => {}
                 Err(error) => warn!(pod = %key, %error, "could not touch a waiting pod"),
             }
+            missed.remove(&key);
             last_touched.insert(key, now);
         }
     }
@@ -216,6 +276,25 @@ mod tests {
 
     fn keys(names: &[&str]) -> Vec<PodKey> {
         names.iter().map(|n| PodKey::new("ns", n)).collect()
+    }
+
+    #[test]
+    fn window_missed_pods_are_touched_where_some_node_still_fits_them_oldest_first() {
+        // 12 GiB held on each 16 GiB GPU of `a` and `b`: 4 GiB pods fit, 8 GiB pods do not.
+        let (table, policy) = table(&[("a", 2), ("b", 1)], 12);
+        let waiting = [
+            waiting("big", 8, 1),
+            waiting("young", 4, 30),
+            waiting("old", 4, 10),
+            waiting("not-missed", 4, 0),
+        ];
+        let missed: HashMap<PodKey, u64> = keys(&["big", "young", "old", "gone"])
+            .into_iter()
+            .map(|key| (key, 0))
+            .collect();
+        let chosen = choose_missed(&table, &policy, &missed, &waiting);
+        assert_eq!(chosen, keys(&["old", "young"]));
+        assert!(choose_missed(&table, &policy, &HashMap::new(), &waiting).is_empty());
     }
 
     #[test]

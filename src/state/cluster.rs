@@ -43,7 +43,11 @@ pub struct ClusterState {
     stats: Mutex<FeedStats>,
     /// Nodes where capacity was freed since the requeue task last looked (see `requeue`).
     freed: Mutex<BTreeSet<NodeName>>,
-    /// Wakes the requeue task when `freed` gains a node; a wake-up with no waiter is kept.
+    /// Pods filter turned away while a node kube-scheduler did not send would have taken them
+    /// (see `requeue`), since the requeue task last looked.
+    window_missed: Mutex<BTreeSet<PodKey>>,
+    /// Wakes the requeue task when `freed` gains a node or `window_missed` a pod; a wake-up
+    /// with no waiter is kept.
     freed_signal: tokio::sync::Notify,
     /// Times to apply full lists not yet taken by a metrics scrape (at most
     /// [`MAX_PENDING_REBUILDS`], the newest kept).
@@ -134,6 +138,7 @@ impl ClusterState {
             ready: AtomicBool::new(false),
             stats: Mutex::new(FeedStats::default()),
             freed: Mutex::new(BTreeSet::new()),
+            window_missed: Mutex::new(BTreeSet::new()),
             freed_signal: tokio::sync::Notify::new(),
             rebuilds: Mutex::new(Vec::new()),
             quotas: RwLock::new(Arc::new(QuotaSet::default())),
@@ -255,7 +260,23 @@ impl ClusterState {
         std::mem::take(&mut *self.freed.lock())
     }
 
-    /// Resolves when [`ClusterState::note_freed`] has recorded a node since the last wake-up.
+    /// Records that filter fitted `pod` on none of kube-scheduler's candidates while a node it
+    /// did not send would have taken it (its `percentageOfNodesToScore` window), and wakes the
+    /// requeue task: kube-scheduler would retry such a pod only on a later cluster event or its
+    /// periodic flush. The one thing filter records, and not in the table.
+    pub fn note_window_miss(&self, pod: PodKey) {
+        if self.window_missed.lock().insert(pod) {
+            self.freed_signal.notify_one();
+        }
+    }
+
+    /// The pods noted by [`ClusterState::note_window_miss`] since the last call, emptied.
+    pub fn take_window_missed(&self) -> BTreeSet<PodKey> {
+        std::mem::take(&mut *self.window_missed.lock())
+    }
+
+    /// Resolves when [`ClusterState::note_freed`] has recorded a node, or
+    /// [`ClusterState::note_window_miss`] a pod, since the last wake-up.
     pub async fn freed_wakeup(&self) {
         self.freed_signal.notified().await;
     }

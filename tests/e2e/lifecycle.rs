@@ -194,3 +194,74 @@ fn finished_or_deleted_shares_free_their_gpu_for_waiting_pods() {
         Ok(())
     });
 }
+
+/// A pod turned away by kube-scheduler's `percentageOfNodesToScore` window, not by a full
+/// cluster: 599 one-GPU T4 nodes and one 8-GPU A100 node, pods that accept only the A100 (the
+/// model annotation, which kube-scheduler does not read, so every node passes its own filter).
+/// With `percentageOfNodesToScore: 1` kube-scheduler sends the extender 100 of the 600 nodes,
+/// starting each cycle where the last one stopped; after a pod is bound on the A100, the next
+/// pod's windows miss it five times in a row. Nothing in the cluster changes meanwhile, so
+/// without the extender's touch (`src/k8s/requeue.rs`) kube-scheduler would retry the pod only at
+/// its 5-minute flush; with it, each miss is retried after kube-scheduler's backoff and the pod
+/// reaches the A100 within a minute.
+#[test]
+#[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
+fn a_pod_kube_schedulers_window_hid_the_only_fitting_node_from_is_retried() {
+    crate::harness::run("window-miss-retry", async |c| {
+        const INCLUDE: &str = "gpu-extender.io/model-include";
+        const A100: &str = "NVIDIA-A100-SXM4-80GB";
+        let mut nodes: Vec<GpuNode> = (0..599)
+            .map(|i| GpuNode::new(&format!("t4-{i:03}"), Mode::Exclusive, 1, "Tesla-T4", 16))
+            .collect();
+        nodes.push(GpuNode::new("a100", Mode::Exclusive, 8, A100, 80));
+        crate::objects::create_nodes(&c.client, &nodes).await?;
+        c.start_extender("requeue:\n  minIntervalSeconds: 1\n")
+            .await?;
+        let rendered = c.rendered_scheduler_config(PROFILE_CONFIG, &c.extender_url())?;
+        let header = "kind: KubeSchedulerConfiguration\n";
+        ensure!(rendered.contains(header), "no {header:?} in:\n{rendered}");
+        let narrowed =
+            rendered.replacen(header, &format!("{header}percentageOfNodesToScore: 1\n"), 1);
+        c.start_scheduler_rendered(PROFILE_CONFIG, &narrowed, &[])
+            .await?;
+        let misses = |text: &str| metric_sum(text, "gpu_extender_filter_window_misses_total", &[]);
+        let touched = |text: &str| {
+            metric_sum(
+                text,
+                "gpu_extender_requeue_touches_total",
+                &[("result", "touched")],
+            )
+        };
+        // Measured: 3.6 s for a pod whose windows miss five times; without the touch the pod
+        // was still pending after 90 s. The limit leaves kube-scheduler's whole backoff (up to
+        // 10 s a retry) and stays far below the 5-minute flush.
+        let limit = Duration::from_secs(90);
+        for i in 0..3 {
+            let name = format!("a100-only-{i}");
+            let t0 = Instant::now();
+            create_pod(
+                &c.client,
+                &PodSpec::new(&name, NVIDIA_GPU, 1).annotation(INCLUDE, "NVIDIA-A100*"),
+            )
+            .await?;
+            let bound = wait_bound(&c.client, &name, limit).await?;
+            ensure!(
+                node_of(&bound) == Some("a100"),
+                "{name} went to {:?}",
+                node_of(&bound)
+            );
+            eprintln!(
+                "  {name}: bound {:.1}s after it was created",
+                t0.elapsed().as_secs_f64()
+            );
+        }
+        let text = c.metrics().await?;
+        ensure!(
+            misses(&text) >= 5.0 && touched(&text) >= 5.0,
+            "window misses {} and touches {}: the windows did not miss the A100 as planned",
+            misses(&text),
+            touched(&text)
+        );
+        Ok(())
+    });
+}
