@@ -593,7 +593,9 @@ fn count_window_miss(state: &AppState, pod: &Pod, names: &[&str], request: &PodR
         .fits_outside(names, &claims, request, &state.policy.load())
     {
         state.metrics.filter_window_misses.inc();
-        state.cluster.note_window_miss(translate::pod_key(pod));
+        if state.config.requeue.enabled {
+            state.cluster.note_window_miss(translate::pod_key(pod));
+        }
         debug!(
             pod = %pod_name(Some(pod)),
             candidates = names.len(),

@@ -85,6 +85,10 @@ impl VictimRank {
 /// Rebuild times kept for the next scrape; older ones are dropped if nobody scrapes.
 const MAX_PENDING_REBUILDS: usize = 64;
 
+/// The most pods [`ClusterState::note_window_miss`] keeps for the requeue task between its
+/// rounds (more are dropped: a backlog this large means no task is taking them).
+const MAX_WINDOW_MISSED: usize = 4096;
+
 /// Health of the feed, for metrics and logs. Gauges describe the current state; counters only
 /// grow.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -265,7 +269,9 @@ impl ClusterState {
     /// requeue task: kube-scheduler would retry such a pod only on a later cluster event or its
     /// periodic flush. The one thing filter records, and not in the table.
     pub fn note_window_miss(&self, pod: PodKey) {
-        if self.window_missed.lock().insert(pod) {
+        let mut missed = self.window_missed.lock();
+        // The requeue task empties the set every round; one this large means no task takes it.
+        if missed.len() < MAX_WINDOW_MISSED && missed.insert(pod) {
             self.freed_signal.notify_one();
         }
     }

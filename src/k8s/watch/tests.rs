@@ -513,6 +513,27 @@ fn a_pod_naming_zero_gpus_is_not_missing_a_record() {
     );
 }
 
+/// Pods filter turned away behind kube-scheduler's window wait for the requeue task, each once,
+/// and no more of them than a bound while no task takes them.
+#[test]
+fn window_missed_pods_are_kept_for_the_requeue_task_up_to_a_bound() {
+    let state = ClusterState::new(20);
+    state.note_window_miss(PodKey::new("ns", "a"));
+    state.note_window_miss(PodKey::new("ns", "a"));
+    state.note_window_miss(PodKey::new("ns", "b"));
+    let taken: Vec<String> = state
+        .take_window_missed()
+        .iter()
+        .map(|key| key.as_str().to_owned())
+        .collect();
+    assert_eq!(taken, ["ns/a", "ns/b"]);
+    assert!(state.take_window_missed().is_empty());
+    for i in 0..10_000 {
+        state.note_window_miss(PodKey::new("ns", &format!("p{i}")));
+    }
+    assert_eq!(state.take_window_missed().len(), 4096);
+}
+
 /// The requeue task learns where capacity was freed, and which pending pods kube-scheduler has
 /// given up on (see `k8s::requeue`).
 #[test]
