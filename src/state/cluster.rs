@@ -1,5 +1,6 @@
 //! The cluster as the extender knows it: the allocation table, the pending GPU pods and their
-//! UIDs, readiness, the feed's health and where capacity was freed. One writer (the watch feed,
+//! UIDs, readiness, the feed's health, where capacity was freed and which pods kube-scheduler's
+//! window kept from every node that fits them (both for the requeue task). One writer (the watch feed,
 //! in [`crate::k8s::watch`]) and many readers (filter, prioritize, preempt, inspect, metrics),
 //! with the binder's short writes to reserve: the store/writer split of kube-runtime's
 //! reflector. Nothing here reads Kubernetes objects beyond storing the pending ones.
