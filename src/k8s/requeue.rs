@@ -146,8 +146,18 @@ pub async fn run<A: PodTouch>(
             continue;
         }
         last_touched.retain(|_, at| now.saturating_sub(*at) < min_interval_ms);
-        let waiting: Vec<Waiting> = state
-            .pending_pods(is_unschedulable)
+        let candidates = if freed.is_empty() {
+            // Only window-missed pods to look at: look each up rather than scan every pending
+            // pod, as the recheck may come every 200 ms.
+            missed
+                .keys()
+                .filter_map(|key| state.pod(key).map(|pod| (key.clone(), pod)))
+                .filter(|(_, pod)| is_unschedulable(pod))
+                .collect()
+        } else {
+            state.pending_pods(is_unschedulable)
+        };
+        let waiting: Vec<Waiting> = candidates
             .into_iter()
             .filter(|(key, _)| !last_touched.contains_key(key))
             .filter_map(|(key, pod)| waiting_pod(key, &pod, &cfg))

@@ -199,11 +199,12 @@ fn finished_or_deleted_shares_free_their_gpu_for_waiting_pods() {
 /// cluster: 599 one-GPU T4 nodes and one 8-GPU A100 node, pods that accept only the A100 (the
 /// model annotation, which kube-scheduler does not read, so every node passes its own filter).
 /// With `percentageOfNodesToScore: 1` kube-scheduler sends the extender 100 of the 600 nodes,
-/// starting each cycle where the last one stopped; after a pod is bound on the A100, the next
-/// pod's windows miss it five times in a row. Nothing in the cluster changes meanwhile, so
-/// without the extender's touch (`src/k8s/requeue.rs`) kube-scheduler would retry the pod only at
-/// its 5-minute flush; with it, each miss is retried after kube-scheduler's backoff and the pod
-/// reaches the A100 within a minute.
+/// starting each cycle about where the last one stopped, so most pods' first windows miss the
+/// A100. Nothing in the cluster changes meanwhile, so without the extender's touch
+/// (`src/k8s/requeue.rs`) kube-scheduler would retry a missed pod only at its 5-minute flush;
+/// with it, each miss is retried after kube-scheduler's backoff and the pod reaches the A100
+/// within seconds. Pods are created one after another until two misses were counted (at most
+/// the A100's eight).
 #[test]
 #[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
 fn a_pod_kube_schedulers_window_hid_the_only_fitting_node_from_is_retried() {
@@ -232,11 +233,12 @@ fn a_pod_kube_schedulers_window_hid_the_only_fitting_node_from_is_retried() {
                 &[("result", "touched")],
             )
         };
-        // Measured: 3.6 s for a pod whose windows miss five times; without the touch the pod
-        // was still pending after 90 s. The limit leaves kube-scheduler's whole backoff (up to
-        // 10 s a retry) and stays far below the 5-minute flush.
+        // Measured: 2.4-10.3 s for a pod whose windows missed; without the touch such a pod was
+        // still pending after 90 s. The limit leaves kube-scheduler's whole backoff (up to 10 s
+        // a retry) and stays far below the 5-minute flush.
         let limit = Duration::from_secs(90);
-        for i in 0..3 {
+        let mut text = c.metrics().await?;
+        for i in 0..8 {
             let name = format!("a100-only-{i}");
             let t0 = Instant::now();
             create_pod(
@@ -250,15 +252,20 @@ fn a_pod_kube_schedulers_window_hid_the_only_fitting_node_from_is_retried() {
                 "{name} went to {:?}",
                 node_of(&bound)
             );
+            text = c.metrics().await?;
             eprintln!(
-                "  {name}: bound {:.1}s after it was created",
-                t0.elapsed().as_secs_f64()
+                "  {name}: bound {:.1}s after it was created ({} window misses so far)",
+                t0.elapsed().as_secs_f64(),
+                misses(&text)
             );
+            if misses(&text) >= 2.0 {
+                break;
+            }
         }
-        let text = c.metrics().await?;
+        // Every miss was followed by a touch, or its pod would still be waiting.
         ensure!(
-            misses(&text) >= 5.0 && touched(&text) >= 5.0,
-            "window misses {} and touches {}: the windows did not miss the A100 as planned",
+            misses(&text) >= 1.0 && touched(&text) >= 1.0,
+            "window misses {} and touches {}: no window missed the A100, the scenario tested nothing",
             misses(&text),
             touched(&text)
         );
