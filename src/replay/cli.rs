@@ -143,6 +143,13 @@ fn choices_line(choices: &ChoiceTally) -> String {
         "; {} of {} unschedulable pods fit a node of the whole cluster",
         choices.unschedulable_fit, choices.unschedulable
     );
+    if choices.retried > 0 {
+        let _ = write!(
+            line,
+            "; {} turned away right after departures were bound on kube-scheduler's retry",
+            choices.retried
+        );
+    }
     if choices.not_fit > 0 {
         let _ = write!(
             line,

@@ -89,6 +89,9 @@ pub struct ChoiceTally {
     /// state: turned away by kube-scheduler's window, or by a view of the cluster (the
     /// extender's table, kube-scheduler's cache) behind the API server.
     pub unschedulable_fit: usize,
+    /// With departures: pods marked unschedulable right after pods left, while some node fitted
+    /// them, that kube-scheduler's retry then bound (counted in `bound`, not above).
+    pub retried: usize,
 }
 
 impl ChoiceTally {
@@ -373,6 +376,8 @@ pub async fn replay_pods(
     let started = Instant::now();
     for (index, &pod_id) in arrivals.order.iter().enumerate() {
         let pod = &prepared.workload().pods()[pod_id];
+        // Whether pods left just before this one.
+        let mut departed_now = false;
         if prepared.departures() {
             let created = prepared.lifetime(pod_id).0;
             let mut departed = Vec::new();
@@ -389,8 +394,8 @@ pub async fn replay_pods(
             }
             // What a departure frees reaches kube-scheduler's cache and the extender's table on
             // their own watches, about as promptly as this one but not in step with the next
-            // pod: a pod turned away meanwhile is counted (`ChoiceTally::unschedulable_fit`),
-            // as a cluster would have turned it away (docs/simulate.md, replay's departures).
+            // pod: a pod turned away meanwhile is given kube-scheduler's retry (below).
+            departed_now = !departed.is_empty();
             for name in departed {
                 if !matches!(early.remove(&name), Some(Seen::Gone)) {
                     wait_for_gone(&mut decided, &mut early, &name, plan.decision_timeout).await?;
@@ -404,10 +409,29 @@ pub async fn replay_pods(
             .create(&PostParams::default(), &object)
             .await
             .with_context(|| format!("creating pod {name}"))?;
-        let seen = match early.remove(&name) {
+        let mut seen = match early.remove(&name) {
             Some(seen) => seen,
             None => wait_for(&mut decided, &mut early, &name, plan.decision_timeout).await?,
         };
+        let fits = matches!(seen, Seen::Unschedulable)
+            && referee.fits_somewhere(prepared, &nodes, &live, pod_id);
+        if fits && departed_now {
+            // Turned away by a view that had not yet seen the departures (kube-scheduler's
+            // cache of bound pods is kept apart from its queue): kube-scheduler retries such a
+            // pod on the deletion's event, after its backoff, and a cluster would bind it then.
+            match next_of(&mut decided, &mut early, &name, RETRY_WAIT, |seen| {
+                matches!(seen, Seen::Bound(_))
+            })
+            .await
+            {
+                Ok(bound) => {
+                    choices.retried += 1;
+                    seen = bound;
+                }
+                Err(WaitError::Timeout) => {}
+                Err(WaitError::Ended) => bail!("the pod watch ended"),
+            }
+        }
         match seen {
             Seen::Bound(bound) => {
                 let (n, allocation) = placement(&bound, &node_index, plan.config)?;
@@ -437,7 +461,7 @@ pub async fn replay_pods(
             Seen::Gone => bail!("pod {name} was deleted before kube-scheduler decided"),
             Seen::Unschedulable => {
                 choices.unschedulable += 1;
-                if referee.fits_somewhere(prepared, &nodes, &live, pod_id) {
+                if fits {
                     choices.unschedulable_fit += 1;
                 }
                 failed += 1;
@@ -540,6 +564,10 @@ async fn wait_for_gone(
         WaitError::Ended => anyhow!("the pod watch ended"),
     })
 }
+
+/// How long a pod turned away right after departures is given for kube-scheduler's retry (its
+/// first backoff is 1 s).
+const RETRY_WAIT: Duration = Duration::from_secs(5);
 
 enum WaitError {
     Timeout,
