@@ -22,7 +22,7 @@ use super::objects::{
     self, NAMESPACE, NODE_PREFIX, OWNER_LABEL, node_names, node_object, node_status, pod_object,
 };
 use crate::config::Config;
-use crate::engine::{NodeName, PodAllocation, ScoringPolicy};
+use crate::engine::{NodeName, NodeState, PodAllocation, ScoringPolicy};
 use crate::objects::{record, translate};
 use crate::sim::ceiling::RunCeiling;
 use crate::sim::metrics::{Curves, Rejections};
@@ -263,6 +263,53 @@ enum Seen {
     Gone,
 }
 
+/// `simulate`'s view of the real loop's state, kept from the bound pods' records: the nodes,
+/// their live measurements, and the policy that ranks the loop's choices on them.
+struct Mirror<'p> {
+    prepared: &'p Prepared,
+    nodes: Vec<NodeState>,
+    live: Live,
+    referee: Referee,
+}
+
+impl<'p> Mirror<'p> {
+    /// The prepared cluster, empty, under the policy `scoring`.
+    fn new(prepared: &'p Prepared, scoring: ScoringPolicy) -> Self {
+        let nodes = prepared.nodes().to_vec();
+        Self {
+            prepared,
+            live: Live::of(prepared, &nodes),
+            referee: Referee::new(prepared, scoring),
+            nodes,
+        }
+    }
+
+    /// Workload pod `pod` placed on node `n` with `allocation` (`added`), or gone from it.
+    fn change(&mut self, n: usize, pod: usize, allocation: &PodAllocation, added: bool) {
+        self.referee.node_changing(&self.nodes[n]);
+        if added {
+            self.nodes[n].add(allocation);
+        } else {
+            self.nodes[n].remove(allocation);
+        }
+        self.referee
+            .node_changed(self.prepared, &self.nodes, n, pod, added);
+        self.live.measure(self.prepared, &self.nodes, n);
+    }
+
+    /// How node `n` ranks for workload pod `pod` among all nodes.
+    fn rank(&mut self, pod: usize, n: usize) -> ChoiceRank {
+        self.referee
+            .rank(self.prepared, &self.nodes, &self.live, pod, n)
+    }
+
+    /// Whether some node fits workload pod `pod`.
+    fn fits_somewhere(&mut self, pod: usize) -> bool {
+        self.referee
+            .fits_somewhere(self.prepared, &self.nodes, &self.live, pod)
+    }
+}
+
 /// A bound pod that leaves at its deletion time (with departures).
 struct Running {
     name: String,
@@ -354,9 +401,7 @@ pub async fn replay_pods(
         .enumerate()
         .map(|(i, name)| (name.as_str(), i))
         .collect();
-    let mut nodes = prepared.nodes().to_vec();
-    let mut live = Live::of(prepared, &nodes);
-    let mut referee = Referee::new(prepared, plan.scoring);
+    let mut mirror = Mirror::new(prepared, plan.scoring);
     let mut choices = ChoiceTally::default();
     let capacity = prepared.capacity_milli();
     let pods_api: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
@@ -386,10 +431,7 @@ pub async fn replay_pods(
                     .delete(&leaver.name, &immediate)
                     .await
                     .with_context(|| format!("deleting departing pod {}", leaver.name))?;
-                referee.node_changing(&nodes[leaver.node]);
-                nodes[leaver.node].remove(&leaver.allocation);
-                referee.node_changed(prepared, &nodes, leaver.node, leaver.pod, false);
-                live.measure(prepared, &nodes, leaver.node);
+                mirror.change(leaver.node, leaver.pod, &leaver.allocation, false);
                 departed.push(leaver.name);
             }
             // What a departure frees reaches kube-scheduler's cache and the extender's table on
@@ -413,8 +455,7 @@ pub async fn replay_pods(
             Some(seen) => seen,
             None => wait_for(&mut decided, &mut early, &name, plan.decision_timeout).await?,
         };
-        let fits = matches!(seen, Seen::Unschedulable)
-            && referee.fits_somewhere(prepared, &nodes, &live, pod_id);
+        let fits = matches!(seen, Seen::Unschedulable) && mirror.fits_somewhere(pod_id);
         if fits && departed_now {
             // Turned away by a view that had not yet seen the departures (kube-scheduler's
             // cache of bound pods is kept apart from its queue): kube-scheduler retries such a
@@ -435,12 +476,9 @@ pub async fn replay_pods(
         match seen {
             Seen::Bound(bound) => {
                 let (n, allocation) = placement(&bound, &node_index, plan.config)?;
-                let choice = referee.rank(prepared, &nodes, &live, pod_id, n);
+                let choice = mirror.rank(pod_id, n);
                 choices.count(index, choice);
-                referee.node_changing(&nodes[n]);
-                nodes[n].add(&allocation);
-                referee.node_changed(prepared, &nodes, n, pod_id, true);
-                live.measure(prepared, &nodes, n);
+                mirror.change(n, pod_id, &allocation, true);
                 if prepared.departures() {
                     let running = Running {
                         name: name.clone(),
@@ -477,7 +515,7 @@ pub async fn replay_pods(
                 });
             }
         }
-        let step = live.step(arrived, capacity, failed);
+        let step = mirror.live.step(arrived, capacity, failed);
         rejected.step(step.arrive_percent(capacity));
         steps.push(step);
         progress.inc(1);
@@ -497,7 +535,7 @@ pub async fn replay_pods(
     let last = steps
         .last()
         .copied()
-        .unwrap_or_else(|| live.step(0, capacity, 0));
+        .unwrap_or_else(|| mirror.live.step(0, capacity, 0));
     Ok(Replayed {
         result: RunResult {
             trace: prepared.trace.clone(),
@@ -513,7 +551,7 @@ pub async fn replay_pods(
             rejected,
             last,
             evaluations: 0,
-            end_nodes: Some(nodes),
+            end_nodes: Some(mirror.nodes),
             ceiling,
             // The real loop's are the extender's `gpu_extender_filter_window_misses_total`,
             // which the command prints for a loopback plane.
