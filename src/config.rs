@@ -98,6 +98,7 @@ pub const KEYS: &[&str] = &[
     "policy.typicalPods.pods",
     "policy.typicalPods.scarcity",
     "policy.filterBestOnly",
+    "policy.holdHostForGpus",
     "server.listen",
     "server.urlPrefix",
     "server.adminListen",
@@ -335,6 +336,11 @@ pub struct PolicyConfig {
     pub typical_pods: TypicalPodsConfig,
     /// Filter passes only the fitting nodes the policy scores best.
     pub filter_best_only: bool,
+    /// `fgd-plus` refuses a pod that asks for no GPU the CPU and memory that a GPU node's free
+    /// GPUs need, and idle nodes of four GPUs or more ([`fgd_plus::holds_host`]). Only acts on
+    /// pods the policy places: under `fgd-plus`, and for pods without GPUs only with
+    /// `filter_best_only`.
+    pub hold_host_for_gpus: bool,
 }
 
 impl Default for PolicyConfig {
@@ -344,6 +350,7 @@ impl Default for PolicyConfig {
             max_pods_per_shared_gpu: 20,
             typical_pods: TypicalPodsConfig::default(),
             filter_best_only: false,
+            hold_host_for_gpus: true,
         }
     }
 }
@@ -1051,6 +1058,7 @@ impl Config {
             filter_best_only: self.policy.filter_best_only,
             fgd_plus: fgd_plus::Tuning {
                 scarcity: self.policy.typical_pods.scarcity.engine(),
+                hold_host: self.policy.hold_host_for_gpus,
                 ..fgd_plus::Tuning::default()
             },
             ..Policy::default()
@@ -1454,6 +1462,20 @@ limits:
             .unwrap_err()
             .to_string();
         assert!(err.contains("unknown field `sever`"), "{err}");
+    }
+
+    #[test]
+    fn the_host_hold_is_on_by_default_and_reaches_fgd_plus_tuning() {
+        assert!(Config::default().policy.hold_host_for_gpus);
+        assert!(Config::default().engine_policy().fgd_plus.hold_host);
+        let cfg = Config::from_sources(
+            None,
+            &env(&[("GPU_EXTENDER_POLICY_HOLD_HOST_FOR_GPUS", "false")]),
+            &[],
+        )
+        .unwrap();
+        assert!(!cfg.policy.hold_host_for_gpus);
+        assert!(!cfg.engine_policy().fgd_plus.hold_host);
     }
 
     #[test]

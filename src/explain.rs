@@ -240,6 +240,14 @@ fn closest(node: &NodeState, request: &PodRequest, reason: RejectReason) -> Stri
                 }
             )
         }
+        RejectReason::HostHeldForGpus => format!(
+            "{}m CPU and {} memory free beside {} idle GPU(s); the pod asks {}m and {} and no GPU",
+            node.cpu_free().0,
+            gib(node.mem_free().0),
+            node.idle_mask().count_ones(),
+            request.cpu.0,
+            gib(request.memory.0)
+        ),
         RejectReason::InsufficientGpuMemory
         | RejectReason::InsufficientGpuCompute
         | RejectReason::SharedGpuPodLimit => closest_share(node, request, demand, usable),

@@ -742,6 +742,25 @@ fn cases() -> Vec<Case> {
             ),
             reject(TooFewGpus, false),
         ),
+        // --- FGD+'s hold: an idle node of four GPUs or more is kept for GPU pods.
+        Case {
+            policy: Policy::scoring(ScoringPolicy::FgdPlus).with_typical(one_class(500)),
+            ..case(
+                "fgd-plus: a pod without GPUs is refused an idle 4-GPU node",
+                empty(uniform(Exclusive, 4, "Tesla-T4", 16)),
+                pod(GpuDemand::None),
+                reject(HostHeldForGpus, true),
+            )
+        },
+        Case {
+            policy: Policy::scoring(ScoringPolicy::FgdPlus).with_typical(one_class(500)),
+            ..case(
+                "fgd-plus: a pod without GPUs takes an idle 2-GPU node's CPU its GPUs do not need",
+                empty(uniform(Exclusive, 2, "Tesla-T4", 16)),
+                pod(GpuDemand::None),
+                gpus(&[&[]]),
+            )
+        },
         // --- FGD's GPU choice: free 600, 800, 1000 milli; a 200 milli share; pods of 500 typical.
         Case {
             policy: Policy::scoring(ScoringPolicy::Fgd).with_typical(one_class(500)),
@@ -795,7 +814,13 @@ fn cases() -> Vec<Case> {
 }
 
 fn check(case: &Case) -> Result<(), String> {
-    let outcome = fit(&case.node, &case.pod, &case.policy);
+    // The one refusal made above the fit: the policy's hold of a node's host for its GPUs.
+    let outcome = fit(&case.node, &case.pod, &case.policy).and_then(|allocation| {
+        match case.policy.evaluate(&case.node, &case.pod) {
+            Err(RejectReason::HostHeldForGpus) => Err(RejectReason::HostHeldForGpus),
+            _ => Ok(allocation),
+        }
+    });
     let fail = |what: String| Err(format!("{}: {what}; got {outcome:?}", case.name));
     match (&case.expect, &outcome) {
         (Expect::Gpus(expected), Ok(allocation)) => {
@@ -889,7 +914,7 @@ fn rejection_reasons_have_distinct_codes_and_node_free_messages() {
         .into_iter()
         .filter(|r| r.is_resolvable())
         .collect();
-    assert_eq!(resolvable.len(), 8);
+    assert_eq!(resolvable.len(), 9);
 }
 
 /// (GiB total, GPUs, core percent) and the demand or error it makes.

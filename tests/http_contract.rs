@@ -234,6 +234,53 @@ async fn filter_best_only_answers_the_policys_one_node_and_reasons_only_when_non
 }
 
 #[tokio::test]
+async fn filter_holds_a_gpu_nodes_host_for_its_free_gpus_when_asked() {
+    use gpu_extender::engine::model::{CpuMilli, MemMiB};
+    use gpu_extender::engine::policy::fgd_plus::Tuning;
+    use gpu_extender::engine::{Policy, ScoringPolicy, TypicalPod, TypicalPods};
+    let harness = Harness::new(true);
+    // The typical pod asks 4 cores per GPU: each recorded node's 8 cores feed its 2 GPUs exactly.
+    let typical = TypicalPods::new(vec![TypicalPod {
+        cpu: CpuMilli(4000),
+        memory: MemMiB(0),
+        gpus: 1,
+        milli: 1000,
+        models: Vec::new(),
+        weight: 1.0,
+    }]);
+    let placing_every_pod = |hold_host| Policy {
+        filter_best_only: true,
+        fgd_plus: Tuning {
+            hold_host,
+            ..Tuning::default()
+        },
+        ..Policy::scoring(ScoringPolicy::FgdPlus).with_typical(typical.clone())
+    };
+    let mut cpu_only = fixture("filter-cache.json");
+    cpu_only["Pod"]["spec"]["containers"][0]["resources"] = json!({"requests": {"cpu": "1"}});
+    cpu_only["Pod"]["spec"]["initContainers"] = Value::Null;
+    cpu_only["NodeNames"] = json!(["gpu-a", "gpu-b"]);
+    harness.state.policy.store(placing_every_pod(false));
+    let answer = harness.post_json("filter", &cpu_only).await;
+    assert_eq!(answer["NodeNames"].as_array().unwrap().len(), 1, "{answer}");
+    harness.state.policy.store(placing_every_pod(true));
+    let answer = harness.post_json("filter", &cpu_only).await;
+    assert_eq!(answer["NodeNames"], json!([]), "{answer}");
+    for node in ["gpu-a", "gpu-b"] {
+        // Resolvable: the node takes the pod once its GPUs are in use.
+        assert_eq!(
+            answer["FailedNodes"][node], "node CPU and memory are held for its free GPUs",
+            "{answer}"
+        );
+    }
+    // A GPU pod is never held.
+    let mut gpu_pod = with_gpu_limit(fixture("filter-cache.json"), "nvidia.com/gpu", "1");
+    gpu_pod["NodeNames"] = json!(["gpu-a", "gpu-b"]);
+    let answer = harness.post_json("filter", &gpu_pod).await;
+    assert_eq!(answer["NodeNames"].as_array().unwrap().len(), 1, "{answer}");
+}
+
+#[tokio::test]
 async fn filter_non_cache_mode_returns_the_objects_it_was_given() {
     let harness = Harness::new(false); // stateless: works before the table is synced
     let body = fixture("filter-nocache.json");

@@ -120,6 +120,17 @@ fn how_cpu_only_pods_are_scored_is_a_knob_of_fgd_plus() {
 }
 
 #[test]
+fn holding_gpu_nodes_host_for_their_gpus_is_a_knob_of_fgd_plus() {
+    assert_numeric_knob("hold", 1, 0, "2");
+    // Both replay the built-in example to the end (the engine tests pin what the hold refuses).
+    let prepared = example();
+    let policy = |name: &str| SimPolicy::parse(name).unwrap();
+    let held = run(&prepared, policy("fgd-plus"), 7, 1.3, true, &|_| {});
+    let unheld = run(&prepared, policy("fgd-plus:hold=0"), 7, 1.3, true, &|_| {});
+    assert!(held.last.used_milli > 0 && unheld.last.used_milli > 0);
+}
+
+#[test]
 fn the_knobs_that_take_a_word_round_trip_through_the_name() {
     let default = SimPolicy::parse("fgd-plus").unwrap();
     for knob in [

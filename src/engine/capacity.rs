@@ -1,7 +1,7 @@
 //! How many more copies of one pod a set of nodes can hold: each node takes copies one after
 //! another, placed by [`fit`] exactly as bind would place them, until the next one no longer
-//! fits. What a multi-cluster scheduler asks a member cluster (Karmada's scheduler-estimator,
-//! served by `crate::estimator`).
+//! fits or the policy refuses it. What a multi-cluster scheduler asks a member cluster
+//! (Karmada's scheduler-estimator, served by `crate::estimator`).
 //!
 //! Copies placed on one node change no other node, so the count over a set of nodes is the sum
 //! of the nodes' own counts, whatever order the copies arrive in and whichever node the policy
@@ -15,6 +15,7 @@ use super::fit::{fit, footprint_with};
 use super::model::{CpuMilli, MemMiB};
 use super::policy::Policy;
 use super::policy::fgd::FgdCache;
+use super::policy::fgd_plus::Taking;
 use super::request::PodRequest;
 use super::state::{NodeState, PerGpu};
 
@@ -27,11 +28,18 @@ pub fn replicas_on(node: &NodeState, request: &PodRequest, policy: &Policy, limi
 /// how many were placed. `node` is left holding them.
 fn fill(node: &mut NodeState, request: &PodRequest, policy: &Policy, limit: u64) -> u64 {
     let mut placed = 0;
+    // The policy may refuse a copy that fits (FGD+'s hold of a node's host for its GPUs), as
+    // filter and bind would.
+    let taking = Taking {
+        cpu: request.cpu,
+        memory: request.memory,
+        gpus: request.wants_gpu(),
+    };
     if node.profile.contiguous {
         // The score path's placement, which writes the usage the pod leaves in place instead
         // of building its `PodAllocation` (exactly `fit` then `add` where GPU indices are
         // positions, see `footprint_with`): no allocation per copy.
-        while placed < limit {
+        while placed < limit && !policy.holds_host(node, taking) {
             let mut after = PerGpu::copy_of(&node.gpus);
             let placement =
                 footprint_with(node, request, policy, &mut FgdCache::default(), &mut after);
@@ -46,7 +54,7 @@ fn fill(node: &mut NodeState, request: &PodRequest, policy: &Policy, limit: u64)
         }
         return placed;
     }
-    while placed < limit {
+    while placed < limit && !policy.holds_host(node, taking) {
         let Ok(allocation) = fit(node, request, policy) else {
             break;
         };

@@ -23,6 +23,9 @@ impl Policy {
         let mut cache = FgdCache::default();
         let choice = self.share_choice(node, request);
         let allocation = fit_with(node, request, self, choice, &mut cache)?;
+        if self.holds_host(node, Taking::of(&allocation)) {
+            return Err(RejectReason::HostHeldForGpus);
+        }
         let mut score = self.score_with(node, &allocation, &mut cache);
         if request.constraints.topology == TopologyPreference::Preferred {
             score = preferred_score(score, quality(node, &allocation));
@@ -72,6 +75,9 @@ impl Policy {
             // The placement succeeded, so the pod holds GPUs exactly when it asks for any.
             gpus: request.wants_gpu(),
         };
+        if self.holds_host(node, taking) {
+            return Err(RejectReason::HostHeldForGpus);
+        }
         let score = self.score_after(node, &after, taking, group_quality, cache);
         if request.constraints.topology == TopologyPreference::Preferred {
             return Ok(preferred_score(score, group_quality));

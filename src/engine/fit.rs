@@ -33,11 +33,12 @@ pub enum RejectReason {
     InsufficientGpuCompute,
     SharedGpuPodLimit,
     NoConnectedGroup,
+    HostHeldForGpus,
 }
 
 impl RejectReason {
     /// Every reason, for documentation and metric pre-registration.
-    pub const ALL: [RejectReason; 15] = [
+    pub const ALL: [RejectReason; 16] = [
         Self::NoGpus,
         Self::ModeMismatch,
         Self::ModelMismatch,
@@ -53,6 +54,7 @@ impl RejectReason {
         Self::InsufficientGpuCompute,
         Self::SharedGpuPodLimit,
         Self::NoConnectedGroup,
+        Self::HostHeldForGpus,
     ];
 
     /// The short message shown in the pod's FailedScheduling event.
@@ -73,6 +75,7 @@ impl RejectReason {
             Self::InsufficientGpuCompute => "insufficient GPU compute on any single GPU",
             Self::SharedGpuPodLimit => "shared GPUs are at their pod limit",
             Self::NoConnectedGroup => "no well-connected group of free GPUs",
+            Self::HostHeldForGpus => "node CPU and memory are held for its free GPUs",
         }
     }
 
@@ -94,6 +97,7 @@ impl RejectReason {
             Self::InsufficientGpuCompute => "insufficient_gpu_compute",
             Self::SharedGpuPodLimit => "shared_gpu_pod_limit",
             Self::NoConnectedGroup => "no_connected_group",
+            Self::HostHeldForGpus => "host_held_for_gpus",
         }
     }
 
@@ -109,6 +113,7 @@ impl RejectReason {
                 | Self::InsufficientGpuCompute
                 | Self::SharedGpuPodLimit
                 | Self::NoConnectedGroup
+                | Self::HostHeldForGpus
         )
     }
 }

@@ -127,6 +127,13 @@ impl SimPolicy {
                     "guardpen" => tuning.guard_penalty = number()?,
                     "guardrise" => tuning.guard_rise = number()?,
                     "cpuscarce" => tuning.cpu_only_scarce = number()?,
+                    "hold" => {
+                        tuning.hold_host = match value {
+                            "0" => false,
+                            "1" => true,
+                            _ => return None,
+                        }
+                    }
                     "scarcity" => tuning.scarcity = WordKnob::from_word(value)?,
                     "hostby" => tuning.host_by = WordKnob::from_word(value)?,
                     "cpuonly" => tuning.cpu_only = WordKnob::from_word(value)?,
@@ -240,6 +247,12 @@ fn tuning_knobs(tuning: &fgd_plus::Tuning) -> Vec<String> {
     for (key, value, default) in numbers {
         push_changed(&mut knobs, key, value, default);
     }
+    push_changed(
+        &mut knobs,
+        "hold",
+        u32::from(tuning.hold_host),
+        u32::from(default.hold_host),
+    );
     let words = [
         ("hostby", tuning.host_by.word(), default.host_by.word()),
         ("scarcity", tuning.scarcity.word(), default.scarcity.word()),

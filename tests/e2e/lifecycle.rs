@@ -9,8 +9,9 @@ use anyhow::ensure;
 
 use crate::harness::{PROFILE_CONFIG, metric_sum};
 use crate::objects::{
-    GPU_MEM, GpuNode, Mode, NVIDIA_GPU, PodSpec, create_bound, create_node, create_pod, delete_pod,
-    list_pods, node_of, pods, set_phase, wait_bound, wait_unschedulable,
+    GPU_MEM, GpuNode, Mode, NVIDIA_GPU, PodSpec, create_bound, create_node, create_nodes,
+    create_pod, delete_pod, list_pods, node_of, pods, set_phase, wait_bound,
+    wait_failed_scheduling, wait_unschedulable,
 };
 use crate::record::{check_cluster, check_inspect, record_of};
 use crate::{BIND, up};
@@ -268,6 +269,49 @@ fn a_pod_kube_schedulers_window_hid_the_only_fitting_node_from_is_retried() {
             "window misses {} and touches {}: no window missed the A100, the scenario tested nothing",
             misses(&text),
             touched(&text)
+        );
+        Ok(())
+    });
+}
+
+/// FGD+'s hold (`policy.holdHostForGpus`, on by default) in a real loop: the dedicated GPU
+/// scheduler sends the extender a pod that asks for no GPU; on a 4-GPU node whose 64 cores are
+/// what its free GPUs need at the typical pod's 16 cores per GPU, the pod waits with the hold's
+/// reason in its event, and once a GPU pod takes the GPUs the CPU is spare and the waiting pod
+/// is bound there, without anything freed (kube-scheduler retries a pod the extender turned
+/// away when a pod is bound).
+#[test]
+#[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
+fn a_cpu_only_pod_waits_for_cpu_its_node_s_gpus_do_not_need() {
+    crate::harness::run("host-held", async |c| {
+        let nodes = [GpuNode::new("t4x4", Mode::Exclusive, 4, "Tesla-T4", 16)];
+        create_nodes(&c.client, &nodes).await?;
+        c.start_extender(
+            "policy:\n  scoring: fgd-plus\n  filterBestOnly: true\n  typicalPods:\n    pods:\n      \
+             - {cpuMilli: 16000, gpus: 1, gpuMilli: 1000, weight: 1}\n",
+        )
+        .await?;
+        c.start_scheduler("scheduler-config/gpu-scheduler-dedicated.yaml")
+            .await?;
+        create_pod(
+            &c.client,
+            &PodSpec::empty("cpu-only").container("main", &[("cpu", 4)]),
+        )
+        .await?;
+        let message =
+            wait_failed_scheduling(&c.client, "cpu-only", "held for its free GPUs", BIND).await?;
+        eprintln!("  cpu-only waits: {message}");
+        let t0 = Instant::now();
+        create_bound(&c.client, &PodSpec::new("four-gpus", NVIDIA_GPU, 4), BIND).await?;
+        let bound = wait_bound(&c.client, "cpu-only", Duration::from_secs(60)).await?;
+        ensure!(
+            node_of(&bound) == Some("t4x4"),
+            "cpu-only went to {:?}",
+            node_of(&bound)
+        );
+        eprintln!(
+            "  cpu-only: bound {:.1}s after the GPU pod was created",
+            t0.elapsed().as_secs_f64()
         );
         Ok(())
     });

@@ -182,6 +182,13 @@ impl Policy {
         }
     }
 
+    /// Whether the policy refuses `node` a pod that takes `taking` although it fits
+    /// ([`fgd_plus::holds_host`]).
+    pub(super) fn holds_host(&self, node: &NodeState, taking: Taking) -> bool {
+        self.scoring == ScoringPolicy::FgdPlus
+            && fgd_plus::holds_host(&self.typical, &self.fgd_plus, node, taking)
+    }
+
     /// Scores a placement that [`fit`](super::fit::fit) produced on `node`.
     pub fn score(&self, node: &NodeState, allocation: &PodAllocation) -> f64 {
         self.score_with(node, allocation, &mut FgdCache::default())
