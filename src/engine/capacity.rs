@@ -30,11 +30,7 @@ fn fill(node: &mut NodeState, request: &PodRequest, policy: &Policy, limit: u64)
     let mut placed = 0;
     // The policy may refuse a copy that fits (FGD+'s hold of a node's host for its GPUs), as
     // filter and bind would.
-    let taking = Taking {
-        cpu: request.cpu,
-        memory: request.memory,
-        gpus: request.wants_gpu(),
-    };
+    let taking = Taking::asked(request);
     if node.profile.contiguous {
         // The score path's placement, which writes the usage the pod leaves in place instead
         // of building its `PodAllocation` (exactly `fit` then `add` where GPU indices are

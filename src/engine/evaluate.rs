@@ -69,12 +69,8 @@ impl Policy {
         // filtering a share pod).
         let mut after = PerGpu::copy_of(&node.gpus);
         let group_quality = footprint_with(node, request, self, cache, &mut after)?;
-        let taking = Taking {
-            cpu: request.cpu,
-            memory: request.memory,
-            // The placement succeeded, so the pod holds GPUs exactly when it asks for any.
-            gpus: request.wants_gpu(),
-        };
+        // The placement succeeded, so the pod holds GPUs exactly when it asks for any.
+        let taking = Taking::asked(request);
         if self.holds_host(node, taking) {
             return Err(RejectReason::HostHeldForGpus);
         }

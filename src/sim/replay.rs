@@ -243,16 +243,15 @@ fn tuning_knobs(tuning: &fgd_plus::Tuning) -> Vec<String> {
         ("guardpen", tuning.guard_penalty, default.guard_penalty),
         ("guardrise", tuning.guard_rise, default.guard_rise),
         ("cpuscarce", tuning.cpu_only_scarce, default.cpu_only_scarce),
+        (
+            "hold",
+            u32::from(tuning.hold_host),
+            u32::from(default.hold_host),
+        ),
     ];
     for (key, value, default) in numbers {
         push_changed(&mut knobs, key, value, default);
     }
-    push_changed(
-        &mut knobs,
-        "hold",
-        u32::from(tuning.hold_host),
-        u32::from(default.hold_host),
-    );
     let words = [
         ("hostby", tuning.host_by.word(), default.host_by.word()),
         ("scarcity", tuning.scarcity.word(), default.scarcity.word()),

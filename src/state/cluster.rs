@@ -1,9 +1,10 @@
 //! The cluster as the extender knows it: the allocation table, the pending GPU pods and their
 //! UIDs, readiness, the feed's health, where capacity was freed and which pods kube-scheduler's
-//! window kept from every node that fits them (both for the requeue task). One writer (the watch feed,
-//! in [`crate::k8s::watch`]) and many readers (filter, prioritize, preempt, inspect, metrics),
-//! with the binder's short writes to reserve: the store/writer split of kube-runtime's
-//! reflector. Nothing here reads Kubernetes objects beyond storing the pending ones.
+//! window kept from every node that fits them (both for the requeue task). One writer (the
+//! watch feed, in [`crate::k8s::watch`]) and many readers (filter, prioritize, preempt,
+//! inspect, metrics), with the binder's short writes to reserve: the store/writer split of
+//! kube-runtime's reflector. Nothing here reads Kubernetes objects beyond storing the pending
+//! ones.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -271,7 +272,6 @@ impl ClusterState {
     /// periodic flush. The one thing filter records, and not in the table.
     pub fn note_window_miss(&self, pod: PodKey) {
         let mut missed = self.window_missed.lock();
-        // The requeue task empties the set every round; one this large means no task takes it.
         if missed.len() < MAX_WINDOW_MISSED && missed.insert(pod) {
             self.freed_signal.notify_one();
         }

@@ -14,6 +14,7 @@
 
 use crate::engine::allocation::PodAllocation;
 use crate::engine::model::{ComputeMilli, CpuMilli, MemMiB};
+use crate::engine::request::PodRequest;
 use crate::engine::state::{GpuUsage, NodeState};
 use crate::engine::topology::{bit, positions};
 
@@ -487,6 +488,15 @@ impl Taking {
             gpus: allocation.has_gpus(),
         }
     }
+
+    /// What `request` takes once placed: it holds GPUs exactly when it asks for any.
+    pub fn asked(request: &PodRequest) -> Self {
+        Self {
+            cpu: request.cpu,
+            memory: request.memory,
+            gpus: request.wants_gpu(),
+        }
+    }
 }
 
 /// [`score`] from what the placement takes, without the allocation: the score-only path of
@@ -647,7 +657,7 @@ fn fullness(node: &NodeState, cpu_after: CpuMilli, after: &[u32]) -> f64 {
 mod tests {
     use super::*;
     use crate::engine::fit::RejectReason;
-    use crate::engine::{GpuDemand, GpuMode, NodeSpec, PodRequest, Policy, ScoringPolicy};
+    use crate::engine::{GpuDemand, GpuMode, NodeSpec, Policy, ScoringPolicy};
 
     fn class(cpu: u64, memory: u64, gpus: u16, milli: u32, weight: f64) -> TypicalPod {
         TypicalPod {
