@@ -11,9 +11,7 @@ use serde::Serialize;
 
 use crate::engine::fit::allowed_mask;
 use crate::engine::topology::positions;
-use crate::engine::{
-    GpuDemand, NodeState, PodAllocation, PodRequest, Policy, RejectReason, Table, fit,
-};
+use crate::engine::{GpuDemand, NodeState, PodAllocation, PodRequest, Policy, RejectReason, Table};
 
 /// Who refuses a node that the GPU engine itself refuses.
 pub const ENGINE_LAYER: &str = "gpu-extender";
@@ -70,7 +68,11 @@ pub fn explain(
                     resolvable: Some(refusal.resolvable),
                 };
             }
-            match fit(node, request, policy) {
+            // The policy's verdict, as filter's: the placement, and FGD+'s hold on top of it.
+            match policy
+                .evaluate(node, request)
+                .map(|evaluation| evaluation.allocation)
+            {
                 Ok(allocation) => NodeVerdict {
                     node: name,
                     fits: true,

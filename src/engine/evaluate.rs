@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use super::fit::{RejectReason, fit_with, footprint_with};
+use super::fit::{RejectReason, fit, fit_with, footprint_with};
 use super::policy::fgd::FgdCache;
 use super::policy::fgd_plus::Taking;
 use super::policy::topology::{preferred_score, quality};
@@ -14,6 +14,14 @@ use super::request::{PodRequest, TopologyPreference};
 use super::state::{NodeState, PerGpu};
 
 impl Policy {
+    /// Whether the policy would pass `node` for `request` in filter: the pod fits and the policy
+    /// does not hold the node's host for its GPUs ([`Policy::holds_host`]). [`Policy::evaluate`]'s
+    /// verdict without the score, for the questions "would some node take this pod".
+    pub fn places(&self, node: &NodeState, request: &PodRequest) -> bool {
+        fit(node, request, self)
+            .is_ok_and(|allocation| !self.holds_host(node, Taking::of(&allocation)))
+    }
+
     /// Fit and score in one call, with the placement: what bind asks of the chosen node.
     pub fn evaluate(
         &self,

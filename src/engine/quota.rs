@@ -493,8 +493,9 @@ pub fn back_within_max(
     quota.admit(&after, asked, names).is_ok()
 }
 
-/// The fewest of `victims` (in the order given) whose removal from `node` lets `request` fit
-/// and satisfies `enough` (told the victims removed), or `None` when even all of them do not.
+/// The fewest of `victims` (in the order given) whose removal from `node` lets the policy place
+/// `request` ([`Policy::places`]: it fits, and FGD+ does not hold the node's host) and satisfies
+/// `enough` (told the victims removed), or `None` when even all of them do not.
 /// Victims are spared from the end of the list: the caller lists the ones it would rather keep
 /// last.
 pub fn victims_needed<'a>(
@@ -517,14 +518,14 @@ pub fn victims_needed<'a>(
             .map(|(victim, _)| victim)
             .collect()
     };
-    if fit(&freed, request, policy).is_err() || !enough(&chosen(&kept)) {
+    if !policy.places(&freed, request) || !enough(&chosen(&kept)) {
         return None;
     }
     for index in (0..victims.len()).rev() {
         let mut trial = freed.clone();
         trial.add(&victims[index]);
         kept[index] = false;
-        if fit(&trial, request, policy).is_ok() && enough(&chosen(&kept)) {
+        if policy.places(&trial, request) && enough(&chosen(&kept)) {
             freed = trial;
         } else {
             kept[index] = true;
@@ -1101,5 +1102,48 @@ mod tests {
                 prop_assert_eq!(admitted, expected + ask <= max);
             }
         }
+    }
+
+    #[test]
+    fn no_victim_is_named_for_a_pod_fgd_plus_would_still_hold() {
+        use crate::engine::policy::fgd_plus::Tuning;
+        use crate::engine::{GpuDemand, GpuMode, MemMiB, NodeSpec, ScoringPolicy, TypicalPod};
+        use crate::engine::{TypicalPods, model::CpuMilli};
+        // A 4-GPU node of 16 cores, one GPU pod of 4 cores on it; the typical pod asks 4 cores
+        // per GPU. Evicting the GPU pod leaves an idle node, which FGD+ keeps for GPU pods: a
+        // pod asking for no GPU gains nothing from it.
+        let typical = TypicalPods::new(vec![TypicalPod {
+            cpu: CpuMilli(4000),
+            memory: MemMiB(0),
+            gpus: 1,
+            milli: 1000,
+            models: Vec::new(),
+            weight: 1.0,
+        }]);
+        let held = Policy::scoring(ScoringPolicy::FgdPlus).with_typical(typical);
+        let unheld = Policy {
+            fgd_plus: Tuning {
+                hold_host: false,
+                ..held.fgd_plus
+            },
+            ..held.clone()
+        };
+        let mut node = NodeState::new(
+            NodeSpec::uniform("n", GpuMode::Exclusive, 4, "A100", MemMiB(80 * 1024)).with_host(
+                CpuMilli(16_000),
+                MemMiB(64 * 1024),
+                110,
+            ),
+        );
+        let gpu_pod = PodRequest::single(CpuMilli(4000), MemMiB(0), GpuDemand::Whole { count: 1 });
+        let victim = fit(&node, &gpu_pod, &held).unwrap();
+        node.add(&victim);
+        let victims = [victim];
+        let cpu_only = PodRequest::single(CpuMilli(13_000), MemMiB(0), GpuDemand::None);
+        assert!(victims_needed(&node, &victims, &cpu_only, &held, |_| true).is_none());
+        assert_eq!(
+            victims_needed(&node, &victims, &cpu_only, &unheld, |_| true).map(|v| v.len()),
+            Some(1)
+        );
     }
 }

@@ -32,7 +32,7 @@ use tracing::{debug, warn};
 use super::api::{BindTime, PodTouch};
 use super::watch::is_unschedulable;
 use crate::config::Config;
-use crate::engine::{NodeName, PodKey, PodRequest, Policy, Table, fit};
+use crate::engine::{NodeName, PodKey, PodRequest, Policy, Table};
 use crate::objects::translate::pod_request;
 use crate::state::{ApiError, ClusterState, PolicyCell};
 use crate::telemetry::Metrics;
@@ -68,7 +68,7 @@ pub fn choose(
             if on_node == per_node {
                 break;
             }
-            if !taken.contains(&pod.key) && fit(state, &pod.request, policy).is_ok() {
+            if !taken.contains(&pod.key) && policy.places(state, &pod.request) {
                 taken.insert(&pod.key);
                 chosen.push(pod.key.clone());
                 on_node += 1;
@@ -93,11 +93,7 @@ pub fn choose_missed(
     ordered.sort_by(|a, b| a.created.cmp(&b.created).then_with(|| a.key.cmp(&b.key)));
     ordered
         .into_iter()
-        .filter(|pod| {
-            table
-                .nodes()
-                .any(|node| fit(node, &pod.request, policy).is_ok())
-        })
+        .filter(|pod| table.nodes().any(|node| policy.places(node, &pod.request)))
         .map(|pod| pod.key.clone())
         .collect()
 }
@@ -221,7 +217,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::engine::{Change, PodAllocation};
+    use crate::engine::{Change, PodAllocation, fit};
     use crate::objects::translate::node_spec;
 
     /// A memory-sharing node of `gpus` 16 GiB T4s.

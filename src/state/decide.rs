@@ -9,7 +9,7 @@ use super::cluster::ClusterState;
 use crate::engine::quota::{
     Amounts, back_within_max, may_preempt, namespace_of, usage, victims_needed,
 };
-use crate::engine::{AlikeScores, NodeState, PodAllocation, PodRequest, Policy, RejectReason, fit};
+use crate::engine::{AlikeScores, NodeState, PodAllocation, PodRequest, Policy, RejectReason};
 use crate::objects::admission::PodClaims;
 
 /// The reason given for a candidate the extender has not seen yet (its watch may lag the
@@ -175,7 +175,8 @@ impl ClusterState {
     }
 
     /// Whether a node kube-scheduler did not send would take the pod: not among `names`, and
-    /// both the policy's fit and the node's labels, taints, cordon and allocatable admit it.
+    /// both the policy ([`Policy::places`]) and the node's labels, taints, cordon and
+    /// allocatable admit it.
     /// Asked when no candidate fits, it tells kube-scheduler's window apart from a full cluster:
     /// kube-scheduler stops filtering once it has found `percentageOfNodesToScore` of the
     /// nodes feasible by its own checks, which do not see the GPUs the engine checks.
@@ -196,7 +197,7 @@ impl ClusterState {
             let name = node.spec.name.as_str();
             !sent.contains(name)
                 && pod.admitted_by(name, claims.get(&node.spec.name))
-                && fit(node, request, policy).is_ok()
+                && policy.places(node, request)
         })
     }
 
@@ -639,5 +640,45 @@ mod tests {
             &policy,
         );
         assert!(kept.is_empty(), "{kept:?}");
+    }
+
+    #[test]
+    fn a_node_fgd_plus_holds_for_its_gpus_is_no_window_miss() {
+        use crate::engine::policy::fgd_plus::Tuning;
+        use crate::engine::{ScoringPolicy, TypicalPod, TypicalPods};
+        // One idle 4-GPU node kube-scheduler did not send; a pod asking for no GPU fits it but
+        // FGD+ keeps it for GPU pods: the window hid nothing from the pod.
+        let state = ClusterState::with_table(Table::rebuild(
+            20,
+            [NodeSpec::uniform(
+                "big",
+                GpuMode::Exclusive,
+                4,
+                "A100",
+                MemMiB(80 * 1024),
+            )],
+            [],
+        ));
+        let typical = TypicalPods::new(vec![TypicalPod {
+            cpu: CpuMilli(4000),
+            memory: MemMiB(0),
+            gpus: 1,
+            milli: 1000,
+            models: Vec::new(),
+            weight: 1.0,
+        }]);
+        let held = Policy::scoring(ScoringPolicy::FgdPlus).with_typical(typical);
+        let unheld = Policy {
+            fgd_plus: Tuning {
+                hold_host: false,
+                ..held.fgd_plus
+            },
+            ..held.clone()
+        };
+        let pod = k8s_openapi::api::core::v1::Pod::default();
+        let claims = PodClaims::of(&pod, &crate::config::Config::default()).unwrap();
+        let cpu_only = PodRequest::single(CpuMilli(1000), MemMiB(1024), GpuDemand::None);
+        assert!(!state.fits_outside(&[], &claims, &cpu_only, &held));
+        assert!(state.fits_outside(&[], &claims, &cpu_only, &unheld));
     }
 }

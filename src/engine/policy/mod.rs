@@ -183,8 +183,8 @@ impl Policy {
     }
 
     /// Whether the policy refuses `node` a pod that takes `taking` although it fits
-    /// ([`fgd_plus::holds_host`]). Asked by `evaluate` (filter, prioritize) and the capacity
-    /// estimate, not by `fit`: a resolvable rejection of `fit` is one the empty node would not
+    /// ([`fgd_plus::holds_host`]). Asked by `evaluate` (filter, prioritize), `places` (window
+    /// misses, requeue, preemption's victims) and the capacity estimate, not by `fit`: a resolvable rejection of `fit` is one the empty node would not
     /// make, and the hold makes it on an empty node (an idle node is kept for GPU pods) while
     /// it lifts as the node's GPUs fill.
     pub(super) fn holds_host(&self, node: &NodeState, taking: Taking) -> bool {
