@@ -343,6 +343,11 @@ fn simulate_replays_kube_scheduler_s_window_only_for_a_percentage_it_accepts() {
     assert!(!refused.status.success());
     let err = stderr(&refused);
     assert!(err.contains("101 is not in 0..=100"), "{err}");
+    // Retrying what the window turned away means nothing without a window.
+    let refused = run(&["simulate", "--retry-window-misses"]);
+    assert!(!refused.status.success());
+    let err = stderr(&refused);
+    assert!(err.contains("--percentage-of-nodes-to-score"), "{err}");
     let dir = scratch("simulate-window");
     let output = command(
         &dir,

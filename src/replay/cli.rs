@@ -146,7 +146,8 @@ fn choices_line(choices: &ChoiceTally) -> String {
     if choices.retried > 0 {
         let _ = write!(
             line,
-            "; {} turned away right after departures were bound on kube-scheduler's retry",
+            "; {} turned away while a node had room (a window that hid it, or right after \
+             departures) were bound on kube-scheduler's retry",
             choices.retried
         );
     }

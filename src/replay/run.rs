@@ -1,8 +1,9 @@
 //! One replay through a real cluster: the replay's own nodes created, then the seed's arrival
 //! sequence (the one `simulate` replays) offered one pod at a time, each waited for until
-//! kube-scheduler has bound it or marked it unschedulable; an unschedulable pod is deleted at
-//! once and never retried, as in the reference. After each pod the same measurements as
-//! `simulate` are taken from the allocation records of the bound pods, so the outputs are
+//! kube-scheduler has bound it or marked it unschedulable; an unschedulable pod is deleted, as
+//! in the reference, unless some node had room for it: then it is given kube-scheduler's retry
+//! first, as a cluster gives it (after departures, or a window that hid the nodes with room).
+//! After each pod the same measurements as `simulate` are taken from the allocation records of the bound pods, so the outputs are
 //! `simulate`'s. With departures, before each pod the bound pods whose deletion time has come
 //! are deleted, and the next pod waits until the watch has reported them gone. Also the checks
 //! that keep the replay to objects of its own, and the clean-up.
@@ -89,8 +90,9 @@ pub struct ChoiceTally {
     /// state: turned away by kube-scheduler's window, or by a view of the cluster (the
     /// extender's table, kube-scheduler's cache) behind the API server.
     pub unschedulable_fit: usize,
-    /// With departures: pods marked unschedulable right after pods left, while some node fitted
-    /// them, that kube-scheduler's retry then bound (counted in `bound`, not above).
+    /// Pods marked unschedulable while some node fitted them that kube-scheduler's retry then
+    /// bound (counted in `bound`, not above): right after pods left, or after its window hid
+    /// every node with room and the extender's requeue nudge asked for the retry.
     pub retried: usize,
 }
 
@@ -456,11 +458,19 @@ pub async fn replay_pods(
             None => wait_for(&mut decided, &mut early, &name, plan.decision_timeout).await?,
         };
         let fits = matches!(seen, Seen::Unschedulable) && mirror.fits_somewhere(pod_id);
-        if fits && departed_now {
-            // Turned away by a view that had not yet seen the departures (kube-scheduler's
-            // cache of bound pods is kept apart from its queue): kube-scheduler retries such a
-            // pod on the deletion's event, after its backoff, and a cluster would bind it then.
-            match next_of(&mut decided, &mut early, &name, RETRY_WAIT, |seen| {
+        // A pod turned away while some node had room is retried by kube-scheduler, and a
+        // cluster would bind it then: after departures, on the deletion's event (it was turned
+        // away by a view that had not yet seen them: kube-scheduler's cache of bound pods is
+        // kept apart from its queue); otherwise kube-scheduler's window hid every node with
+        // room, and the extender's requeue nudge has kube-scheduler retry it with its next
+        // window (`requeue.enabled`).
+        let retry_wait = if departed_now {
+            Some(RETRY_WAIT)
+        } else {
+            plan.config.requeue.enabled.then_some(MISSED_RETRY_WAIT)
+        };
+        if let Some(retry_wait) = retry_wait.filter(|_| fits) {
+            match next_of(&mut decided, &mut early, &name, retry_wait, |seen| {
                 matches!(seen, Seen::Bound(_))
             })
             .await
@@ -606,6 +616,12 @@ async fn wait_for_gone(
 /// How long a pod turned away right after departures is given for kube-scheduler's retry (its
 /// first backoff is 1 s).
 const RETRY_WAIT: Duration = Duration::from_secs(5);
+
+/// How long a pod kube-scheduler's window turned away is given for the retries the extender's
+/// requeue nudge asks for: a nudge within 0.2 s of the verdict, kube-scheduler's backoff (1 s,
+/// doubling), and a nudge at most every `requeue.minIntervalSeconds` (10 s) when the next
+/// window misses too (2.4-10.3 s in `lifecycle::a_pod_kube_schedulers_window_hid_...`).
+const MISSED_RETRY_WAIT: Duration = Duration::from_secs(30);
 
 enum WaitError {
     Timeout,

@@ -160,12 +160,15 @@ pub async fn run_throughput(args: &ReplayArgs) -> Result<()> {
     for round in 0..=t.rounds.max(1) {
         for with_extender in [true, false] {
             // With: the replay's scheduler configuration (the dedicated GPU scheduler unless
-            // --scheduler-config says otherwise); without: the shipped default profile alone.
+            // --scheduler-config says otherwise, with --percentage-of-nodes-to-score applied);
+            // without: the shipped default profile alone, at kube-scheduler's own adaptive
+            // window, the cluster the variants are weighed against.
             let mut setup = args.scheduler_setup()?;
             setup.client_qps = Some(t.qps);
             if !with_extender {
                 setup.base = SHIPPED_PROFILE.to_owned();
                 setup.with_extender = false;
+                setup.percentage_of_nodes_to_score = None;
             }
             if with_extender {
                 plane

@@ -100,6 +100,13 @@ pub struct SimArgs {
     /// candidate, as in the FGD paper's simulator.
     #[arg(long, value_name = "PERCENT", value_parser = clap::value_parser!(u32).range(0..=100))]
     pub percentage_of_nodes_to_score: Option<u32>,
+
+    /// With --percentage-of-nodes-to-score: retry a pod the window turned away while a node
+    /// outside it had room, with kube-scheduler's next windows until one holds such a node, as
+    /// the extender's requeue nudge (requeue.enabled) has kube-scheduler do in a cluster. Such
+    /// pods are still counted as window misses.
+    #[arg(long, requires = "percentage_of_nodes_to_score")]
+    pub retry_window_misses: bool,
 }
 
 /// Which runs keep per-step rows.
@@ -334,6 +341,9 @@ pub fn run_cli(args: SimArgs) -> anyhow::Result<()> {
             let mut prepared = Prepared::new(&cluster, workload);
             if let Some(percent) = args.percentage_of_nodes_to_score {
                 prepared = prepared.with_scheduler_window(percent);
+                if args.retry_window_misses {
+                    prepared = prepared.with_window_retries();
+                }
             }
             if args.departures {
                 prepared.with_departures()
@@ -359,8 +369,14 @@ pub fn run_cli(args: SimArgs) -> anyhow::Result<()> {
         println!(
             "kube-scheduler window (percentageOfNodesToScore {percent}{}): each pod chooses among \
              the first {window} nodes that pass kube-scheduler's own filters, on a walk that \
-             starts where the previous pod's stopped",
-            if percent == 0 { ", adaptive" } else { "" }
+             starts where the previous pod's stopped{}",
+            if percent == 0 { ", adaptive" } else { "" },
+            if args.retry_window_misses {
+                "; a pod no window node has room for, while another node has, is retried with \
+                 the next windows"
+            } else {
+                ""
+            }
         );
     }
     let total_pods: u64 = prepared

@@ -313,6 +313,10 @@ pub struct Prepared {
     /// kube-scheduler's `percentageOfNodesToScore` (0: adaptive) when each pod's choice is
     /// limited to the window kube-scheduler would send the extender; `None`: every node.
     window_percent: Option<u32>,
+    /// With the window: a pod it turned away while a node outside it had room is retried with
+    /// kube-scheduler's next windows until one holds such a node, as the extender's requeue
+    /// nudge has kube-scheduler do ([`Prepared::with_window_retries`]).
+    window_retry: bool,
 }
 
 impl Prepared {
@@ -359,6 +363,7 @@ impl Prepared {
             access,
             departures: false,
             window_percent: None,
+            window_retry: false,
         }
     }
 
@@ -383,6 +388,15 @@ impl Prepared {
     /// extender ([`SchedulerWindow`]).
     pub fn with_scheduler_window(mut self, percent: u32) -> Self {
         self.window_percent = Some(percent);
+        self
+    }
+
+    /// The same, a pod the window turned away while a node outside it had room retried with
+    /// kube-scheduler's next windows until one holds such a node: what the extender's requeue
+    /// nudge (`requeue.enabled`) has kube-scheduler do in a cluster, where such a pod waits a
+    /// moment instead of being turned away. Still counted as a window miss.
+    pub fn with_window_retries(mut self) -> Self {
+        self.window_retry = true;
         self
     }
 
@@ -989,6 +1003,24 @@ pub fn run(
         );
         if in_window.is_some() && feasible.is_empty() && row.iter().any(|entry| entry.feasible) {
             window_misses += 1;
+            if prepared.window_retry
+                && let Some(window) = window.as_mut()
+            {
+                // kube-scheduler's next cycles for the pod, each walking on from where the last
+                // stopped: one of them reaches a node with room within a lap of the node list.
+                for _ in 0..window.laps(node_count) {
+                    let sent = window.select(&nodes, &class.request);
+                    feasible.extend(
+                        row.iter()
+                            .enumerate()
+                            .filter(|&(n, entry)| entry.feasible && sent[n])
+                            .map(|(n, entry)| (n, entry.score)),
+                    );
+                    if !feasible.is_empty() {
+                        break;
+                    }
+                }
+            }
         }
         // kube-scheduler's plugin-metrics sampling draws once per pod (`rand.Intn(100)`), so the
         // Random policy's draws fall where the reference's did.
@@ -1150,6 +1182,34 @@ mod tests {
             missed += windowed.failed;
         }
         assert!(missed > 0, "no pod of five seeds missed a free node");
+    }
+
+    #[test]
+    fn a_pod_the_window_turned_away_is_placed_on_kube_scheduler_s_retry() {
+        let (cluster, workload) = one_share_per_node();
+        let policy = SimPolicy::engine(ScoringPolicy::Binpack);
+        let adaptive = Prepared::new(&cluster, &workload).with_scheduler_window(0);
+        let retried = Prepared::new(&cluster, &workload)
+            .with_scheduler_window(0)
+            .with_window_retries();
+        let (mut turned_away, mut missed) = (0, 0);
+        for seed in 42..47 {
+            turned_away += run(&adaptive, policy, seed, 0.0, false, &|_| {}).failed;
+            let again = run(&retried, policy, seed, 0.0, false, &|_| {});
+            // Every pod finds the free node its first window hid on a later walk, as the
+            // requeue nudge has kube-scheduler retry it; the miss is still counted.
+            assert_eq!(again.failed, 0, "seed {seed}");
+            assert_eq!(again.last.used_milli, 150 * 900, "seed {seed}");
+            missed += again.window_misses.unwrap_or(0);
+        }
+        assert!(
+            turned_away > 0,
+            "no pod of five seeds was turned away without the retry"
+        );
+        assert!(missed > 0, "no pod of five seeds missed a free node");
+        // Laps: walks that each examine at least 100 of the 150 nodes cover them in two.
+        let window = crate::sim::window::SchedulerWindow::new(0, 150);
+        assert_eq!(window.laps(150), 3);
     }
 
     #[test]

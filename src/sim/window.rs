@@ -94,6 +94,13 @@ impl SchedulerWindow {
         self.to_find
     }
 
+    /// How many walks one after the other cover every node of `node_count` at least once: each
+    /// examines at least as many nodes as it finds feasible, so a node that passes the filters
+    /// is sent within this many.
+    pub fn laps(&self, node_count: usize) -> usize {
+        node_count.div_ceil(self.to_find.max(1)) + 1
+    }
+
     /// Walks the nodes for the next pod and marks the ones its filter call carries; the next
     /// walk starts after the last node this one examined.
     pub fn select(&mut self, nodes: &[NodeState], request: &PodRequest) -> &[bool] {
