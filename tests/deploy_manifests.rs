@@ -1958,7 +1958,8 @@ fn helm_chart_renders_the_objects_of_deploy() {
     assert_eq!(secret_mount("gpu-extender", cert), "gpu-extender-tls");
     assert_eq!(secret_mount("kube-scheduler", ca), "gpu-extender-tls");
     // The window: set when given (EVERY_OPTION sets 20), left out by default, as deploy/ leaves
-    // it (kube-scheduler's adaptive default, decision 0006).
+    // it (kube-scheduler's adaptive default with binpack, decision 0006), 5 when unset with
+    // fgd-plus, and left out with fgd-plus when 0 is given (decision 0011).
     assert_eq!(
         with_tls.scheduler_config()["percentageOfNodesToScore"].as_u64(),
         Some(20)
@@ -1972,6 +1973,31 @@ fn helm_chart_renders_the_objects_of_deploy() {
             .scheduler_config()
             .get("percentageOfNodesToScore")
             .is_none()
+    );
+    let window_with = |set: &[&str]| {
+        Rendered {
+            text: String::new(),
+            objects: helm_objects(&helm.template(&ns, set)),
+        }
+        .scheduler_config()
+        .get("percentageOfNodesToScore")
+        .and_then(Value::as_u64)
+    };
+    assert_eq!(window_with(&["config.policy.scoring=fgd-plus"]), Some(5));
+    assert_eq!(window_with(&["config.policy.scoring=fgd"]), None);
+    assert_eq!(
+        window_with(&[
+            "config.policy.scoring=fgd-plus",
+            "kubeScheduler.percentageOfNodesToScore=0"
+        ]),
+        None
+    );
+    assert_eq!(
+        window_with(&[
+            "config.policy.scoring=fgd-plus",
+            "kubeScheduler.percentageOfNodesToScore=30"
+        ]),
+        Some(30)
     );
 
     // 4. The Karmada estimator: deploy/ with its karmada-estimator component, object for object

@@ -15,7 +15,13 @@ leaderElection:
   renewDeadline: {{ .Values.leaderElection.renewDeadline }}
   retryPeriod: {{ .Values.leaderElection.retryPeriod }}
 {{- end }}
-{{- with .Values.kubeScheduler.percentageOfNodesToScore }}
+{{- /* Unset, the window follows the policy: 100 candidates suit fgd-plus, not binpack or fgd
+(decision 0011). */}}
+{{- $window := .Values.kubeScheduler.percentageOfNodesToScore }}
+{{- if kindIs "invalid" $window }}
+{{- $window = eq ((.Values.config.policy | default dict).scoring | default "") "fgd-plus" | ternary 5 0 }}
+{{- end }}
+{{- with $window }}
 percentageOfNodesToScore: {{ . }}
 {{- end }}
 profiles:
