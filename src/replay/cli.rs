@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use super::args::ReplayArgs;
-use super::objects::{dns_name, extender_config};
+use super::objects::{dns_name, extender_config, with_extender_set};
 use super::plane::{Plane, SchedulerSetup, client_from, k8s_bins, series_value};
 use super::run::{
     ChoiceTally, Decision, PodDecision, ReplayPlan, Replayed, clean_up, create_cluster,
@@ -172,7 +172,10 @@ async fn replay_one(
     scoring: ScoringPolicy,
     seed: u64,
 ) -> Result<Replayed> {
-    let config = extender_config(scoring, prepared.typical(), workload);
+    let config = with_extender_set(
+        extender_config(scoring, prepared.typical(), workload),
+        &args.extender_set,
+    )?;
     config
         .validate()
         .context("the replay's extender configuration")?;

@@ -87,6 +87,18 @@ pub fn extender_config(
     config
 }
 
+/// `config` with the `--extender-set` overrides applied (`KEY=VALUE`, as `serve --set`): what
+/// the extender of the loopback plane runs with, so that the replay reads the same settings
+/// (the resource names its objects ask for, whether the requeue nudge retries a pod the window
+/// missed).
+pub fn with_extender_set(mut config: Config, extender_set: &[String]) -> anyhow::Result<Config> {
+    for arg in extender_set {
+        let (key, value) = crate::config::parse_override(arg)?;
+        config = config.with_override(&key, &value, &format!("--extender-set {key}"))?;
+    }
+    Ok(config)
+}
+
 /// How many pods of the workload are of a typical pod's class (FGD's class: CPU, milli-GPU,
 /// GPU count and model list; memory is not part of it).
 fn class_size(typical: &TypicalPod, workload: &Workload) -> usize {
@@ -384,6 +396,23 @@ mod tests {
                 load::load_workload(&dir.join(format!("openb_pod_list_{trace}.csv"))).unwrap();
             assert_same_as_simulate(&cluster, &workload);
         }
+    }
+
+    #[test]
+    fn the_replay_reads_the_extender_s_configuration_with_its_overrides() {
+        let base = Config::default();
+        assert!(base.requeue.enabled);
+        let set = |args: &[&str]| {
+            let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+            with_extender_set(Config::default(), &args)
+        };
+        let off = set(&["requeue.enabled=false", "policy.filterBestOnly=false"]).unwrap();
+        assert!(!off.requeue.enabled);
+        assert!(!off.policy.filter_best_only);
+        let unknown = set(&["requeue.nope=1"]).unwrap_err().to_string();
+        assert!(unknown.contains("requeue.nope"), "{unknown}");
+        let malformed = set(&["requeue.enabled"]).unwrap_err().to_string();
+        assert!(malformed.contains("KEY=VALUE"), "{malformed}");
     }
 
     #[test]
