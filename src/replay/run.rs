@@ -3,10 +3,11 @@
 //! kube-scheduler has bound it or marked it unschedulable; an unschedulable pod is deleted, as
 //! in the reference, unless some node had room for it: then it is given kube-scheduler's retry
 //! first, as a cluster gives it (after departures, or a window that hid the nodes with room).
-//! After each pod the same measurements as `simulate` are taken from the allocation records of the bound pods, so the outputs are
-//! `simulate`'s. With departures, before each pod the bound pods whose deletion time has come
-//! are deleted, and the next pod waits until the watch has reported them gone. Also the checks
-//! that keep the replay to objects of its own, and the clean-up.
+//! After each pod the same measurements as `simulate` are taken from the allocation records of
+//! the bound pods, so the outputs are `simulate`'s. With departures, before each pod the bound
+//! pods whose deletion time has come are deleted, and the next pod waits until the watch has
+//! reported them gone. Also the checks that keep the replay to objects of its own, and the
+//! clean-up.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
