@@ -1106,28 +1106,12 @@ mod tests {
 
     #[test]
     fn no_victim_is_named_for_a_pod_fgd_plus_would_still_hold() {
-        use crate::engine::policy::fgd_plus::Tuning;
-        use crate::engine::{GpuDemand, GpuMode, MemMiB, NodeSpec, ScoringPolicy, TypicalPod};
-        use crate::engine::{TypicalPods, model::CpuMilli};
+        use crate::engine::policy::fgd_plus_held_and_unheld;
+        use crate::engine::{GpuDemand, GpuMode, MemMiB, NodeSpec, model::CpuMilli};
         // A 4-GPU node of 16 cores, one GPU pod of 4 cores on it; the typical pod asks 4 cores
         // per GPU. Evicting the GPU pod leaves an idle node, which FGD+ keeps for GPU pods: a
         // pod asking for no GPU gains nothing from it.
-        let typical = TypicalPods::new(vec![TypicalPod {
-            cpu: CpuMilli(4000),
-            memory: MemMiB(0),
-            gpus: 1,
-            milli: 1000,
-            models: Vec::new(),
-            weight: 1.0,
-        }]);
-        let held = Policy::scoring(ScoringPolicy::FgdPlus).with_typical(typical);
-        let unheld = Policy {
-            fgd_plus: Tuning {
-                hold_host: false,
-                ..held.fgd_plus
-            },
-            ..held.clone()
-        };
+        let (held, unheld) = fgd_plus_held_and_unheld(CpuMilli(4000));
         let mut node = NodeState::new(
             NodeSpec::uniform("n", GpuMode::Exclusive, 4, "A100", MemMiB(80 * 1024)).with_host(
                 CpuMilli(16_000),

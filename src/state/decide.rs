@@ -644,8 +644,7 @@ mod tests {
 
     #[test]
     fn a_node_fgd_plus_holds_for_its_gpus_is_no_window_miss() {
-        use crate::engine::policy::fgd_plus::Tuning;
-        use crate::engine::{ScoringPolicy, TypicalPod, TypicalPods};
+        use crate::engine::policy::fgd_plus_held_and_unheld;
         // One idle 4-GPU node kube-scheduler did not send; a pod asking for no GPU fits it but
         // FGD+ keeps it for GPU pods: the window hid nothing from the pod.
         let state = ClusterState::with_table(Table::rebuild(
@@ -659,22 +658,7 @@ mod tests {
             )],
             [],
         ));
-        let typical = TypicalPods::new(vec![TypicalPod {
-            cpu: CpuMilli(4000),
-            memory: MemMiB(0),
-            gpus: 1,
-            milli: 1000,
-            models: Vec::new(),
-            weight: 1.0,
-        }]);
-        let held = Policy::scoring(ScoringPolicy::FgdPlus).with_typical(typical);
-        let unheld = Policy {
-            fgd_plus: Tuning {
-                hold_host: false,
-                ..held.fgd_plus
-            },
-            ..held.clone()
-        };
+        let (held, unheld) = fgd_plus_held_and_unheld(CpuMilli(4000));
         let pod = k8s_openapi::api::core::v1::Pod::default();
         let claims = PodClaims::of(&pod, &crate::config::Config::default()).unwrap();
         let cpu_only = PodRequest::single(CpuMilli(1000), MemMiB(1024), GpuDemand::None);

@@ -1501,16 +1501,8 @@ mod tests {
     #[test]
     fn the_hold_gives_a_cpu_only_pod_only_what_the_free_gpus_do_not_need() {
         // The typical pod asks 8 cores per GPU; the node has 4 GPUs and 40 cores.
-        let typical = TypicalPods::new(vec![class(8000, 0, 1, 1000, 1.0)]);
-        let held = Policy::scoring(ScoringPolicy::FgdPlus).with_typical(typical);
+        let (held, unheld) = super::super::fgd_plus_held_and_unheld(CpuMilli(8000));
         assert!(held.fgd_plus.hold_host, "on by default");
-        let unheld = Policy {
-            fgd_plus: Tuning {
-                hold_host: false,
-                ..Tuning::default()
-            },
-            ..held.clone()
-        };
         let cpu_only =
             |cores: u64| PodRequest::single(CpuMilli(cores * 1000), MemMiB(0), GpuDemand::None);
         let mut node = idle_node(4, "T4", 40_000);

@@ -360,3 +360,26 @@ fn fgd_pick(
     }
     chosen
 }
+
+/// Test fixture: FGD+ against one typical class that asks `cpu` per whole GPU and no memory,
+/// with the host hold ([`fgd_plus::Tuning::hold_host`]) on, as by default, and off.
+#[cfg(test)]
+pub(crate) fn fgd_plus_held_and_unheld(cpu: CpuMilli) -> (Policy, Policy) {
+    let typical = TypicalPods::new(vec![fgd::TypicalPod {
+        cpu,
+        memory: MemMiB(0),
+        gpus: 1,
+        milli: 1000,
+        models: Vec::new(),
+        weight: 1.0,
+    }]);
+    let held = Policy::scoring(ScoringPolicy::FgdPlus).with_typical(typical);
+    let unheld = Policy {
+        fgd_plus: fgd_plus::Tuning {
+            hold_host: false,
+            ..held.fgd_plus
+        },
+        ..held.clone()
+    };
+    (held, unheld)
+}
