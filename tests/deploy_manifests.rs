@@ -1958,8 +1958,8 @@ fn helm_chart_renders_the_objects_of_deploy() {
     assert_eq!(secret_mount("gpu-extender", cert), "gpu-extender-tls");
     assert_eq!(secret_mount("kube-scheduler", ca), "gpu-extender-tls");
     // The window: set when given (EVERY_OPTION sets 20), left out by default, as deploy/ leaves
-    // it (kube-scheduler's adaptive default with binpack, decision 0006), 5 when unset with
-    // fgd-plus, and left out with fgd-plus when 0 is given (decision 0011).
+    // it (kube-scheduler's adaptive default), whatever the policy, and when 0 is given
+    // (decision 0012; a 5% window with fgd-plus did not keep its placements on other clusters).
     assert_eq!(
         with_tls.scheduler_config()["percentageOfNodesToScore"].as_u64(),
         Some(20)
@@ -1983,7 +1983,7 @@ fn helm_chart_renders_the_objects_of_deploy() {
         .get("percentageOfNodesToScore")
         .and_then(Value::as_u64)
     };
-    assert_eq!(window_with(&["config.policy.scoring=fgd-plus"]), Some(5));
+    assert_eq!(window_with(&["config.policy.scoring=fgd-plus"]), None);
     assert_eq!(window_with(&["config.policy.scoring=fgd"]), None);
     assert_eq!(
         window_with(&[

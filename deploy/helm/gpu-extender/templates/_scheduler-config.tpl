@@ -15,13 +15,8 @@ leaderElection:
   renewDeadline: {{ .Values.leaderElection.renewDeadline }}
   retryPeriod: {{ .Values.leaderElection.retryPeriod }}
 {{- end }}
-{{- /* Unset, the window follows the policy: 100 candidates suit fgd-plus, not binpack or fgd
-(decision 0011). */}}
-{{- $window := .Values.kubeScheduler.percentageOfNodesToScore }}
-{{- if kindIs "invalid" $window }}
-{{- $window = eq ((.Values.config.policy | default dict).scoring | default "") "fgd-plus" | ternary 5 0 }}
-{{- end }}
-{{- with $window }}
+{{- /* Unset or 0: kube-scheduler's adaptive window, for every policy (decision 0012). */}}
+{{- with .Values.kubeScheduler.percentageOfNodesToScore }}
 percentageOfNodesToScore: {{ . }}
 {{- end }}
 profiles:
