@@ -669,6 +669,7 @@ mod tests {
     #[test]
     fn the_host_term_s_weight_in_force_is_exported() {
         use crate::engine::policy::fgd::{TypicalPod, TypicalPods};
+        use crate::engine::policy::fgd_plus::Tuning;
         use crate::engine::{CpuMilli, MemMiB, NodeSpec, ScoringPolicy};
         let node = |name: &str, cpu: u64| {
             NodeSpec::uniform(name, GpuMode::CoreMem, 2, "T4", MemMiB(0)).with_host(
@@ -708,14 +709,19 @@ mod tests {
                 .find_map(|line| line.strip_prefix("gpu_extender_fgd_plus_host_weight "))
                 .map(|value| value.parse::<f64>().unwrap())
         };
+        // The default weight, in whole units as exported.
+        let whole = f64::from(Tuning::default().host_weight) / 100.0;
         // Every node's CPU is what its GPUs ask: no slack, the term is off.
         let tight = scrape(&[24_000, 24_000], ScoringPolicy::FgdPlus);
         assert_eq!(weight(&tight), Some(0.0), "{tight}");
         // 2.4 cores beyond the ask of 96 for 8 GPUs: slack 0.025, a quarter of the weight.
         let thin = scrape(&[26_400, 24_000, 24_000, 24_000], ScoringPolicy::FgdPlus);
-        assert!((weight(&thin).unwrap() - 9.0 / 4.0).abs() < 1e-9, "{thin}");
+        assert!(
+            (weight(&thin).unwrap() - whole / 4.0).abs() < 1e-9,
+            "{thin}"
+        );
         let ample = scrape(&[128_000, 24_000], ScoringPolicy::FgdPlus);
-        assert_eq!(weight(&ample), Some(9.0), "{ample}");
+        assert_eq!(weight(&ample), Some(whole), "{ample}");
         // Other scoring policies have no host term.
         let binpack = scrape(&[128_000, 24_000], ScoringPolicy::Binpack);
         assert_eq!(weight(&binpack), Some(0.0), "{binpack}");
