@@ -742,11 +742,21 @@ impl Config {
             }
             None => Self::default(),
         };
-        for (key, value, origin) in env_overrides(env)?.iter().chain(flags) {
-            config = config.with_override(key, value, origin)?;
-        }
+        config = config.with_overrides(env_overrides(env)?.iter().chain(flags))?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// This configuration with each `(key, value, origin)` set in turn ([`Config::with_override`]).
+    pub fn with_overrides<'a>(
+        self,
+        overrides: impl IntoIterator<Item = &'a (String, String, String)>,
+    ) -> Result<Self, ConfigError> {
+        overrides
+            .into_iter()
+            .try_fold(self, |config, (key, value, origin)| {
+                config.with_override(key, value, origin)
+            })
     }
 
     /// This configuration with one key set. `value` is read as YAML; if that does not fit the
@@ -1175,6 +1185,21 @@ pub struct ServeFlags {
     pub gpushare: Option<String>,
 }
 
+/// `KEY=VALUE` arguments of the flag `flag` (`--set`, or the replay's `--extender-set`) as
+/// overrides `(key, value, origin)`, the origin naming the flag and key in messages.
+pub fn set_overrides(
+    args: &[String],
+    flag: &str,
+) -> Result<Vec<(String, String, String)>, ConfigError> {
+    args.iter()
+        .map(|arg| {
+            let (key, value) = parse_override(arg)?;
+            let origin = format!("flag {flag} {key}");
+            Ok((key, value, origin))
+        })
+        .collect()
+}
+
 /// The overrides of the shortcut flags given: `(key, value, origin)`, the origin naming the
 /// flag the user typed.
 fn shortcut_overrides(
@@ -1215,11 +1240,7 @@ impl ConfigFlags {
             "policy.scoring",
             &self.scoring,
         )]));
-        for arg in &self.set {
-            let (key, value) = parse_override(arg)?;
-            let origin = format!("flag --set {key}");
-            overrides.push((key, value, origin));
-        }
+        overrides.extend(set_overrides(&self.set, "--set")?);
         Ok(overrides)
     }
 

@@ -91,12 +91,9 @@ pub fn extender_config(
 /// the extender of the loopback plane runs with, so that the replay reads the same settings
 /// (the resource names its objects ask for, whether the requeue nudge retries a pod the window
 /// missed).
-pub fn with_extender_set(mut config: Config, extender_set: &[String]) -> anyhow::Result<Config> {
-    for arg in extender_set {
-        let (key, value) = crate::config::parse_override(arg)?;
-        config = config.with_override(&key, &value, &format!("--extender-set {key}"))?;
-    }
-    Ok(config)
+pub fn with_extender_set(config: Config, extender_set: &[String]) -> anyhow::Result<Config> {
+    let overrides = crate::config::set_overrides(extender_set, "--extender-set")?;
+    Ok(config.with_overrides(&overrides)?)
 }
 
 /// How many pods of the workload are of a typical pod's class (FGD's class: CPU, milli-GPU,
