@@ -334,6 +334,40 @@ fn cluster_writes_a_node_list_that_simulate_replays() {
         "{err}"
     );
     assert!(!dir.join("bad").exists());
+
+    // More of one model: each P100 node three times, its copies beside it, under the default
+    // name.
+    let more = command(
+        &dir,
+        &[
+            "cluster",
+            "--trace-dir",
+            trace_dir,
+            "--change",
+            "more=P100:3",
+            "--out",
+            "out",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(more.status.success(), "{}", stderr(&more));
+    let written = std::fs::read_to_string(dir.join("out/openb_node_list_P100x3-s42.csv")).unwrap();
+    let names: Vec<&str> = written
+        .lines()
+        .skip(1)
+        .filter_map(|line| line.split(',').next())
+        .collect();
+    assert_eq!(
+        names,
+        ["n0", "n1", "n2", "n3", "n3-c1", "n3-c2"],
+        "{written}"
+    );
+    assert!(
+        stdout(&more).contains("6 nodes, 18 GPUs"),
+        "{}",
+        stdout(&more)
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -1,6 +1,6 @@
 //! Harder clusters for policy research: an openb node list changed the way a platform team's
 //! cluster differs from Alibaba's (a GPU model missing, a sample of the nodes, less CPU or memory
-//! per GPU, big nodes split into small ones), so that a policy tuned on the trace's cluster is
+//! per GPU, big nodes split into small ones, more of one model), so that a policy tuned on the trace's cluster is
 //! checked on others. Pure: a cluster, changes and a seed in, nodes out; the `cluster` command
 //! (`run_cli`) reads the inputs and writes an openb node CSV for `simulate --nodes`.
 
@@ -28,10 +28,13 @@ pub enum Change {
     /// Every node with more GPUs than this split into nodes of at most this many, its CPU and
     /// memory divided among them in proportion to their GPUs.
     Split(u16),
+    /// Every node of this GPU model present this many times in all (`times - 1` copies of
+    /// each, named `<name>-c1`, `-c2`, ..., right after it): a cluster richer in one model.
+    More { model: String, times: u16 },
 }
 
 impl Change {
-    /// Parses `without=T4`, `keep=0.5`, `cpu=0.75`, `memory=2` or `split=2`.
+    /// Parses `without=T4`, `keep=0.5`, `cpu=0.75`, `memory=2`, `split=2` or `more=G3:3`.
     pub fn parse(text: &str) -> anyhow::Result<Self> {
         let (key, value) = text
             .split_once('=')
@@ -62,13 +65,32 @@ impl Change {
                 Ok(gpus) if gpus > 0 => Self::Split(gpus),
                 _ => bail!("--change {text:?}: split takes a whole number of GPUs, at least 1"),
             },
+            "more" => {
+                let (model, times) = value.split_once(':').with_context(|| {
+                    format!("--change {text:?}: expected more=MODEL:TIMES, e.g. more=G3:3")
+                })?;
+                let model = model.trim();
+                if model.is_empty() {
+                    bail!("--change {text:?}: name the GPU model to add nodes of");
+                }
+                match times.trim().parse::<u16>() {
+                    Ok(times) if times >= 1 => Self::More {
+                        model: model.to_owned(),
+                        times,
+                    },
+                    _ => bail!(
+                        "--change {text:?}: TIMES is a whole number, at least 1 (1 = as many as before)"
+                    ),
+                }
+            }
             other => bail!(
-                "--change {text:?}: unknown kind {other:?} (known: without, keep, cpu, memory, split)"
+                "--change {text:?}: unknown kind {other:?} (known: without, keep, cpu, memory, split, more)"
             ),
         })
     }
 
-    /// A short tag for file names: `withoutT4`, `keep50`, `cpu75`, `memory200`, `split2`.
+    /// A short tag for file names: `withoutT4`, `keep50`, `cpu75`, `memory200`, `split2`,
+    /// `G3x3`.
     pub fn tag(&self) -> String {
         let percent = |factor: f64| (factor * 100.0).round() as u64;
         match self {
@@ -77,6 +99,7 @@ impl Change {
             Self::Cpu(factor) => format!("cpu{}", percent(*factor)),
             Self::Memory(factor) => format!("memory{}", percent(*factor)),
             Self::Split(gpus) => format!("split{gpus}"),
+            Self::More { model, times } => format!("{model}x{times}"),
         }
     }
 }
@@ -125,19 +148,24 @@ pub fn vary(cluster: &Cluster, changes: &[Change], seed: u64) -> anyhow::Result<
     for change in changes {
         match change {
             Change::Without(model) => {
-                if !nodes.iter().any(|node| &node.model == model) {
-                    let models: BTreeSet<&str> = nodes
-                        .iter()
-                        .map(|node| node.model.as_str())
-                        .filter(|model| !model.is_empty())
-                        .collect();
-                    let models: Vec<&str> = models.into_iter().collect();
-                    bail!(
-                        "without={model}: no node has that model (models: {})",
-                        models.join(", ")
-                    );
-                }
+                require_model(&nodes, model, "without")?;
                 nodes.retain(|node| &node.model != model);
+            }
+            Change::More { model, times } => {
+                require_model(&nodes, model, "more")?;
+                nodes = nodes
+                    .iter()
+                    .flat_map(|node| {
+                        let copies = if &node.model == model { *times } else { 1 };
+                        (0..copies).map(move |copy| match copy {
+                            0 => node.clone(),
+                            copy => SimNode {
+                                name: format!("{}-c{copy}", node.name),
+                                ..node.clone()
+                            },
+                        })
+                    })
+                    .collect();
             }
             Change::Keep(share) => {
                 let keep = ((nodes.len() as f64 * share).round() as usize).max(1);
@@ -168,6 +196,24 @@ pub fn vary(cluster: &Cluster, changes: &[Change], seed: u64) -> anyhow::Result<
         bail!("no GPU is left after the changes");
     }
     Ok(varied)
+}
+
+/// Fails, listing the models there are, when no node of `nodes` has `model` (`kind` names the
+/// change): a typo would otherwise change nothing.
+fn require_model(nodes: &[SimNode], model: &str, kind: &str) -> anyhow::Result<()> {
+    if nodes.iter().any(|node| node.model == model) {
+        return Ok(());
+    }
+    let models: BTreeSet<&str> = nodes
+        .iter()
+        .map(|node| node.model.as_str())
+        .filter(|model| !model.is_empty())
+        .collect();
+    let models: Vec<&str> = models.into_iter().collect();
+    bail!(
+        "{kind}={model}: no node has that model (models: {})",
+        models.join(", ")
+    )
 }
 
 /// The openb node CSV of `cluster`: `sn,cpu_milli,memory_mib,gpu,model`, what `simulate` reads.
@@ -212,7 +258,8 @@ pub struct ClusterArgs {
     /// A change, applied in the order given (repeatable): without=MODEL (every node of that
     /// GPU model removed), keep=SHARE (a random share of the nodes kept), cpu=FACTOR and
     /// memory=FACTOR (every node's CPU or memory times FACTOR), split=GPUS (nodes with more
-    /// GPUs split into nodes of at most GPUS, CPU and memory divided in proportion).
+    /// GPUs split into nodes of at most GPUS, CPU and memory divided in proportion),
+    /// more=MODEL:TIMES (every node of that GPU model present TIMES times).
     #[arg(long = "change", value_name = "KIND=VALUE", required = true)]
     pub changes: Vec<String>,
 
@@ -359,6 +406,34 @@ mod tests {
     }
 
     #[test]
+    fn more_copies_every_node_of_the_model_beside_it_and_nothing_else() {
+        let varied = vary(&cluster(), &[Change::parse("more=T4:3").unwrap()], 1).unwrap();
+        assert_eq!(
+            names(&varied),
+            [
+                "n0", "n1", "n1-c1", "n1-c2", "n2", "n2-c1", "n2-c2", "n3", "n4", "n5"
+            ]
+        );
+        // A copy is its node under another name.
+        let source = cluster();
+        let (copy, original) = (&varied.nodes()[2], &source.nodes()[1]);
+        assert_eq!(
+            (copy.cpu, copy.memory, copy.gpus, &copy.model),
+            (
+                original.cpu,
+                original.memory,
+                original.gpus,
+                &original.model
+            )
+        );
+        assert_eq!(varied.gpu_count(), cluster().gpu_count() + 8);
+        // Once is as before.
+        let once = vary(&cluster(), &[Change::parse("more=T4:1").unwrap()], 1).unwrap();
+        assert_eq!(once, cluster());
+        assert_eq!(Change::parse("more=G3:3").unwrap().tag(), "G3x3");
+    }
+
+    #[test]
     fn changes_apply_in_order_and_the_file_reads_back() {
         let changes = [Change::Without("G2".into()), Change::Cpu(0.75)];
         let varied = vary(&cluster(), &changes, 1).unwrap();
@@ -382,6 +457,10 @@ mod tests {
             ("split=0", "at least 1"),
             ("split=1.5", "at least 1"),
             ("without=", "name the GPU model"),
+            ("more=G3", "expected more=MODEL:TIMES"),
+            ("more=:2", "name the GPU model"),
+            ("more=G3:0", "at least 1"),
+            ("more=G3:1.5", "at least 1"),
             ("gpus=2", "unknown kind"),
         ] {
             let error = Change::parse(text).unwrap_err().to_string();
@@ -392,6 +471,13 @@ mod tests {
             .to_string();
         assert!(
             error.contains("no node has that model") && error.contains("G2, P100"),
+            "{error}"
+        );
+        let error = vary(&cluster(), &[Change::parse("more=A100:2").unwrap()], 1)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with("more=A100: no node has that model"),
             "{error}"
         );
         let all_gone = ["G2", "T4", "P100", "V100M16"].map(|m| Change::Without(m.into()));

@@ -194,19 +194,21 @@ impl TypicalPods {
     }
 
     /// How well the idle nodes cover the big classes ([`BIG_CLASS_GPUS`]), in hundredths: the
-    /// idle GPUs' share of the cluster's GPUs over the big classes' share of the GPU demand,
+    /// share of the cluster's GPUs on idle nodes of [`BIG_CLASS_GPUS`] GPUs or more (the only
+    /// idle nodes a big pod can take) over the big classes' share of the GPU demand,
     /// rounded down to a step of 5 and capped at 100. A big pod needs an idle node, or one
     /// nearly so; where pods leave and the cluster stays full, idle nodes come back one at a
     /// time, and a policy that hands each to a small pod has none left when a run of big pods
-    /// arrives (docs/policies.md, "Idle nodes guarded"). `None` until a cluster is given, or
-    /// when no class is big.
+    /// arrives (docs/policies.md, "Idle nodes guarded"). `None` until a cluster is given, when
+    /// no class is big, or when no node has [`BIG_CLASS_GPUS`] GPUs (no big pod runs there, so
+    /// no idle node is kept for one).
     pub fn idle_cover(&self) -> Option<u32> {
         self.idle_cover
     }
 
     /// [`TypicalPods::idle_cover`] of the census's nodes.
     fn cover_of(&self, census: &ScarcityCensus) -> Option<u32> {
-        if census.total == 0 || self.big_share <= 0.0 {
+        if census.total == 0 || census.big_node_gpus == 0 || self.big_share <= 0.0 {
             return None;
         }
         let idle_share = census.idle_gpus as f64 / census.total as f64;
@@ -759,8 +761,11 @@ pub struct ScarcityCensus {
     /// ask, for [`TypicalPods::host_slack`].
     cpu_slack: u64,
     memory_slack: u64,
-    /// The GPUs of the nodes whose GPUs are all idle, for [`TypicalPods::idle_cover`].
+    /// The GPUs of the nodes of [`BIG_CLASS_GPUS`] GPUs or more whose GPUs are all idle, for
+    /// [`TypicalPods::idle_cover`].
     idle_gpus: u64,
+    /// The GPUs of the nodes of [`BIG_CLASS_GPUS`] GPUs or more, idle or not.
+    big_node_gpus: u64,
     empty: Vec<u64>,
     now: Vec<u64>,
 }
@@ -779,6 +784,7 @@ impl ScarcityCensus {
             cpu_slack: 0,
             memory_slack: 0,
             idle_gpus: 0,
+            big_node_gpus: 0,
             empty: vec![0; classes],
             now: vec![0; classes],
         };
@@ -808,8 +814,16 @@ impl ScarcityCensus {
             };
         };
         apply(&mut self.total, gpus);
-        if node.gpus_idle() {
-            apply(&mut self.idle_gpus, gpus);
+        // Idle one- and two-GPU nodes take no big pod, so they cover none. Counted, they kept
+        // the cover up while small pods took the last idle 8-GPU nodes: on the trace's nodes
+        // with 90% of their CPU, `fgd-plus` fell 0.53 below FGD at 82% arrived on a CPU-heavy
+        // workload with departures, its 8-GPU pods turned away (docs/policies.md, "Fresh
+        // draws").
+        if node.gpus.len() >= usize::from(BIG_CLASS_GPUS) {
+            apply(&mut self.big_node_gpus, gpus);
+            if node.gpus_idle() {
+                apply(&mut self.idle_gpus, gpus);
+            }
         }
         let (cpu_per_gpu, memory_per_gpu) = typical.asked_per_gpu;
         // Rounded down to whole units, so that taking a node out subtracts what putting it in
@@ -1219,6 +1233,23 @@ mod tests {
             take_one(node);
         }
         assert_eq!(measured(&nodes), Some(40));
+        // Idle nodes of fewer than four GPUs take no big pod and cover none: two idle 2-GPU
+        // nodes only add to the cluster, 16 of 68 GPUs, 0.235 / 0.615 = 0.38 (0.48 were their
+        // GPUs counted).
+        let mut with_small = nodes.clone();
+        with_small.extend(["p0", "p1"].map(|name| {
+            NodeState::new(
+                NodeSpec::uniform(name, GpuMode::CoreMem, 2, "P100", MemMiB(0)).with_host(
+                    CpuMilli(16_000),
+                    MemMiB(1 << 20),
+                    1001,
+                ),
+            )
+        }));
+        assert_eq!(measured(&with_small), Some(35));
+        // Where no node has four GPUs no big pod runs: nothing to cover.
+        let only_small: Vec<NodeState> = with_small[with_small.len() - 2..].to_vec();
+        assert_eq!(measured(&only_small), None);
         take_one(&mut nodes[1]);
         assert_eq!(measured(&nodes), Some(20));
         take_one(&mut nodes[0]);
