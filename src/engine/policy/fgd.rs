@@ -814,11 +814,10 @@ impl ScarcityCensus {
             };
         };
         apply(&mut self.total, gpus);
-        // Idle one- and two-GPU nodes take no big pod, so they cover none. Counted, they kept
-        // the cover up while small pods took the last idle 8-GPU nodes: on the trace's nodes
-        // with 90% of their CPU, `fgd-plus` fell 0.53 below FGD at 82% arrived on a CPU-heavy
-        // workload with departures, its 8-GPU pods turned away (docs/policies.md, "Fresh
-        // draws").
+        // Idle one- and two-GPU nodes take no big pod, so they cover none. With them counted,
+        // on the trace's nodes with 90% of their CPU `fgd-plus` fell 0.53 below FGD at 82%
+        // arrived on a CPU-heavy workload with departures, its 8-GPU pods turned away; without,
+        // 0.11 (docs/policies.md, "Fresh draws").
         if node.gpus.len() >= usize::from(BIG_CLASS_GPUS) {
             apply(&mut self.big_node_gpus, gpus);
             if node.gpus_idle() {
