@@ -254,24 +254,22 @@ fn cluster_writes_a_node_list_that_simulate_replays() {
     )
     .unwrap();
     let trace_dir = dir.to_str().unwrap();
-    let made = command(
-        &dir,
-        &[
-            "cluster",
-            "--trace-dir",
-            trace_dir,
-            "--change",
-            "without=T4",
-            "--change",
-            "cpu=0.5",
-            "--out",
-            "out",
-            "--name",
-            "small",
-        ],
-    )
-    .output()
-    .unwrap();
+    // `gpu-extender cluster --trace-dir DIR` with `args` after it.
+    let cluster = |args: &[&str]| {
+        let mut all = vec!["cluster", "--trace-dir", trace_dir];
+        all.extend_from_slice(args);
+        command(&dir, &all).output().unwrap()
+    };
+    let made = cluster(&[
+        "--change",
+        "without=T4",
+        "--change",
+        "cpu=0.5",
+        "--out",
+        "out",
+        "--name",
+        "small",
+    ]);
     assert!(made.status.success(), "{}", stderr(&made));
     let written = dir.join("out/openb_node_list_small.csv");
     let said = stdout(&made);
@@ -311,20 +309,7 @@ fn cluster_writes_a_node_list_that_simulate_replays() {
     assert_eq!(runs.lines().count(), 3, "{runs}");
 
     // A model no node has is refused, naming the models there are; nothing is written.
-    let refused = command(
-        &dir,
-        &[
-            "cluster",
-            "--trace-dir",
-            trace_dir,
-            "--change",
-            "without=A100",
-            "--out",
-            "bad",
-        ],
-    )
-    .output()
-    .unwrap();
+    let refused = cluster(&["--change", "without=A100", "--out", "bad"]);
     assert!(!refused.status.success());
     let err = stderr(&refused);
     assert!(
@@ -337,20 +322,7 @@ fn cluster_writes_a_node_list_that_simulate_replays() {
 
     // More of one model: each P100 node three times, its copies beside it, under the default
     // name.
-    let more = command(
-        &dir,
-        &[
-            "cluster",
-            "--trace-dir",
-            trace_dir,
-            "--change",
-            "more=P100:3",
-            "--out",
-            "out",
-        ],
-    )
-    .output()
-    .unwrap();
+    let more = cluster(&["--change", "more=P100:3", "--out", "out"]);
     assert!(more.status.success(), "{}", stderr(&more));
     let written = std::fs::read_to_string(dir.join("out/openb_node_list_P100x3-s42.csv")).unwrap();
     let names: Vec<&str> = written

@@ -1,8 +1,9 @@
 //! Harder clusters for policy research: an openb node list changed the way a platform team's
 //! cluster differs from Alibaba's (a GPU model missing, a sample of the nodes, less CPU or memory
 //! per GPU, big nodes split into small ones, more of one model), so that a policy tuned on the
-//! trace's cluster is checked on others. Pure: a cluster, changes and a seed in, nodes out; the `cluster` command
-//! (`run_cli`) reads the inputs and writes an openb node CSV for `simulate --nodes`.
+//! trace's cluster is checked on others. Pure: a cluster, changes and a seed in, nodes out; the
+//! `cluster` command (`run_cli`) reads the inputs and writes an openb node CSV for
+//! `simulate --nodes`.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
