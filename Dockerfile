@@ -12,15 +12,20 @@ ARG RUST_VERSION=1.95
 
 FROM rust:${RUST_VERSION}-bookworm AS builder
 WORKDIR /build
-# Only what the build reads (see .dockerignore): the manifest, the lock file, the sources, and
-# the bench target the manifest declares.
-COPY Cargo.toml Cargo.lock ./
+# Only what the build reads (see .dockerignore): the workspace manifest and lock file, the build
+# script and the .proto files it compiles, the service's sources, the bench target its manifest
+# declares, and the workspace's member crates (cargo loads every member's manifest; only the
+# engine is compiled into the service).
+COPY Cargo.toml Cargo.lock build.rs ./
+COPY proto ./proto
 COPY src ./src
 COPY benches ./benches
-# --locked: exactly the dependency versions in Cargo.lock, or fail.
+COPY crates ./crates
+# --locked: exactly the dependency versions in Cargo.lock, or fail. -p: the service alone, never
+# the lab (gpu-lab) or the test tooling.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/build/target \
-    cargo build --release --locked --bin gpu-extender \
+    cargo build --release --locked -p gpu-extender --bin gpu-extender \
     && install -D -m 0755 target/release/gpu-extender /out/gpu-extender
 
 # Debian 12 like the builder, so the binary's glibc matches.

@@ -35,8 +35,8 @@ test:
 		trap 'kill -- -$$tooling 2>/dev/null || true' EXIT; \
 	fi; \
 	$(MAKE) lint; \
-	$(CARGO) test --locked --all-targets; \
-	$(CARGO) test --locked --doc; \
+	$(CARGO) test --locked --workspace --all-targets; \
+	$(CARGO) test --locked --workspace --doc; \
 	$(MAKE) test-e2e test-traces test-go; \
 	$(MAKE) fuzz-smoke; \
 	if [[ -n "$$tooling" ]]; then wait $$tooling || true; cat "$(GPU_EXTENDER_CACHE)/test-tooling.log"; fi
@@ -56,7 +56,8 @@ test-e2e:
 			GPU_EXTENDER_CHROMIUM="$${GPU_EXTENDER_CHROMIUM:-$$(scripts/chromium.sh | tail -n1)}" \
 			GPU_EXTENDER_HELM="$${GPU_EXTENDER_HELM:-$$(scripts/helm.sh | tail -n1)/helm}" \
 			GPU_EXTENDER_KARMADA_CLIENT="$${GPU_EXTENDER_KARMADA_CLIENT:-$$(scripts/karmada-client.sh | tail -n1)}" \
-			$(CARGO) test --locked --test e2e --test deploy_manifests -- --ignored \
+			$(CARGO) build --locked -p gpu-lab --bin gpu-lab && \
+			$(CARGO) test --locked -p gpu-extender --test e2e --test deploy_manifests -- --ignored \
 			--skip failover::failover_takeover_distribution --skip karmada_full::; \
 	fi
 
@@ -67,12 +68,13 @@ test-e2e:
 test-karmada: k8s-bins karmada-bins
 	GPU_EXTENDER_K8S_BIN="$${GPU_EXTENDER_K8S_BIN:-$$(scripts/k8s-bins.sh | tail -n1)}" \
 		GPU_EXTENDER_KARMADA_BIN="$${GPU_EXTENDER_KARMADA_BIN:-$$(scripts/karmada-bins.sh | tail -n1)}" \
-		$(CARGO) test --locked --test e2e -- --ignored karmada_full::
+		$(CARGO) test --locked -p gpu-extender --test e2e -- --ignored karmada_full::
 
 ## test-traces: the tests on Alibaba's openb traces (cluster-trace-gpu-v2023), when present.
 test-traces:
 	@if [[ -f "$(TRACES)/openb_node_list_gpu_node.csv" ]]; then \
-		set -x; $(CARGO) test --locked --lib --test sim -- --ignored; \
+		set -x; $(CARGO) test --locked -p gpu-sim --test sim -- --ignored && \
+			$(CARGO) test --locked -p gpu-lab --lib -- --ignored; \
 	else \
 		echo "make: trace tier SKIPPED: no openb traces at $(TRACES). They are Alibaba's public" \
 			"cluster-trace-gpu-v2023 (https://github.com/alibaba/clusterdata, folder" \
@@ -84,7 +86,7 @@ test-traces:
 ## test-go: the simulator's port of Go's math/rand against Go itself, when Go is installed.
 test-go:
 	@if [[ -n "$(GO)" ]]; then \
-		set -x; PATH="$$(dirname "$(GO)"):$$PATH" $(CARGO) test --locked --test go_rand -- --ignored; \
+		set -x; PATH="$$(dirname "$(GO)"):$$PATH" $(CARGO) test --locked -p gpu-sim --test go_rand -- --ignored; \
 	else \
 		echo "make: Go tier SKIPPED: no Go toolchain (go on PATH or /usr/local/go/bin/go)"; \
 		if [[ "$${GPU_EXTENDER_GO:-}" == require ]]; then \
@@ -95,17 +97,17 @@ test-go:
 ## installed into the cache on first use; the layer order is checked by tests/architecture.rs).
 lint:
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --locked --all-targets -- -D warnings
+	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
 	scripts/module-graph.sh
 
 ## unit: the tests that need nothing outside the clone, and the doc tests (the other tiers are
 ## listed as ignored).
 unit:
-	$(CARGO) test --locked --all-targets
-	$(CARGO) test --locked --doc
+	$(CARGO) test --locked --workspace --all-targets
+	$(CARGO) test --locked --workspace --doc
 
 build:
-	$(CARGO) build --locked --release --bin gpu-extender
+	$(CARGO) build --locked --release -p gpu-extender --bin gpu-extender
 
 k8s-bins:
 	scripts/k8s-bins.sh >/dev/null

@@ -24,13 +24,13 @@ use std::time::Instant;
 
 use criterion::measurement::{Measurement, ValueFormatter};
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use gpu_extender::config::Config;
-use gpu_extender::engine::policy::fgd::Scarcity;
-use gpu_extender::engine::{
+use gpu_engine::policy::fgd::Scarcity;
+use gpu_engine::{
     AlikeScores, Change, CpuMilli, GpuDemand, GpuMode, GpuPlacement, Link, LinkMatrix, MemMiB,
     ModelPattern, NodeSpec, NodeState, PodAllocation, PodKey, PodRequest, Policy, RejectReason,
     ScoringPolicy, Table, TopologyIndex, TypicalPod, TypicalPods, fit, max_replicas,
 };
+use gpu_extender::config::Config;
 use gpu_extender::estimator::EstimatorService;
 use gpu_extender::estimator::proto::{pb, resource};
 use gpu_extender::state::{ClusterState, PolicyCell};

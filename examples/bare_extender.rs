@@ -5,7 +5,7 @@
 //! Pods (in protobuf, as gpu-extender does) and Nodes and drops every event: the part of any
 //! stateful extender's cost that its watch alone brings.
 //!
-//! Not a scheduler: it ignores GPUs, so it is only for `gpu-extender replay --throughput
+//! Not a scheduler: it ignores GPUs, so it is only for `gpu-lab replay --throughput
 //! --throughput-extender <this binary>`, where every pod asks for one GPU and kube-scheduler's own
 //! filter already keeps full nodes out (docs/benchmarks.md, "Thirteenth pass").
 //!

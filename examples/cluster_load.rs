@@ -139,7 +139,7 @@ fn extender_binary(args: &Args) -> Result<PathBuf> {
 }
 
 async fn run(args: &Args, plane: &mut Plane) -> Result<()> {
-    let bins = gpu_extender::replay::plane::k8s_bins(&root())?;
+    let bins = gpu_test_support::bins::k8s_bins(&root())?;
     let extender_bin = extender_binary(args)?;
     let t0 = Instant::now();
     let status = Command::new(root().join("scripts/control-plane.sh"))

@@ -33,11 +33,11 @@ use rand_chacha::ChaCha8Rng;
 use rustix::time::{ClockId, clock_gettime};
 use serde_json::json;
 
-use gpu_extender::config::Config;
-use gpu_extender::engine::{
+use gpu_engine::{
     CpuMilli, GpuDemand, GpuMode, GpuPlacement, MemMiB, NodeName, NodeSpec, PodKey, PodRequest,
     Table, fit,
 };
+use gpu_extender::config::Config;
 use gpu_extender::http::server::{AppState, router};
 use gpu_extender::k8s::api::{BindingWrite, PodApi};
 use gpu_extender::k8s::bind::{Binder, MeteredBinder};

@@ -18,11 +18,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use gpu_extender::config::Config;
-use gpu_extender::engine::topology::{Link, LinkMatrix};
-use gpu_extender::engine::{
+use gpu_engine::topology::{Link, LinkMatrix};
+use gpu_engine::{
     Change, CpuMilli, Gpu, GpuDemand, GpuMode, MemMiB, NodeSpec, PodKey, PodRequest, Table, fit,
 };
+use gpu_extender::config::Config;
 use gpu_extender::http::server::{AppState, admin_router};
 use gpu_extender::http::ui;
 use gpu_extender::state::ClusterState;
@@ -127,7 +127,7 @@ fn main() -> Result<()> {
 }
 
 /// `count` nodes of eight 80 GiB GPUs in two NVLink islands; GPUs shared by pods of 10..40 GiB.
-fn build(count: usize, policy: &gpu_extender::engine::Policy) -> Result<Table> {
+fn build(count: usize, policy: &gpu_engine::Policy) -> Result<Table> {
     let mut table = Table::new(20);
     let links = LinkMatrix::from_fn(8, |a, b| {
         if a / 4 == b / 4 {

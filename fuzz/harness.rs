@@ -20,8 +20,8 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
+use gpu_engine::{NodeSpec, NodeState, PodKey, Table, fit};
 use gpu_extender::config::Config;
-use gpu_extender::engine::{NodeSpec, NodeState, PodKey, Table, fit};
 use gpu_extender::http::server::{AppState, router};
 use gpu_extender::http::wire::{
     ExtenderArgs, ExtenderBindingResult, ExtenderFilterResult, ExtenderPreemptionArgs,
@@ -322,7 +322,7 @@ pub fn node(data: &[u8]) {
     let translation = translate_node(&node, config());
     let spec = translation.spec;
     let mut table = Table::new(20);
-    table.apply(gpu_extender::engine::Change::UpsertNode(spec.clone()));
+    table.apply(gpu_engine::Change::UpsertNode(spec.clone()));
     check_invariants(&table, "a translated node");
     // A standard request of each kind against it: decisions must not panic, and a placement
     // the engine offers must be accepted by the table.

@@ -14,7 +14,6 @@ use kube::api::ListParams;
 use kube::runtime::watcher::Event;
 
 use crate::config::{Config, ConfigFlags};
-use crate::engine::quota::QuotaSet;
 use crate::explain;
 use crate::http::client::fetch_report_as;
 use crate::inspect::Filter;
@@ -24,6 +23,7 @@ use crate::k8s::watch::Feed;
 use crate::objects::quota::quota_names;
 use crate::objects::{admission, translate};
 use crate::state::ClusterState;
+use gpu_engine::quota::QuotaSet;
 
 /// Output format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]

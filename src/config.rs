@@ -32,9 +32,9 @@ use serde::{Deserialize, Serialize};
 use serde_yaml_ng::{Mapping, Value};
 use thiserror::Error;
 
-use crate::engine::policy::fgd::Scarcity;
-use crate::engine::policy::fgd_plus;
-use crate::engine::{ModelPattern, Policy, ScoringPolicy, ShareRules, TypicalPod, TypicalPods};
+use gpu_engine::policy::fgd::Scarcity;
+use gpu_engine::policy::fgd_plus;
+use gpu_engine::{ModelPattern, Policy, ScoringPolicy, ShareRules, TypicalPod, TypicalPods};
 
 /// The prefix of every environment variable this module reads.
 pub const ENV_PREFIX: &str = "GPU_EXTENDER_";
@@ -653,7 +653,7 @@ mod scoring_name {
 
     use serde::{Deserializer, Serializer, de};
 
-    use crate::engine::ScoringPolicy;
+    use gpu_engine::ScoringPolicy;
 
     pub fn serialize<S: Serializer>(value: &ScoringPolicy, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(value.as_str())
@@ -1044,8 +1044,8 @@ impl Config {
                 (
                     pod.rare,
                     TypicalPod {
-                        cpu: crate::engine::CpuMilli(pod.cpu_milli),
-                        memory: crate::engine::MemMiB(pod.memory_mib),
+                        cpu: gpu_engine::CpuMilli(pod.cpu_milli),
+                        memory: gpu_engine::MemMiB(pod.memory_mib),
                         gpus: pod.gpus,
                         milli: pod.gpu_milli,
                         // Validated in `validate`; a pattern that does not parse is simply dropped.

@@ -9,9 +9,9 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::engine::fit::allowed_mask;
-use crate::engine::topology::positions;
-use crate::engine::{GpuDemand, NodeState, PodAllocation, PodRequest, Policy, RejectReason, Table};
+use gpu_engine::fit::allowed_mask;
+use gpu_engine::topology::positions;
+use gpu_engine::{GpuDemand, NodeState, PodAllocation, PodRequest, Policy, RejectReason, Table};
 
 /// Who refuses a node that the GPU engine itself refuses.
 pub const ENGINE_LAYER: &str = "gpu-extender";
@@ -178,7 +178,7 @@ fn describe_demand(demand: GpuDemand) -> String {
 fn closest(node: &NodeState, request: &PodRequest, reason: RejectReason) -> String {
     let demand = request.primary_demand();
     let usable = allowed_mask(node, &request.constraints);
-    let healthy_usable = usable & node.profile.healthy;
+    let healthy_usable = usable & node.healthy_mask();
     match reason {
         RejectReason::NoGpus => "the node reports no GPUs".to_owned(),
         RejectReason::ModeMismatch => format!(
@@ -267,7 +267,7 @@ fn closest_share(node: &NodeState, request: &PodRequest, demand: GpuDemand, usab
     else {
         return format!("the pod asks for {}", describe_demand(demand));
     };
-    let candidates: Vec<usize> = positions(usable & node.profile.healthy)
+    let candidates: Vec<usize> = positions(usable & node.healthy_mask())
         .filter(|&p| p < node.gpus.len())
         .collect();
     // Reversed so that among equals the lowest index is named, as `inspect` lists them first.
@@ -388,8 +388,8 @@ mod tests {
     #![allow(clippy::unwrap_used, reason = "tests fail loudly on a broken fixture")]
 
     use super::*;
-    use crate::engine::{CpuMilli, GpuMode, MemMiB};
     use crate::inspect::fixtures::{add_node, bind};
+    use gpu_engine::{CpuMilli, GpuMode, MemMiB};
 
     fn table() -> Table {
         let mut table = Table::new(20);

@@ -7,10 +7,8 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::quota::{Amounts, QuotaNames, QuotaResource, QuotaSet};
-use crate::engine::{
-    CpuMilli, MemMiB, NodeState, Table, TypicalPod, TypicalPods, WHOLE_GPU_COMPUTE,
-};
+use gpu_engine::quota::{Amounts, QuotaNames, QuotaResource, QuotaSet};
+use gpu_engine::{CpuMilli, MemMiB, NodeState, Table, TypicalPod, TypicalPods, WHOLE_GPU_COMPUTE};
 
 /// The whole cluster.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -523,7 +521,7 @@ fn node_report(table: &Table, node: &NodeState) -> NodeReport {
 pub(crate) mod fixtures {
     #![allow(clippy::unwrap_used, reason = "tests fail loudly on a broken fixture")]
 
-    use crate::engine::{
+    use gpu_engine::{
         Change, CpuMilli, GpuDemand, GpuMode, MemMiB, NodeSpec, PodKey, PodRequest, Policy, Table,
         fit,
     };
@@ -569,7 +567,7 @@ mod tests {
 
     use super::fixtures::{add_node, bind};
     use super::*;
-    use crate::engine::{GpuDemand, GpuMode};
+    use gpu_engine::{GpuDemand, GpuMode};
 
     /// Two 16 GiB T4s sharing by memory and one A100 node for whole GPUs; 8 GiB on T4 GPU0 and
     /// the first A100 held whole.

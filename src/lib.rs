@@ -10,40 +10,41 @@
 //!                                                    state ──▶ engine (pure)
 //! ```
 //!
-//! Data flows one way: the watchers keep the shared [`state`] (the [`engine::Table`], the policy
-//! in force, readiness) in step with the cluster; kube-scheduler's calls arrive in [`http`],
-//! which decodes, asks the state (which asks the pure [`engine`] on one consistent snapshot) and
-//! encodes. Filter and prioritize never write; only bind reserves capacity and writes to the API.
+//! Data flows one way: the watchers keep the shared [`state`] (the [`gpu_engine::Table`], the
+//! policy in force, readiness) in step with the cluster; kube-scheduler's calls arrive in
+//! [`http`], which decodes, asks the state (which asks the pure engine, the `gpu-engine` crate,
+//! on one consistent snapshot) and encodes. Filter and prioritize never write; only bind reserves
+//! capacity and writes to the API.
+//!
+//! This crate is the service, the one binary the image ships. Beside it in the workspace: the
+//! placement core `gpu-engine` (crates/engine, pure: its manifest has no I/O crate), the
+//! simulator `gpu-sim` (crates/sim) and the lab binary `gpu-lab` (crates/lab: simulate,
+//! workload, cluster, replay), which depend on this crate and never the other way round.
 //!
 //! The rooms, in layers: a room imports only rooms below it (checked by `tests/architecture.rs`;
 //! no module import cycles, checked by `scripts/module-graph.sh`; decision 0007).
-//! 0. [`engine`]: the placement core (model, requests, fit, policies, topology, table). No I/O.
 //! 1. [`config`]: the only reader of configuration files, environment and flags;
 //!    [`inspect`]: the per-node, per-GPU allocation report; [`explain`]: why a pod fits or does
-//!    not fit each node now; [`sim`]: the trace-replay simulator behind `gpu-extender simulate`.
+//!    not fit each node now.
 //! 2. [`objects`]: Kubernetes objects in and out: Node/Pod translation, quantities, the record.
 //! 3. [`state`]: the shared state, the policy in force, the verbs' decisions, the bind seam.
 //! 4. [`telemetry`]: Prometheus metric families (the state read at scrape time) and tracing.
 //! 5. [`k8s`]: watchers, binder, requeue, events; [`http`]: the extender wire protocol and
 //!    routers, and the client the operator commands read an extender with.
 //! 6. [`service`]: composition of the running service; [`cli`]: the `inspect` and `explain`
-//!    commands; [`replay`]: the trace through a real kube-apiserver, kube-scheduler and
-//!    gpu-extender (`gpu-extender replay`), and kube-scheduler's throughput with and without it.
+//!    commands; [`estimator`]: Karmada's scheduler-estimator.
 //! 7. [`agent`]: `gpu-extender node-agent`, the DaemonSet that publishes a node's GPUs (NVML)
 //!    in the annotation the extender reads.
 
 pub mod agent;
 pub mod cli;
 pub mod config;
-pub mod engine;
 pub mod estimator;
 pub mod explain;
 pub mod http;
 pub mod inspect;
 pub mod k8s;
 pub mod objects;
-pub mod replay;
 pub mod service;
-pub mod sim;
 pub mod state;
 pub mod telemetry;

@@ -7,12 +7,8 @@ use clap::{Parser, Subcommand};
 use gpu_extender::agent::AgentArgs;
 use gpu_extender::cli::{self, ExplainArgs, InspectArgs};
 use gpu_extender::config::ConfigFlags;
-use gpu_extender::replay::ReplayArgs;
 use gpu_extender::service::{ServeArgs, serve};
-use gpu_extender::sim::generate::WorkloadArgs;
-use gpu_extender::sim::vary_cluster::ClusterArgs;
-use gpu_extender::sim::{SimArgs, run_cli};
-use gpu_extender::telemetry::tracing_setup::{self, LogFormat};
+use gpu_extender::telemetry::tracing_setup::{self, LogFlags};
 
 // mimalloc instead of glibc's malloc: the extender allocates per request and per watch event
 // (node-name lists, decoded pods), and the allocator was a sixth of its CPU in the scheduling
@@ -24,15 +20,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Debug, Parser)]
 #[command(name = "gpu-extender", version, about)]
 struct Cli {
-    /// Log format on stderr.
-    #[arg(
-        long,
-        value_enum,
-        default_value = "text",
-        global = true,
-        env = "GPU_EXTENDER_LOG_FORMAT"
-    )]
-    log_format: LogFormat,
+    #[command(flatten)]
+    log: LogFlags,
     #[command(subcommand)]
     command: Command,
 }
@@ -48,19 +37,6 @@ enum Command {
     Inspect(InspectArgs),
     /// Explain, for every node, whether a pod fits now and if not exactly why.
     Explain(ExplainArgs),
-    /// Replay a GPU workload trace under placement policies (no arguments: a built-in example).
-    Simulate(SimArgs),
-    /// Build a harder workload for `simulate` from an openb trace, raising the share of one kind
-    /// of pod (model-constrained, sharing, multi-GPU, CPU-only), as the FGD paper built its
-    /// variants.
-    Workload(WorkloadArgs),
-    /// Build a harder cluster for `simulate --nodes` from an openb node list: a GPU model
-    /// removed, a sample of the nodes, CPU or memory scaled, big nodes split.
-    Cluster(ClusterArgs),
-    /// Replay a trace through a real kube-apiserver, kube-scheduler and gpu-extender (a loopback
-    /// plane, or --kubeconfig), or measure kube-scheduler's throughput with and without the
-    /// extender (--throughput).
-    Replay(Box<ReplayArgs>),
     /// Run on a GPU node: read its GPUs (NVML) and publish them as the node's
     /// gpu-extender.io/gpus annotation (see docs/node-agent.md).
     NodeAgent(AgentArgs),
@@ -84,14 +60,9 @@ fn main() -> ExitCode {
     // The commands that print a report keep stderr to warnings unless asked for more.
     let default_level = match cli.command {
         Command::Inspect(_) | Command::Explain(_) | Command::CheckConfig(_) => "warn",
-        Command::Serve(_)
-        | Command::Simulate(_)
-        | Command::Replay(_)
-        | Command::NodeAgent(_)
-        | Command::Workload(_)
-        | Command::Cluster(_) => "info",
+        Command::Serve(_) | Command::NodeAgent(_) => "info",
     };
-    tracing_setup::init(cli.log_format, default_level);
+    tracing_setup::init(cli.log.log_format, default_level);
     match cli.command {
         Command::Serve(args) => {
             block_on(serve(args)).map_or(ExitCode::FAILURE, |()| ExitCode::SUCCESS)
@@ -109,31 +80,8 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        Command::Replay(args) => block_on(gpu_extender::replay::run_cli(*args))
-            .map_or(ExitCode::FAILURE, |()| ExitCode::SUCCESS),
         Command::NodeAgent(args) => block_on(gpu_extender::agent::run(args))
             .map_or(ExitCode::FAILURE, |()| ExitCode::SUCCESS),
-        Command::Simulate(args) => match run_cli(args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(error) => {
-                eprintln!("gpu-extender simulate: {error:#}");
-                ExitCode::FAILURE
-            }
-        },
-        Command::Workload(args) => match gpu_extender::sim::generate::run_cli(args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(error) => {
-                eprintln!("gpu-extender workload: {error:#}");
-                ExitCode::FAILURE
-            }
-        },
-        Command::Cluster(args) => match gpu_extender::sim::vary_cluster::run_cli(args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(error) => {
-                eprintln!("gpu-extender cluster: {error:#}");
-                ExitCode::FAILURE
-            }
-        },
     }
 }
 

@@ -1,63 +1,22 @@
-//! Architecture guard: the engine stays pure, and every module says what it is.
+//! Architecture guard: the rules the compiler cannot see.
 //!
-//! `src/engine` must not name an I/O, async, HTTP, Kubernetes, metrics, logging or randomness
-//! crate, read the clock, touch files, sockets, threads, the environment or locks, or print. The
-//! guard reads the source text: comments and string literals are removed first, `use` trees are
-//! expanded to full paths, and every path and identifier is checked. The scanner's own tests at
-//! the bottom show what it catches and what it lets through.
-//!
-//! Every `.rs` file under `src/` must open with a `//!` line saying what it owns.
-//!
-//! The rooms of `src/` (its top-level modules) are layered ([`LAYERS`]): a room imports only
-//! rooms below it, never one beside or above it, outside its `#[cfg(test)]` code. Cycles between
-//! modules inside a room are found by `scripts/module-graph.sh` (cargo-modules, in `make lint`);
-//! see docs/decisions/0007-one-room-for-shared-state.md.
+//! - The engine crate (`crates/engine`) stays pure. What it may call is fenced by its manifest
+//!   (checked here: no dependency beyond the allowed few, so no I/O, async, Kubernetes, metrics,
+//!   logging or randomness crate) and by its `clippy.toml` (no clock, file, socket, thread,
+//!   environment, process or lock from `std`; no printing), which `make lint` enforces.
+//! - Every `.rs` file of every crate's `src/` opens with a `//!` line saying what it owns.
+//! - The rooms of the service's `src/` (its top-level modules) are layered ([`LAYERS`]): a room
+//!   imports only rooms below it, never one beside or above it, outside its `#[cfg(test)]` code.
+//!   Cycles between modules inside a room are found by `scripts/module-graph.sh`
+//!   (cargo-modules, in `make lint`); see docs/decisions/0007-one-room-for-shared-state.md.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
-/// Crates the engine must never name: I/O, async, HTTP, Kubernetes, metrics, logging, randomness,
-/// locks.
-const FORBIDDEN_CRATES: &[&str] = &[
-    "tokio",
-    "axum",
-    "hyper",
-    "hyper_util",
-    "tower",
-    "tower_http",
-    "reqwest",
-    "futures",
-    "async_std",
-    "kube",
-    "kube_client",
-    "kube_runtime",
-    "k8s_openapi",
-    "prometheus",
-    "tracing",
-    "tracing_subscriber",
-    "log",
-    "env_logger",
-    "rand",
-    "rand_core",
-    "rand_chacha",
-    "getrandom",
-    "fastrand",
-    "dashmap",
-    "parking_lot",
-];
-
-/// Modules of `std` (and `core`/`alloc`) that do I/O, read the clock, spawn or read the
-/// environment.
-const FORBIDDEN_STD_MODULES: &[&str] = &["fs", "net", "io", "time", "thread", "env", "process"];
-
-/// `std::sync` items that lock or block.
-const FORBIDDEN_SYNC_ITEMS: &[&str] = &["Mutex", "RwLock", "Condvar", "Barrier", "mpsc"];
-
-/// Identifiers that mean the clock or a lock wherever they come from.
-const FORBIDDEN_IDENTS: &[&str] = &["SystemTime", "Instant", "Mutex", "RwLock", "UNIX_EPOCH"];
-
-/// Macros that write to stdout/stderr.
-const FORBIDDEN_MACROS: &[&str] = &["println", "eprintln", "print", "eprint", "dbg"];
+/// The only crates the engine may depend on: an error derive and a hasher. Anything else (an
+/// async runtime, an HTTP or Kubernetes client, metrics, logging, randomness, locks) belongs in
+/// the crates that use the engine.
+const ENGINE_DEPENDENCIES: &[&str] = &["thiserror", "foldhash"];
 
 fn rust_files(dir: &Path) -> Vec<PathBuf> {
     let mut files = Vec::new();
@@ -85,29 +44,73 @@ fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
 }
 
+fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The names in one `[section]` of a Cargo manifest: the keys of its `name = ...` and
+/// `name.workspace = true` lines.
+fn manifest_section(manifest: &str, section: &str) -> Vec<String> {
+    let header = format!("[{section}]");
+    manifest
+        .lines()
+        .skip_while(|line| line.trim() != header)
+        .skip(1)
+        .take_while(|line| !line.trim_start().starts_with('['))
+        .filter(|line| !line.trim_start().starts_with('#') && line.contains('='))
+        .filter_map(|line| line.split(['=', '.']).next())
+        .map(|name| name.trim().to_owned())
+        .filter(|name| !name.is_empty())
+        .collect()
+}
+
 #[test]
-fn the_engine_does_no_io_async_clock_randomness_locks_or_logging() {
-    let files = rust_files(&src().join("engine"));
+fn the_engine_depends_on_nothing_that_does_io() {
+    let manifest = read(&workspace().join("crates/engine/Cargo.toml"));
+    let dependencies = manifest_section(&manifest, "dependencies");
     assert!(
-        files.iter().any(|f| f.ends_with("fit.rs")) && files.len() >= 10,
-        "the guard found too few engine files: {files:?}"
+        dependencies.iter().any(|name| name == "thiserror"),
+        "the manifest reader found none of the engine's dependencies: {dependencies:?}"
     );
-    let mut violations = Vec::new();
-    for file in &files {
-        for found in impurities(&read(file)) {
-            violations.push(format!("{}: {found}", file.display()));
-        }
+    let foreign: Vec<&String> = dependencies
+        .iter()
+        .filter(|name| !ENGINE_DEPENDENCIES.contains(&name.as_str()))
+        .collect();
+    assert!(
+        foreign.is_empty(),
+        "the engine must stay pure; these dependencies are not among {ENGINE_DEPENDENCIES:?}: \
+         {foreign:?}"
+    );
+    // The fence on std is the engine's clippy.toml: it must name the clock, locks and I/O.
+    let fence = read(&workspace().join("crates/engine/clippy.toml"));
+    for item in [
+        "std::time::Instant",
+        "std::time::SystemTime",
+        "std::sync::Mutex",
+        "std::fs",
+    ] {
+        assert!(
+            fence.contains(item),
+            "crates/engine/clippy.toml does not fence {item}"
+        );
     }
-    assert!(
-        violations.is_empty(),
-        "the engine must stay pure:\n{}",
-        violations.join("\n")
-    );
+}
+
+#[test]
+fn the_manifest_reader_reads_sections() {
+    let manifest = "[package]\nname = \"x\"\n[dependencies]\n# comment = 1\na = \"1\"\nb.workspace = true\nc = { version = \"1\" }\n\n[dev-dependencies]\nd = \"1\"\n";
+    assert_eq!(manifest_section(manifest, "dependencies"), ["a", "b", "c"]);
+    assert_eq!(manifest_section(manifest, "dev-dependencies"), ["d"]);
 }
 
 #[test]
 fn every_module_opens_with_a_doc_line() {
-    let files = rust_files(&src());
+    let mut files = rust_files(&src());
+    for krate in ["engine", "sim", "lab", "test-support"] {
+        files.extend(rust_files(
+            &workspace().join("crates").join(krate).join("src"),
+        ));
+    }
     assert!(
         files.iter().any(|f| f.ends_with("lib.rs")),
         "no files found"
@@ -130,22 +133,22 @@ fn opens_with_module_doc(text: &str) -> bool {
         .is_some_and(|line| line.trim_start().starts_with("//!"))
 }
 
-/// The rooms of `src/`, lowest layer first. A room may import the rooms of lower layers only:
-/// the engine nothing; the readers of the engine's values (configuration, the explanation and
-/// inspection reports, the simulator) the engine; the Kubernetes-object translation those; the
+/// The rooms of the service's `src/`, lowest layer first (the engine is a crate of its own,
+/// below them all). A room may import the rooms of lower layers only: the readers of the
+/// engine's values (configuration, the explanation and inspection reports) none; the
+/// Kubernetes-object translation those; the
 /// shared state (table, policy in force, readiness, the verbs' decisions) everything below it;
 /// the metrics the state; the watchers and binder (`k8s`) and the extender's HTTP surface
 /// (`http`) and the scheduler-estimator (`estimator`) the state and the metrics but not each
 /// other; the composition (`service`) and the
-/// operator commands (`cli`, `replay`) whatever they wire together.
+/// operator commands (`cli`) whatever they wire together.
 const LAYERS: &[&[&str]] = &[
-    &["engine"],
-    &["config", "explain", "inspect", "sim"],
+    &["config", "explain", "inspect"],
     &["objects"],
     &["state"],
     &["telemetry"],
     &["k8s", "http", "estimator"],
-    &["service", "cli", "replay"],
+    &["service", "cli"],
     &["agent"],
 ];
 
@@ -319,92 +322,6 @@ fn without_test_items(tokens: &[String]) -> Vec<String> {
 
 // ---------------------------------------------------------------------------------------------
 // The scanner
-
-/// Everything forbidden that `source` names, one line each.
-fn impurities(source: &str) -> Vec<String> {
-    let tokens = tokens(&strip_comments_and_literals(source));
-    let mut found = Vec::new();
-    let mut i = 0;
-    while i < tokens.len() {
-        let token = tokens[i].as_str();
-        let is_extern_crate = token == "extern" && tokens.get(i + 1).is_some_and(|t| t == "crate");
-        if token == "use" || is_extern_crate {
-            let start = if token == "use" { i + 1 } else { i + 2 };
-            let end = tokens[start..]
-                .iter()
-                .position(|t| t == ";")
-                .map_or(tokens.len(), |p| start + p);
-            for path in expand_use_tree(&tokens[start..end]) {
-                check_path(&path, true, &mut found);
-            }
-            i = end + 1;
-            continue;
-        }
-        if token == "async" || token == "await" {
-            found.push(format!("`{token}`: the engine is synchronous"));
-        }
-        if !is_ident(token) {
-            i += 1;
-            continue;
-        }
-        if FORBIDDEN_IDENTS.contains(&token) {
-            found.push(format!(
-                "`{token}`: the engine reads no clock and takes no lock"
-            ));
-        }
-        if FORBIDDEN_MACROS.contains(&token) && tokens.get(i + 1).is_some_and(|t| t == "!") {
-            found.push(format!("`{token}!`: the engine does not print"));
-        }
-        // A path in code: ident (:: ident)*. One that continues an earlier `::` (as in
-        // `::std::fs`) starts at its first identifier all the same.
-        let mut path = vec![token.to_owned()];
-        let mut j = i + 1;
-        while tokens.get(j).is_some_and(|t| t == "::")
-            && tokens.get(j + 1).is_some_and(|t| is_ident(t))
-        {
-            path.push(tokens[j + 1].clone());
-            j += 2;
-        }
-        check_path(&path, false, &mut found);
-        i = j;
-    }
-    found.sort();
-    found.dedup();
-    found
-}
-
-/// Checks one path. A forbidden crate is reported when it is imported (`use tokio;`,
-/// `extern crate log;`) or used through a path (`tracing::info!`); a lone identifier in code
-/// that happens to share a crate's name (a variable `log`) is not a use of the crate.
-fn check_path(segments: &[String], imported: bool, found: &mut Vec<String>) {
-    let Some(first) = segments.first().map(String::as_str) else {
-        return;
-    };
-    let path = segments.join("::");
-    if FORBIDDEN_CRATES.contains(&first) && (imported || segments.len() >= 2) {
-        found.push(format!(
-            "`{path}`: the engine names no I/O or service crate"
-        ));
-        return;
-    }
-    if matches!(first, "std" | "core" | "alloc") {
-        match segments.get(1).map(String::as_str) {
-            Some(module) if FORBIDDEN_STD_MODULES.contains(&module) => {
-                found.push(format!(
-                    "`{path}`: the engine does no I/O and reads no clock"
-                ));
-            }
-            Some("sync") => {
-                if let Some(item) = segments.get(2)
-                    && FORBIDDEN_SYNC_ITEMS.contains(&item.as_str())
-                {
-                    found.push(format!("`{path}`: the engine takes no lock"));
-                }
-            }
-            _ => {}
-        }
-    }
-}
 
 /// The full paths a `use` tree (the tokens between `use` and `;`) imports, as segments:
 /// `std::{fs, sync::Arc}` gives `std::fs` and `std::sync::Arc`.
@@ -588,63 +505,6 @@ fn is_raw_string(chars: &[char], i: usize) -> bool {
 // The scanner's own tests: what it must catch, and what it must let through.
 
 #[test]
-fn the_scanner_catches_impure_code() {
-    let impure = [
-        "use tokio::sync::mpsc;",
-        "use std::fs;",
-        "use std::{collections::HashMap, fs::File};",
-        "use std::sync::{Arc, Mutex};",
-        "use std::sync::RwLock as Lock;",
-        "use ::std::time::Duration;",
-        "use std::io::{self, Write};",
-        "use std::net::TcpStream;",
-        "use std::thread;",
-        "use std::env::var;",
-        "use rand::Rng;",
-        "use tracing;",
-        "extern crate log;",
-        "fn f() { let t = std::time::Instant::now(); }",
-        "fn f() { let t = SystemTime::now(); }",
-        "fn f() { tracing::info!(\"x\"); }",
-        "fn f() { log::warn!(\"x\"); }",
-        "fn f() -> kube::Client { todo!() }",
-        "fn f(x: k8s_openapi::api::core::v1::Pod) {}",
-        "fn f() { prometheus::register(); }",
-        "fn f() { hyper::body(); axum::serve(); }",
-        "async fn f() {}",
-        "fn f() { g().await }",
-        "fn f() { println!(\"{}\", 1); }",
-        "fn f() { dbg!(1); }",
-        "fn f() { std::env::var(\"HOME\"); }",
-        "fn f(m: &Mutex<u8>) {}",
-    ];
-    for code in impure {
-        assert!(!impurities(code).is_empty(), "not caught: {code}");
-    }
-}
-
-#[test]
-fn the_scanner_lets_pure_code_through() {
-    let pure = [
-        "//! Talks about tokio, std::fs and Instant in a comment only.\nuse std::sync::Arc;",
-        "use std::collections::{BTreeSet, HashMap};",
-        "use std::fmt;\nuse std::cmp::Ordering;",
-        "use super::model::{MemMiB, NodeName};",
-        "use crate::engine::topology::positions;",
-        "fn f() -> &'static str { \"std::fs::read and tokio::spawn in a string\" }",
-        "fn f() -> char { 'x' }\nfn g<'a>(s: &'a str) -> &'a str { s }",
-        "fn catalog(logs: u32, timer: u32, random: u32) -> u32 { logs + timer + random }",
-        "/* block comment: use std::io; */ fn f() {}",
-        "fn f() -> String { r#\"use std::net; \"quoted\"\"#.to_owned() }",
-        "fn f(time: u64, log: u64) -> u64 { time + log }",
-        "use thiserror::Error;",
-    ];
-    for code in pure {
-        assert_eq!(impurities(code), Vec::<String>::new(), "flagged: {code}");
-    }
-}
-
-#[test]
 fn module_docs_are_detected() {
     assert!(opens_with_module_doc("//! The table.\nuse x;"));
     assert!(opens_with_module_doc("\n//! After a blank line.\n"));
@@ -658,7 +518,7 @@ fn the_layer_guard_catches_imports_that_climb() {
     let state = vec!["state".to_owned(), "cluster".to_owned()];
     let climbing = [
         "use crate::service::serve;",
-        "use crate::{engine::Table, http::server::AppState};",
+        "use crate::{objects::translate, http::server::AppState};",
         "fn f() { crate::k8s::watch::Feed::new(); }",
         "use super::super::telemetry::Metrics;",
     ];
@@ -672,7 +532,7 @@ fn the_layer_guard_catches_imports_that_climb() {
         assert!(!problems(code).is_empty(), "not caught: {code}");
     }
     let allowed = [
-        "use crate::engine::Table;\nuse super::policy::PolicyCell;",
+        "use gpu_engine::Table;\nuse super::policy::PolicyCell;",
         "use crate::objects::translate;\nuse crate::config::Config;",
         "//! Mentions crate::service in a comment.\nfn f() -> &'static str { \"crate::http\" }",
         "#[cfg(test)]\nmod tests {\n    use crate::service::serve;\n}",

@@ -11,7 +11,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use gpu_extender::engine::Policy;
+use gpu_engine::Policy;
 use gpu_extender::state::{ClusterState, PolicyCell};
 use gpu_extender::telemetry::Metrics;
 use serde_json::Value;

@@ -29,7 +29,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use gpu_extender::engine::{
+use gpu_engine::{
     AlikeScores, Change, ComputeMilli, CpuMilli, Evaluation, Gpu, GpuConstraints, GpuDemand,
     GpuMode, GpuPlacement, GpuUsage, Grant, Hold, Link, LinkMatrix, MemMiB, ModelPattern, NodeName,
     NodeSpec, NodeState, PodAllocation, PodKey, PodRequest, Policy, RejectReason, ScoringPolicy,
@@ -457,7 +457,7 @@ fn pod_request(desc: &PodDesc, mode: GpuMode) -> PodRequest {
     let containers = |list: &[DemandDesc], prefix: &str| {
         list.iter()
             .enumerate()
-            .map(|(i, &d)| gpu_extender::engine::ContainerRequest {
+            .map(|(i, &d)| gpu_engine::ContainerRequest {
                 name: format!("{prefix}{i}"),
                 gpu: demand(d, mode),
             })
@@ -700,7 +700,7 @@ fn reference_score(
     request: &PodRequest,
     allocation: &PodAllocation,
 ) -> f64 {
-    use gpu_extender::engine::policy::{binpack, fgd, free_milli, spread, topology, usage_after};
+    use gpu_engine::policy::{binpack, fgd, free_milli, spread, topology, usage_after};
     let after = free_milli(node, &usage_after(node, allocation));
     let base = match policy.scoring {
         ScoringPolicy::Binpack => binpack::score(node, allocation, &after),
@@ -721,7 +721,7 @@ fn reference_score(
         }
         ScoringPolicy::FgdPlus => {
             let before = free_milli(node, &node.gpus);
-            gpu_extender::engine::policy::fgd_plus::score(
+            gpu_engine::policy::fgd_plus::score(
                 &policy.typical,
                 &policy.fgd_plus,
                 node,
@@ -1121,7 +1121,7 @@ proptest! {
         for (position, gpu) in specs.iter().enumerate() {
             prop_assert_eq!(
                 state.gpu_free_milli(position),
-                gpu_extender::engine::state::gpu_free_milli(gpu, &state.gpus[position]),
+                gpu_engine::state::gpu_free_milli(gpu, &state.gpus[position]),
                 "{:?} {:?}", gpu, state.gpus[position]
             );
         }

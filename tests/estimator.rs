@@ -12,11 +12,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use gpu_extender::config::Config;
-use gpu_extender::engine::{
+use gpu_engine::{
     ContainerAllocation, CpuMilli, GpuGrant, GpuIndex, GpuMode, Grant, MemMiB, NodeName, NodeSpec,
     PodAllocation, PodKey, Table,
 };
+use gpu_extender::config::Config;
 use gpu_extender::estimator::proto::{core, pb, resource};
 use gpu_extender::estimator::{EstimatorService, WorkloadError, Workloads};
 use gpu_extender::state::{ClusterState, PolicyCell};
@@ -80,7 +80,7 @@ fn node_object(name: &str, labels: &[(&str, &str)], taint: Option<&str>, gpus: u
 fn service(cfg: Config) -> EstimatorService {
     let mut table = Table::new(cfg.policy.max_pods_per_shared_gpu);
     for name in ["a", "b", "c"] {
-        table.apply(gpu_extender::engine::Change::UpsertNode(t4(name, 4)));
+        table.apply(gpu_engine::Change::UpsertNode(t4(name, 4)));
     }
     let running = PodAllocation {
         node: NodeName::new("a"),
@@ -92,7 +92,7 @@ fn service(cfg: Config) -> EstimatorService {
                 gpu: GpuIndex(0),
                 grant: Grant::Share {
                     mem: MemMiB(8 * 1024),
-                    compute: gpu_extender::engine::ComputeMilli(0),
+                    compute: gpu_engine::ComputeMilli(0),
                 },
             }],
         }],

@@ -16,8 +16,8 @@ use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
+use gpu_engine::{Change, NodeSpec, Table};
 use gpu_extender::config::Config;
-use gpu_extender::engine::{Change, NodeSpec, Table};
 use gpu_extender::http::server::{AppState, admin_router, router};
 use gpu_extender::objects::translate;
 use gpu_extender::state::{ClusterState, PolicyCell};
@@ -180,9 +180,9 @@ async fn filter_cache_mode_rejects_full_and_unknown_nodes_with_node_independent_
         .unwrap()
         .unwrap();
         let node = table.node_by_str("gpu-a").unwrap().clone();
-        let placed = gpu_extender::engine::fit(&node, &pod, &harness.state.policy.load()).unwrap();
+        let placed = gpu_engine::fit(&node, &pod, &harness.state.policy.load()).unwrap();
         table.apply(Change::PodBound {
-            pod: gpu_extender::engine::PodKey::new("ml", "busy"),
+            pod: gpu_engine::PodKey::new("ml", "busy"),
             allocation: placed,
         });
     }
@@ -194,7 +194,7 @@ async fn filter_cache_mode_rejects_full_and_unknown_nodes_with_node_independent_
 #[tokio::test]
 async fn filter_best_only_answers_the_policys_one_node_and_reasons_only_when_none_fits() {
     let harness = Harness::new(true);
-    harness.state.policy.store(gpu_extender::engine::Policy {
+    harness.state.policy.store(gpu_engine::Policy {
         filter_best_only: true,
         ..(*harness.state.policy.load()).clone()
     });
@@ -235,9 +235,9 @@ async fn filter_best_only_answers_the_policys_one_node_and_reasons_only_when_non
 
 #[tokio::test]
 async fn filter_holds_a_gpu_nodes_host_for_its_free_gpus_when_asked() {
-    use gpu_extender::engine::model::{CpuMilli, MemMiB};
-    use gpu_extender::engine::policy::fgd_plus::Tuning;
-    use gpu_extender::engine::{Policy, ScoringPolicy, TypicalPod, TypicalPods};
+    use gpu_engine::model::{CpuMilli, MemMiB};
+    use gpu_engine::policy::fgd_plus::Tuning;
+    use gpu_engine::{Policy, ScoringPolicy, TypicalPod, TypicalPods};
     let harness = Harness::new(true);
     // The typical pod asks 4 cores per GPU: each recorded node's 8 cores feed its 2 GPUs exactly.
     let typical = TypicalPods::new(vec![TypicalPod {

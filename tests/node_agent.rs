@@ -11,12 +11,12 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use gpu_engine::{GpuIndex, Link, MemMiB, NodeSpec};
 use gpu_extender::agent::fake::FakeSource;
 use gpu_extender::agent::nvml::NvmlSource;
 use gpu_extender::agent::publish::{AgentMetrics, NodeAnnotations, Published, publish};
 use gpu_extender::agent::source::{Reader, Reading, SourceError};
 use gpu_extender::config::Config;
-use gpu_extender::engine::{GpuIndex, Link, MemMiB, NodeSpec};
 use gpu_extender::objects::translate::translate_node;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;

@@ -16,8 +16,8 @@ use axum::http::{Request, StatusCode};
 use serde_json::json;
 use tower::ServiceExt;
 
+use gpu_engine::Table;
 use gpu_extender::config::Config;
-use gpu_extender::engine::Table;
 use gpu_extender::http::server::{AppState, admin_router, router};
 use gpu_extender::state::ClusterState;
 use gpu_extender::telemetry::Metrics;

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use super::source::{DeviceReading, GpuSource, SourceError};
-use crate::engine::Link;
 use crate::objects::translate::parse_link;
+use gpu_engine::Link;
 
 /// A machine as a fixture describes it.
 #[derive(Clone, Debug, Deserialize)]

@@ -112,7 +112,7 @@ impl GpuSource for Box<dyn GpuSource> {
     fn device(&mut self, index: u32) -> Result<source::DeviceReading, SourceError> {
         (**self).device(index)
     }
-    fn link(&mut self, a: u32, b: u32) -> Result<crate::engine::Link, SourceError> {
+    fn link(&mut self, a: u32, b: u32) -> Result<gpu_engine::Link, SourceError> {
         (**self).link(a, b)
     }
     fn critical_xids(&mut self) -> Vec<(u32, u64)> {

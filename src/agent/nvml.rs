@@ -14,7 +14,7 @@ use nvml_wrapper::event::EventSet;
 use nvml_wrapper::{Device, Nvml};
 
 use super::source::{DeviceReading, GpuSource, SourceError};
-use crate::engine::Link;
+use gpu_engine::Link;
 
 /// NVLink ports per GPU that NVML may number (NVML_NVLINK_MAX_LINKS).
 const MAX_NVLINKS: u32 = 18;

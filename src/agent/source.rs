@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use thiserror::Error;
 
-use crate::engine::Link;
 use crate::objects::translate::{NODE_GPUS_VERSION, NodeGpuDoc, NodeGpusDoc, link_cell};
+use gpu_engine::Link;
 
 /// Why a source could not answer.
 #[derive(Clone, Debug, PartialEq, Eq, Error)]

@@ -1,7 +1,7 @@
 //! Karmada's scheduler-estimator served by the extender: the `Estimator` gRPC service a
 //! multi-cluster scheduler asks "how many replicas of this template can this cluster still
 //! run?", answered from the allocation table with the engine's own placement
-//! ([`crate::engine::capacity`]). Off unless `estimator.listen` is set.
+//! ([`gpu_engine::capacity`]). Off unless `estimator.listen` is set.
 //!
 //! [`proto`] holds the messages generated from Karmada's files, [`template`] reads a request's
 //! replica template into a pod, [`workload`] finds the pods of a workload Karmada names, and

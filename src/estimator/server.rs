@@ -23,12 +23,12 @@ use super::proto::service::estimator_server::{Estimator, EstimatorServer};
 use super::template::{Template, template};
 use super::workload::{WorkloadError, Workloads, pod_controlled_by};
 use crate::config::Config;
-use crate::engine::{NodeState, max_replicas};
 use crate::objects::admission::PodClaims;
 use crate::objects::scheduling::unschedulable_since;
 use crate::state::{ClusterState, PolicyCell};
 use crate::telemetry::Metrics;
 use crate::telemetry::metrics::ESTIMATOR_METHODS as METHODS;
+use gpu_engine::{NodeState, max_replicas};
 
 /// The answer's ceiling: Karmada's `maxReplicas` is an int32.
 const MAX_ANSWER: u64 = i32::MAX as u64;

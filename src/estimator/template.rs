@@ -20,8 +20,8 @@ use prost::Message as _;
 
 use super::proto::{core, pb, resource};
 use crate::config::Config;
-use crate::engine::PodRequest;
 use crate::objects::translate::{TranslateError, check_amount, placement_request};
+use gpu_engine::PodRequest;
 
 /// Host resources a template may ask for besides the configured GPU resources. Ephemeral
 /// storage and the pod count are accepted and checked for form; the engine counts pods per

@@ -22,13 +22,13 @@ use tower_http::trace::{DefaultOnFailure, TraceLayer};
 use tracing::{Instrument, Level, debug, info_span, warn};
 
 use crate::config::Config;
-use crate::engine::{NodeState, PodRequest, RejectReason};
 use crate::objects::admission::PodClaims;
 use crate::objects::quota::quota_names;
 use crate::objects::translate;
 use crate::state::decide::{self, FilterVerdict, NotReady, Proposal};
 use crate::state::{Bind, BindError, BindRequest, ClusterState, PolicyCell};
 use crate::telemetry::Metrics;
+use gpu_engine::{NodeState, PodRequest, RejectReason};
 
 use super::wire::{
     CandidateArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderPreemptionArgs,
@@ -860,7 +860,7 @@ async fn inspect_table(State(state): State<AppState>) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::Table;
+    use gpu_engine::Table;
 
     fn state() -> AppState {
         let config = Arc::new(Config::default());
@@ -917,7 +917,7 @@ mod tests {
     /// tolerate, and a pod no node can hold.
     #[test]
     fn a_fitting_node_outside_kube_schedulers_window_is_counted_as_a_miss() {
-        use crate::engine::{GpuMode, MemMiB, NodeSpec};
+        use gpu_engine::{GpuMode, MemMiB, NodeSpec};
         use k8s_openapi::api::core::v1::{NodeSpec as KubeNodeSpec, Taint};
         use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
@@ -1011,9 +1011,9 @@ mod tests {
     /// another namespace, and the same team asking for less, pass.
     #[test]
     fn filter_refuses_a_pod_past_its_teams_quota() {
-        use crate::engine::quota::QuotaSet;
-        use crate::engine::{GpuMode, MemMiB, NodeSpec};
         use crate::objects::quota::read_quota;
+        use gpu_engine::quota::QuotaSet;
+        use gpu_engine::{GpuMode, MemMiB, NodeSpec};
 
         let config = Config::default();
         let mut table = Table::rebuild(
@@ -1027,19 +1027,19 @@ mod tests {
             )],
             [],
         );
-        let two = crate::engine::PodRequest::single(
-            crate::engine::CpuMilli(1),
+        let two = gpu_engine::PodRequest::single(
+            gpu_engine::CpuMilli(1),
             MemMiB(1),
-            crate::engine::GpuDemand::whole(2).unwrap(),
+            gpu_engine::GpuDemand::whole(2).unwrap(),
         );
-        let placed = crate::engine::fit(
+        let placed = gpu_engine::fit(
             table.node_by_str("a100").unwrap(),
             &two,
             &Default::default(),
         )
         .unwrap();
         table
-            .reserve(crate::engine::PodKey::new("team-a", "running"), placed, 1)
+            .reserve(gpu_engine::PodKey::new("team-a", "running"), placed, 1)
             .unwrap();
         let state = AppState {
             cluster: Arc::new(ClusterState::with_table(table)),

@@ -17,10 +17,10 @@ use axum::routing::get;
 use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 
-use crate::engine::{PodKey, PodRequest, Policy, Table};
 use crate::explain;
 use crate::inspect::{self, GpuReport, NodeReport, Totals};
 use crate::objects::translate;
+use gpu_engine::{PodKey, PodRequest, Policy, Table};
 
 use super::server::AppState;
 
@@ -330,8 +330,8 @@ mod tests {
     #![allow(clippy::unwrap_used, reason = "tests fail loudly on a broken fixture")]
 
     use super::*;
-    use crate::engine::{CpuMilli, GpuDemand, GpuMode, MemMiB};
     use crate::inspect::fixtures::{add_node, bind};
+    use gpu_engine::{CpuMilli, GpuDemand, GpuMode, MemMiB};
 
     fn table() -> Table {
         let mut table = Table::new(20);

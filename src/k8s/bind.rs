@@ -8,8 +8,8 @@
 //! [`MeteredBinder`] is the service's [`Bind`]: it reads the clock, keeps the bind within its
 //! time budget, counts outcomes and publishes the bind's Event.
 
-use crate::engine::quota::{Amounts, namespace_of};
 use crate::objects::quota::quota_names;
+use gpu_engine::quota::{Amounts, namespace_of};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,13 +21,13 @@ use tracing::{debug, warn};
 use super::api::{BindTime, BindingWrite, PodApi};
 use super::events::BindEvents;
 use crate::config::Config;
-use crate::engine::{
-    Change, CpuMilli, Hold, MemMiB, NodeName, PodAllocation, PodKey, PodRequest, fit,
-};
 use crate::objects::record;
 use crate::objects::translate::{pod_host_request, pod_request};
 use crate::state::{ApiError, Bind, BindError, BindOutcome, BindRequest, ClusterState, PolicyCell};
 use crate::telemetry::Metrics;
+use gpu_engine::{
+    Change, CpuMilli, Hold, MemMiB, NodeName, PodAllocation, PodKey, PodRequest, fit,
+};
 
 /// A reservation made by [`Binder::reserve`], and the annotations that record it.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -7,10 +7,10 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder};
 use tracing::warn;
 
-use crate::engine::{NodeName, PodAllocation, PodKey};
 use crate::explain::describe_allocation;
 use crate::state::BindRequest;
 use crate::telemetry::Metrics;
+use gpu_engine::{NodeName, PodAllocation, PodKey};
 
 /// The `reason` of the event recorded after a bind.
 pub const BOUND_REASON: &str = "GpusAllocated";
@@ -167,9 +167,7 @@ mod tests {
     #![allow(clippy::unwrap_used, reason = "tests fail loudly on a broken fixture")]
 
     use super::*;
-    use crate::engine::{
-        ContainerAllocation, CpuMilli, GpuGrant, GpuIndex, Grant, MemMiB, NodeName,
-    };
+    use gpu_engine::{ContainerAllocation, CpuMilli, GpuGrant, GpuIndex, Grant, MemMiB, NodeName};
 
     #[test]
     fn the_note_names_the_node_and_each_gpu() {
@@ -192,7 +190,7 @@ mod tests {
                     gpu: GpuIndex(1),
                     grant: Grant::Share {
                         mem: MemMiB(8 * 1024),
-                        compute: crate::engine::ComputeMilli(0),
+                        compute: gpu_engine::ComputeMilli(0),
                     },
                 },
             ],

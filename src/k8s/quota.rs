@@ -14,9 +14,9 @@ use kube::{Api, ResourceExt};
 use tracing::{info, warn};
 
 use crate::config::Config;
-use crate::engine::quota::QuotaSet;
 use crate::objects::quota::{GROUP_ANNOTATION, quota_names, read_quota};
 use crate::state::ClusterState;
+use gpu_engine::quota::QuotaSet;
 
 /// The API group of `ElasticQuota`.
 pub const GROUP: &str = "scheduling.x-k8s.io";
@@ -144,7 +144,7 @@ pub async fn run(client: kube::Client, state: Arc<ClusterState>, cfg: Arc<Config
 mod tests {
     #![allow(clippy::unwrap_used, reason = "test fixtures")]
     use super::*;
-    use crate::engine::quota::QuotaResource;
+    use gpu_engine::quota::QuotaResource;
     use serde_json::json;
 
     fn quota(namespace: &str, name: &str, spec: serde_json::Value) -> DynamicObject {

@@ -31,11 +31,11 @@ use super::events::ReclaimEvents;
 use super::requeue::{Waiting, waiting_pod};
 use super::watch::is_unschedulable;
 use crate::config::Config;
-use crate::engine::quota::{Claimant, Reclaim, choose_reclaim, namespace_of, usage};
-use crate::engine::{NodeName, PodKey};
 use crate::objects::admission::node_refusal;
 use crate::state::{ApiError, ClusterState, PolicyCell, monotonic_ms};
 use crate::telemetry::Metrics;
+use gpu_engine::quota::{Claimant, Reclaim, choose_reclaim, namespace_of, usage};
+use gpu_engine::{NodeName, PodKey};
 
 /// Nodes a round may check against a waiting pod's node-level constraints before giving up on
 /// it until the next round (each check is one read of a Node).
@@ -327,11 +327,11 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::engine::quota::{Quota, QuotaSet};
-    use crate::engine::{GpuMode, MemMiB, NodeSpec, Policy, Table, fit};
     use crate::objects::quota::quota_names;
     use crate::objects::translate::pod_request;
     use crate::state::VictimRank;
+    use gpu_engine::quota::{Quota, QuotaSet};
+    use gpu_engine::{GpuMode, MemMiB, NodeSpec, Policy, Table, fit};
 
     /// Evictions asked, as (pod, dry run); pods in `refuse` answer 429 as a PDB would; nodes in
     /// `tainted` carry a taint the waiting pod does not tolerate.

@@ -32,10 +32,10 @@ use tracing::{debug, warn};
 use super::api::{BindTime, PodTouch};
 use super::watch::is_unschedulable;
 use crate::config::Config;
-use crate::engine::{NodeName, PodKey, PodRequest, Policy, Table};
 use crate::objects::translate::pod_request;
 use crate::state::{ApiError, ClusterState, PolicyCell};
 use crate::telemetry::Metrics;
+use gpu_engine::{NodeName, PodKey, PodRequest, Policy, Table};
 
 /// A pod waiting for room, as [`choose`] needs it.
 #[derive(Clone, Debug)]
@@ -217,8 +217,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::engine::{Change, PodAllocation, fit};
     use crate::objects::translate::node_spec;
+    use gpu_engine::{Change, PodAllocation, fit};
 
     /// A memory-sharing node of `gpus` 16 GiB T4s.
     fn share_node(name: &str, gpus: u32) -> k8s_openapi::api::core::v1::Node {

@@ -32,10 +32,6 @@ use kube::{Api, ResourceExt};
 use tracing::{debug, info, warn};
 
 use crate::config::Config;
-use crate::engine::{
-    Change, CpuMilli, MemMiB, NodeName, NodeSpec, NodeState, PodAllocation, PodKey, PodRequest,
-    Policy, Table, fit, shape_hash,
-};
 use crate::objects::record;
 use crate::objects::scheduling::POD_SCHEDULED;
 pub use crate::objects::scheduling::is_unschedulable;
@@ -43,6 +39,10 @@ use crate::objects::translate::{
     names_gpu_resource, pod_host_request, pod_key, pod_request, translate_node,
 };
 use crate::state::{ClusterState, EventCounts, FeedStats, VictimRank, monotonic_ms};
+use gpu_engine::{
+    Change, CpuMilli, MemMiB, NodeName, NodeSpec, NodeState, PodAllocation, PodKey, PodRequest,
+    Policy, Table, fit, shape_hash,
+};
 
 /// Counts `event` (`Init` and `InitDone` carry no object and are not counted).
 fn count_event<K>(counts: &mut EventCounts, event: &Event<K>) {

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::quantity::Quantity;
 use crate::config::Config;
-use crate::engine::quota::{Amounts, Quota, QuotaNames, QuotaResource};
+use gpu_engine::quota::{Amounts, Quota, QuotaNames, QuotaResource};
 
 /// The `ElasticQuota` annotation listing further namespaces the quota covers, as a JSON array of
 /// names (`["team-a-dev", "team-a-ci"]`): Koordinator's, so quotas written for it group the same

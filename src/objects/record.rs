@@ -11,7 +11,7 @@ use thiserror::Error;
 
 use super::translate::{TranslateError, pod_host_request};
 use crate::config::Config;
-use crate::engine::{
+use gpu_engine::{
     ComputeMilli, ContainerAllocation, GpuGrant, GpuIndex, Grant, MemMiB, NodeName, NodeSpec,
     PodAllocation,
 };
@@ -317,10 +317,10 @@ pub fn decode(pod: &Pod, cfg: &Config) -> Result<Option<PodAllocation>, RecordEr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::{
+    use crate::objects::translate::pod_request;
+    use gpu_engine::{
         CpuMilli, Gpu, GpuDemand, GpuMode, LinkMatrix, NodeState, PodRequest, Policy,
     };
-    use crate::objects::translate::pod_request;
     use serde_json::json;
 
     fn node_spec() -> NodeSpec {

@@ -14,7 +14,7 @@ use thiserror::Error;
 
 use super::quantity::{Quantity, QuantityError};
 use crate::config::{Config, Sharing};
-use crate::engine::{
+use gpu_engine::{
     ContainerRequest, CpuMilli, Gpu, GpuConstraints, GpuDemand, GpuIndex, GpuMode, GpuPlacement,
     Link, LinkMatrix, MemMiB, ModelPattern, NodeSpec, PodKey, PodRequest, RequestError,
     TopologyPreference,
@@ -928,7 +928,7 @@ fn pod_constraints(pod: &Pod, cfg: &Config) -> Result<GpuConstraints, TranslateE
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::ComputeMilli;
+    use gpu_engine::ComputeMilli;
     use serde_json::json;
 
     fn cfg() -> Config {

@@ -7,8 +7,8 @@
 use futures::future::BoxFuture;
 use thiserror::Error;
 
-use crate::engine::{NodeName, PodAllocation, PodKey, RejectReason, TableError};
 use crate::objects::translate::TranslateError;
+use gpu_engine::{NodeName, PodAllocation, PodKey, RejectReason, TableError};
 
 /// Binds pods: what the HTTP layer's bind verb asks of the Kubernetes side.
 pub trait Bind: Send + Sync + 'static {

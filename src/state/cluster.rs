@@ -16,9 +16,9 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::config::Config;
-use crate::engine::quota::QuotaSet;
-use crate::engine::{NodeName, PodAllocation, PodKey, Table};
 use crate::objects::admission::NodeClaims;
+use gpu_engine::quota::QuotaSet;
+use gpu_engine::{NodeName, PodAllocation, PodKey, Table};
 
 /// The cluster as the extender knows it, shared by the feed (the writer), the HTTP handlers
 /// (readers) and the binder (short writes to reserve).

@@ -6,11 +6,11 @@
 use std::collections::HashSet;
 
 use super::cluster::ClusterState;
-use crate::engine::quota::{
+use crate::objects::admission::PodClaims;
+use gpu_engine::quota::{
     Amounts, back_within_max, may_preempt, namespace_of, usage, victims_needed,
 };
-use crate::engine::{AlikeScores, NodeState, PodAllocation, PodRequest, Policy, RejectReason};
-use crate::objects::admission::PodClaims;
+use gpu_engine::{AlikeScores, NodeState, PodAllocation, PodRequest, Policy, RejectReason};
 
 /// The reason given for a candidate the extender has not seen yet (its watch may lag the
 /// scheduler's); resolvable, because it will be known shortly.
@@ -313,7 +313,7 @@ impl ClusterState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::{CpuMilli, GpuDemand, GpuMode, MemMiB, NodeSpec, PodKey, Table, fit};
+    use gpu_engine::{CpuMilli, GpuDemand, GpuMode, MemMiB, NodeSpec, PodKey, Table, fit};
 
     fn table() -> Table {
         Table::rebuild(
@@ -432,14 +432,14 @@ mod tests {
     #[test]
     fn prioritize_stretches_scores_and_zeroes_misfits() {
         let mut table = table();
-        let busy = crate::engine::fit(
+        let busy = gpu_engine::fit(
             table.node_by_str("share").unwrap(),
             &share(8),
             &Policy::default(),
         )
         .unwrap();
         table.reserve(PodKey::new("ns", "busy"), busy, 1).unwrap();
-        table.apply(crate::engine::Change::UpsertNode(NodeSpec::uniform(
+        table.apply(gpu_engine::Change::UpsertNode(NodeSpec::uniform(
             "idle",
             GpuMode::ShareMemory,
             2,
@@ -465,9 +465,9 @@ mod tests {
             "T4",
             MemMiB(16 * 1024),
         ));
-        let first = crate::engine::fit(&node, &share(12), &policy).unwrap();
+        let first = gpu_engine::fit(&node, &share(12), &policy).unwrap();
         node.add(&first);
-        let second = crate::engine::fit(&node, &share(12), &policy).unwrap();
+        let second = gpu_engine::fit(&node, &share(12), &policy).unwrap();
         node.add(&second);
         let victims = vec![first.clone(), second.clone()];
         let needed = victims_needed(&node, &victims, &share(8), &policy, |_| true).unwrap();
@@ -480,7 +480,7 @@ mod tests {
     /// such victims would free room is dropped. A team above its min preempts nobody else.
     #[test]
     fn preemption_for_quotas_takes_from_borrowers_only() {
-        use crate::engine::quota::{Quota, QuotaNames, QuotaSet};
+        use gpu_engine::quota::{Quota, QuotaNames, QuotaSet};
         let policy = Policy::default();
         let whole = |n| PodRequest::single(CpuMilli(1), MemMiB(1), GpuDemand::whole(n).unwrap());
         let mut table = Table::rebuild(
@@ -568,7 +568,7 @@ mod tests {
     /// capacity-scheduling plugin's rule, so preempt agrees with filter.
     #[test]
     fn preemption_past_max_takes_only_what_brings_the_team_back_within_max() {
-        use crate::engine::quota::{Amounts, Quota, QuotaNames, QuotaSet};
+        use gpu_engine::quota::{Amounts, Quota, QuotaNames, QuotaSet};
         let policy = Policy::default();
         let whole = |n| PodRequest::single(CpuMilli(1), MemMiB(1), GpuDemand::whole(n).unwrap());
         let mut table = Table::rebuild(
@@ -644,7 +644,7 @@ mod tests {
 
     #[test]
     fn a_node_fgd_plus_holds_for_its_gpus_is_no_window_miss() {
-        use crate::engine::policy::fgd_plus_held_and_unheld;
+        use gpu_engine::policy::fgd_plus_held_and_unheld;
         // One idle 4-GPU node kube-scheduler did not send; a pod asking for no GPU fits it but
         // FGD+ keeps it for GPU pods: the window hid nothing from the pod.
         let state = ClusterState::with_table(Table::rebuild(

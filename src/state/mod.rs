@@ -2,7 +2,7 @@
 //! the watch knows of pending pods ([`ClusterState`]), the policy in force ([`PolicyCell`]), the
 //! decisions taken on them (filter, prioritize, preempt: [`decide`]) and the bind seam
 //! ([`Bind`]). The watchers write it, the HTTP layer and the binder read it and reserve in it;
-//! it imports none of them, only the pure [`crate::engine`] and the object readers of
+//! it imports none of them, only the pure [`gpu_engine`] and the object readers of
 //! [`crate::objects`].
 
 pub mod binding;

@@ -17,8 +17,8 @@ use arc_swap::ArcSwap;
 use tracing::info;
 
 use super::cluster::ClusterState;
-use crate::engine::policy::fgd::{Scarcity, ScarcityCensus};
-use crate::engine::{Policy, TypicalPods, learn_typical};
+use gpu_engine::policy::fgd::{Scarcity, ScarcityCensus};
+use gpu_engine::{Policy, TypicalPods, learn_typical};
 
 /// Pods the table must hold before a learned distribution replaces the configured one.
 pub const MIN_LEARNED_PODS: u64 = 20;
@@ -185,8 +185,8 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::model::GpuMode;
-    use crate::engine::{
+    use gpu_engine::model::GpuMode;
+    use gpu_engine::{
         Change, ComputeMilli, CpuMilli, GpuDemand, MemMiB, NodeSpec, PodKey, PodRequest, Table,
         TypicalPod, fit,
     };
@@ -233,7 +233,7 @@ mod tests {
     fn the_configured_distribution_holds_until_enough_pods_are_seen() {
         let cell = PolicyCell::from(Policy {
             typical: configured(),
-            ..Policy::scoring(crate::engine::ScoringPolicy::FgdPlus)
+            ..Policy::scoring(gpu_engine::ScoringPolicy::FgdPlus)
         });
         let few = cluster_with(5);
         assert_eq!(relearn(&few, &cell, &configured(), true), (1, 5));
@@ -291,11 +291,11 @@ mod tests {
         let configured = TypicalPods::new(vec![class(8_000, 1, 9.0), class(120_000, 8, 1.0)]);
         let policy = |how| Policy {
             typical: configured.clone(),
-            fgd_plus: crate::engine::policy::fgd_plus::Tuning {
+            fgd_plus: gpu_engine::policy::fgd_plus::Tuning {
                 scarcity: how,
                 ..Default::default()
             },
-            ..Policy::scoring(crate::engine::ScoringPolicy::FgdPlus)
+            ..Policy::scoring(gpu_engine::ScoringPolicy::FgdPlus)
         };
         let now = PolicyCell::from(policy(Scarcity::Now));
         let empty = PolicyCell::from(policy(Scarcity::Empty));
@@ -364,7 +364,7 @@ mod tests {
         let configured = TypicalPods::new(vec![class(1, 4.0), class(4, 1.0)]);
         let cell = PolicyCell::from(Policy {
             typical: configured.clone(),
-            ..Policy::scoring(crate::engine::ScoringPolicy::FgdPlus)
+            ..Policy::scoring(gpu_engine::ScoringPolicy::FgdPlus)
         });
         relearn(&cluster, &cell, &configured, false);
         assert_eq!(cell.load().typical.idle_cover(), Some(100));

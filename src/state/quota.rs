@@ -1,13 +1,13 @@
 //! The quotas in force on the shared state: the set the `ElasticQuota` watcher last built, the
 //! filter's admission check against the live table, and the per-quota report that metrics and
 //! `inspect` show ([`crate::inspect::quota_reports`]). The accounting itself is the pure
-//! [`crate::engine::quota`].
+//! [`gpu_engine::quota`].
 
 use std::sync::Arc;
 
-use crate::engine::PodRequest;
-use crate::engine::quota::{Amounts, QuotaNames, QuotaSet, usage};
 use crate::inspect::{self, ClusterReport, QuotaReport};
+use gpu_engine::PodRequest;
+use gpu_engine::quota::{Amounts, QuotaNames, QuotaSet, usage};
 
 use super::cluster::ClusterState;
 
@@ -66,10 +66,8 @@ impl ClusterState {
 mod tests {
     #![allow(clippy::unwrap_used, reason = "test fixtures")]
     use super::*;
-    use crate::engine::quota::{Quota, QuotaResource};
-    use crate::engine::{
-        CpuMilli, GpuDemand, GpuMode, MemMiB, NodeSpec, PodKey, Policy, Table, fit,
-    };
+    use gpu_engine::quota::{Quota, QuotaResource};
+    use gpu_engine::{CpuMilli, GpuDemand, GpuMode, MemMiB, NodeSpec, PodKey, Policy, Table, fit};
 
     fn names() -> QuotaNames {
         QuotaNames {

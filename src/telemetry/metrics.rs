@@ -12,8 +12,8 @@ use prometheus::{
 };
 
 use super::state_collector::{self, StateCollector};
-use crate::engine::RejectReason;
 use crate::state::{ClusterState, PolicyCell};
+use gpu_engine::RejectReason;
 
 /// Extender verbs, the `verb` label's values.
 pub const VERBS: [&str; 4] = ["filter", "prioritize", "bind", "preempt"];
@@ -326,7 +326,7 @@ mod tests {
 
     #[test]
     fn state_families_follow_the_registered_ones_and_every_family_is_one_group() {
-        use crate::engine::Policy;
+        use gpu_engine::Policy;
         let (cluster, metrics) = state_collector::one_t4_watched();
         cluster.note_rebuild(std::time::Duration::from_millis(3));
         let text = metrics.render().unwrap();

@@ -10,9 +10,9 @@ use std::sync::Arc;
 
 use prometheus::{Histogram, HistogramOpts, Registry};
 
-use crate::engine::{Hold, ScoringPolicy};
 use crate::inspect::{self, ClusterReport};
 use crate::state::{ClusterState, PolicyCell};
+use gpu_engine::{Hold, ScoringPolicy};
 
 /// The two kinds of family written here, as the text format names them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -555,8 +555,8 @@ fn write_capacity(out: &mut String, report: &ClusterReport, capacity: inspect::C
 /// metrics that read it.
 #[cfg(test)]
 pub(crate) fn one_t4_watched() -> (Arc<ClusterState>, crate::telemetry::Metrics) {
-    use crate::engine::{GpuDemand, GpuMode, Policy, Table};
     use crate::inspect::fixtures::{add_node, bind};
+    use gpu_engine::{GpuDemand, GpuMode, Policy, Table};
     let mut table = Table::new(20);
     add_node(&mut table, "t4", GpuMode::ShareMemory, 2, "Tesla-T4", 16);
     let share = GpuDemand::share(4, 1, None).unwrap_or_else(|error| panic!("{error}"));
@@ -575,9 +575,9 @@ mod tests {
     #![allow(clippy::unwrap_used, reason = "tests fail loudly on a broken fixture")]
 
     use super::*;
-    use crate::engine::{Change, GpuDemand, GpuMode, NodeName, Policy, Table};
     use crate::inspect::fixtures::{add_node, bind};
     use crate::telemetry::Metrics;
+    use gpu_engine::{Change, GpuDemand, GpuMode, NodeName, Policy, Table};
 
     #[test]
     fn scrape_sets_capacity_gauges_from_the_table_and_drops_removed_nodes() {
@@ -668,9 +668,9 @@ mod tests {
 
     #[test]
     fn the_host_term_s_weight_in_force_is_exported() {
-        use crate::engine::policy::fgd::{TypicalPod, TypicalPods};
-        use crate::engine::policy::fgd_plus::Tuning;
-        use crate::engine::{CpuMilli, MemMiB, NodeSpec, ScoringPolicy};
+        use gpu_engine::policy::fgd::{TypicalPod, TypicalPods};
+        use gpu_engine::policy::fgd_plus::Tuning;
+        use gpu_engine::{CpuMilli, MemMiB, NodeSpec, ScoringPolicy};
         let node = |name: &str, cpu: u64| {
             NodeSpec::uniform(name, GpuMode::CoreMem, 2, "T4", MemMiB(0)).with_host(
                 CpuMilli(cpu),
@@ -817,8 +817,8 @@ mod tests {
 
     #[test]
     fn scrape_reports_each_quota_in_its_units() {
-        use crate::engine::quota::QuotaSet;
         use crate::objects::quota::{quota_names, read_quota};
+        use gpu_engine::quota::QuotaSet;
         let (cluster, metrics) = one_t4_watched();
         assert!(
             !metrics
@@ -828,7 +828,7 @@ mod tests {
         );
         let config = crate::config::Config::default();
         let namespace =
-            crate::engine::quota::namespace_of(&cluster.read().pods().next().unwrap().0.clone())
+            gpu_engine::quota::namespace_of(&cluster.read().pods().next().unwrap().0.clone())
                 .to_owned();
         let quota = read_quota(
             "gpus",

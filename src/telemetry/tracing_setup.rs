@@ -15,6 +15,21 @@ pub enum LogFormat {
     Text,
 }
 
+/// The log flags every binary of the workspace takes (`gpu-extender`, `gpu-lab`), before or
+/// after its subcommand.
+#[derive(Clone, Copy, Debug, clap::Args)]
+pub struct LogFlags {
+    /// Log format on stderr.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "text",
+        global = true,
+        env = "GPU_EXTENDER_LOG_FORMAT"
+    )]
+    pub log_format: LogFormat,
+}
+
 /// Installs the global subscriber; a second call is a no-op (tests call it repeatedly).
 /// `default_level` applies when neither `GPU_EXTENDER_LOG` nor `RUST_LOG` is set: `info` for the
 /// service, `warn` for the commands whose output is on stdout (`inspect`, `explain`).

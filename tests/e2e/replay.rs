@@ -1,4 +1,4 @@
-//! `gpu-extender replay`: the simulator's trace through a real kube-apiserver, kube-scheduler and
+//! `gpu-lab replay`: the simulator's trace through a real kube-apiserver, kube-scheduler and
 //! gpu-extender. The real loop must place as `simulate` does, in its own loopback plane or in a
 //! cluster a kubeconfig names; bad input gets a clear error and leaves nothing behind.
 
@@ -11,7 +11,7 @@ use kube::api::{Api, ListParams, PostParams};
 
 use crate::harness::{self, Cluster, EXTENDER_BIN, ROOT};
 
-/// The replay's owner label and namespace (src/replay/objects.rs).
+/// The replay's owner label and namespace (crates/lab/src/replay/objects.rs).
 const OWNER_LABEL: &str = "gpu-extender.io/replay";
 const NAMESPACE: &str = "gpu-extender-replay";
 
@@ -24,8 +24,21 @@ const NAMESPACE: &str = "gpu-extender-replay";
 /// instead of the policy: 4.1 points on this example before decision 0006) through.
 const TOLERANCE: f64 = 0.5;
 
+/// The lab binary, which cargo builds into the directory of the extender this test runs (`make
+/// test-e2e` builds it first: the e2e tests belong to the service's package, which cannot name
+/// another package's binary).
+fn lab_bin() -> Result<PathBuf> {
+    let lab = Path::new(EXTENDER_BIN).with_file_name("gpu-lab");
+    ensure!(
+        lab.is_file(),
+        "{} is missing: build it with `cargo build -p gpu-lab` (make test-e2e does)",
+        lab.display()
+    );
+    Ok(lab)
+}
+
 fn replay(args: &[&str], bins: &Path) -> Result<Output> {
-    Command::new(EXTENDER_BIN)
+    Command::new(lab_bin()?)
         .arg("replay")
         .args(["--repo", ROOT, "--quiet"])
         .args(args)
@@ -33,7 +46,7 @@ fn replay(args: &[&str], bins: &Path) -> Result<Output> {
         .env("NO_COLOR", "1")
         .stdin(Stdio::null())
         .output()
-        .context("running gpu-extender replay")
+        .context("running gpu-lab replay")
 }
 
 fn text(output: &Output) -> String {

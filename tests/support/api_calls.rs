@@ -228,7 +228,7 @@ const WATCHING_FUNCTIONS: &[&str] = &["watcher", "metadata_watcher", "watch_obje
 const WATCHING_METHODS: &[&str] = &["owns", "watches"];
 
 /// Folders of `src/` that hold operator tools rather than extender code: `replay` (the in-cluster
-/// trace replay, `gpu-extender replay`, creates its own nodes and pods with the operator's rights).
+/// trace replay, `gpu-lab replay`, creates its own nodes and pods with the operator's rights).
 pub const OPERATOR_TOOLS: &[&str] = &["replay"];
 
 /// Folders of `src/` that run as another component with their own service account and rules:

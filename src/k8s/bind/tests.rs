@@ -10,10 +10,10 @@ use kube::runtime::watcher::Event;
 use serde_json::json;
 
 use super::*;
-use crate::engine::{GpuDemand, GpuMode, NodeSpec, Policy, RejectReason, Table};
 use crate::k8s::api::{BindTime, BindingWrite};
 use crate::k8s::watch::Feed;
 use crate::objects::translate::pod_key;
+use gpu_engine::{GpuDemand, GpuMode, NodeSpec, Policy, RejectReason, Table};
 
 /// An API server that answers from a script (success when the script is empty) and keeps the
 /// pods, applying successful bindings to them as the real one does.
@@ -876,8 +876,8 @@ async fn a_hami_pod_binds_with_mib_per_gpu_and_any_core_percent() {
         request.containers[0].gpu,
         GpuDemand::Share {
             gpus: 2,
-            mem_per_gpu: crate::engine::MemMiB(3000),
-            compute_per_gpu: crate::engine::ComputeMilli(330),
+            mem_per_gpu: gpu_engine::MemMiB(3000),
+            compute_per_gpu: gpu_engine::ComputeMilli(330),
         }
     );
     let api = Arc::new(ScriptedApi::default());
@@ -904,9 +904,9 @@ async fn a_hami_pod_binds_with_mib_per_gpu_and_any_core_percent() {
     for grant in &allocation.containers[0].gpus {
         assert_eq!(
             grant.grant,
-            crate::engine::Grant::Share {
-                mem: crate::engine::MemMiB(3000),
-                compute: crate::engine::ComputeMilli(330),
+            gpu_engine::Grant::Share {
+                mem: gpu_engine::MemMiB(3000),
+                compute: gpu_engine::ComputeMilli(330),
             }
         );
     }
@@ -935,7 +935,7 @@ async fn a_hami_pod_binds_with_mib_per_gpu_and_any_core_percent() {
             "next",
             json!({"nvidia.com/gpu": "2", "nvidia.com/gpumem": mib.to_string()}),
         );
-        crate::engine::fit(node, &pod_request(&pod, &cfg).unwrap().unwrap(), &policy)
+        gpu_engine::fit(node, &pod_request(&pod, &cfg).unwrap().unwrap(), &policy)
     };
     assert!(fits(12360).is_ok());
     assert_eq!(fits(12361), Err(RejectReason::InsufficientGpuMemory));
@@ -974,8 +974,8 @@ fn hami_shapes_and_refusals() {
             .gpu,
         GpuDemand::Share {
             gpus: 1,
-            mem_per_gpu: crate::engine::MemMiB(2000),
-            compute_per_gpu: crate::engine::ComputeMilli(0),
+            mem_per_gpu: gpu_engine::MemMiB(2000),
+            compute_per_gpu: gpu_engine::ComputeMilli(0),
         }
     );
     let percentage = hami_pod(
@@ -1000,8 +1000,8 @@ fn hami_shapes_and_refusals() {
 /// last room are settled under the write lock: the second is refused, nothing written for it.
 #[tokio::test]
 async fn a_bind_past_the_teams_quota_is_refused() {
-    use crate::engine::quota::QuotaSet;
     use crate::objects::quota::{quota_names, read_quota};
+    use gpu_engine::quota::QuotaSet;
     let world = world(&[share("first", 8), share("second", 8)]);
     let cfg = Config::default();
     let quota = read_quota(

@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::json;
 
 use super::*;
-use crate::engine::Hold;
 use crate::objects::translate::node_spec;
+use gpu_engine::Hold;
 
 fn cfg() -> Arc<Config> {
     Arc::new(Config::default())

@@ -1,0 +1,1545 @@
+//! Fragmentation gradient descent (Weng et al., USENIX ATC '23): score a placement by how much it
+//! grows the node's expected GPU fragmentation, measured against a distribution of typical pods.
+//!
+//! A node's fragmentation for one typical pod is the free GPU capacity that pod could not use:
+//! all of it when the pod cannot run there at all (no GPU fits, CPU short, wrong model, or a
+//! CPU-only pod), otherwise only the GPUs too small for it. The node's fragmentation is the
+//! expectation over the typical pods, in milli-GPU.
+
+use crate::model::{CpuMilli, MAX_GPUS_PER_NODE, MemMiB};
+use crate::request::ModelPattern;
+use crate::state::{NodeState, PerGpu};
+use crate::topology::bit;
+
+/// One class of pod the cluster typically sees, with its share of arrivals.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TypicalPod {
+    pub cpu: CpuMilli,
+    /// Host memory of the class (FGD itself ignores memory; FGD+ uses it for host stranding).
+    pub memory: MemMiB,
+    /// GPUs per pod (0 for a CPU-only pod).
+    pub gpus: u16,
+    /// Milli-GPU on each of those GPUs (1000 for whole GPUs, 0 for a CPU-only pod).
+    pub milli: u32,
+    /// Acceptable models; empty means any.
+    pub models: Vec<ModelPattern>,
+    /// Probability; the weights of a [`TypicalPods`] sum to 1.
+    pub weight: f64,
+}
+
+impl TypicalPod {
+    /// The class's GPU demand per pod in milli-GPU (0 for CPU-only pods).
+    pub fn demand(&self) -> f64 {
+        f64::from(self.gpus) * f64::from(self.milli)
+    }
+}
+
+/// The least excess scarcity ([`TypicalPods::with_cluster`]) that makes a class scarce: at most
+/// half of the cluster's GPUs can run it. Below that, many mildly constrained classes (a CPU-heavy
+/// pod only the larger hosts take) pulled against the host-stranding term and cost gains at full
+/// load on CPU-heavy workloads (`cpu25` in docs/policies.md), without protecting anyone.
+const MIN_EXCESS_SCARCITY: f64 = 1.0;
+
+/// GPUs per pod from which a class is big ([`TypicalPods::idle_cover`]): on the trace's 8-GPU
+/// nodes, a pod of four GPUs or more needs a node that is idle or half free.
+pub const BIG_CLASS_GPUS: u16 = 4;
+
+/// [`TypicalPods::idle_cover`] is measured up to this (hundredths) and in steps of
+/// [`IDLE_COVER_STEP`]: every step makes every cached score stale, and what reads the cover
+/// reads it up to a whole one at most (the guard well below it, the idle credit's ramp up to
+/// it).
+const IDLE_COVER_CAP: u32 = 100;
+/// The step (hundredths) of [`TypicalPods::idle_cover`].
+const IDLE_COVER_STEP: u32 = 5;
+
+/// The workload distribution fragmentation is measured against.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TypicalPods {
+    pods: Vec<TypicalPod>,
+    /// [`TypicalPods::sliver_value`] for every free amount 0..=1000, derived once.
+    sliver_values: Vec<f64>,
+    /// The classes past the coverage cut ([`TypicalPods::from_counts`]), weighted on the same
+    /// scale as `pods`: FGD's measure ignores them, but the rarest classes are often the ones
+    /// few nodes can run, which [`TypicalPods::with_cluster`] weighs.
+    rare: Vec<TypicalPod>,
+    /// The classes, typical or rare, that only part of the cluster can run, each with its
+    /// weight times its excess scarcity ([`TypicalPods::with_cluster`]); empty until a cluster
+    /// is given. Their access masks follow the typical classes' in
+    /// [`TypicalPods::access_masks`].
+    scarce: Vec<(TypicalPod, f64)>,
+    /// The host CPU (milli-cores) and memory (MiB) the classes ask per GPU they ask, typical
+    /// and rare, CPU-only pods counting their CPU and memory and no GPU; zeros when no class
+    /// asks for a GPU.
+    asked_per_gpu: (f64, f64),
+    /// [`TypicalPods::host_slack`]; `None` until a cluster is given.
+    host_slack: Option<f64>,
+    /// The big classes' ([`BIG_CLASS_GPUS`]) share of the GPU demand, typical and rare.
+    big_share: f64,
+    /// [`TypicalPods::idle_cover`]; `None` until a cluster is given.
+    idle_cover: Option<u32>,
+}
+
+impl TypicalPods {
+    /// A distribution from weighted classes; weights are renormalised to sum to 1 and classes
+    /// with no weight are dropped.
+    pub fn new(pods: Vec<TypicalPod>) -> Self {
+        Self::with_rare(pods, Vec::new())
+    }
+
+    /// [`TypicalPods::new`] with classes past a coverage cut, weighted on the same scale: FGD's
+    /// measure leaves them out, the scarce classes ([`TypicalPods::with_cluster`]) count them.
+    pub fn with_rare(pods: Vec<TypicalPod>, rare: Vec<TypicalPod>) -> Self {
+        let usable = |pod: &TypicalPod| pod.weight.is_finite() && pod.weight > 0.0;
+        let mut pods: Vec<TypicalPod> = pods.into_iter().filter(usable).collect();
+        let mut rare: Vec<TypicalPod> = rare.into_iter().filter(usable).collect();
+        let total: f64 = pods.iter().map(|pod| pod.weight).sum();
+        if total > 0.0 {
+            for pod in pods.iter_mut().chain(rare.iter_mut()) {
+                pod.weight /= total;
+            }
+        }
+        let sliver_values = sliver_values(&pods);
+        let asked_per_gpu = asked_per_gpu(pods.iter().chain(&rare));
+        let big_share = big_share(pods.iter().chain(&rare));
+        Self {
+            pods,
+            sliver_values,
+            rare,
+            scarce: Vec::new(),
+            asked_per_gpu,
+            host_slack: None,
+            big_share,
+            idle_cover: None,
+        }
+    }
+
+    /// The distribution with each class's scarcity measured on `nodes` as they are when empty:
+    /// the cluster's GPU capacity over the capacity of the nodes an empty one of which could run
+    /// the class (enough GPUs of an accepted model, CPU and memory), less one. A class that fits
+    /// every node has none; one that only a twentieth of the GPUs can take has 19. Classes that
+    /// fit no node have none either (no placement can keep room for them). The rare classes
+    /// count too; only classes with at least [`MIN_EXCESS_SCARCITY`] are kept.
+    pub fn with_cluster<'a>(self, nodes: impl IntoIterator<Item = &'a NodeState>) -> Self {
+        self.with_scarcity(nodes, Scarcity::Empty)
+    }
+
+    /// [`TypicalPods::with_cluster`] with the nodes that can run a class judged as `how` says:
+    /// as if empty, or as they are now.
+    pub fn with_scarcity<'a>(
+        mut self,
+        nodes: impl IntoIterator<Item = &'a NodeState>,
+        how: Scarcity,
+    ) -> Self {
+        let census = ScarcityCensus::of(&self, how, nodes);
+        self.set_census(&census);
+        self
+    }
+
+    /// Measures each class's scarcity from `census` (taken of this distribution's classes);
+    /// returns whether the scarce classes or their weights changed.
+    pub fn set_census(&mut self, census: &ScarcityCensus) -> bool {
+        let total = census.total;
+        let classes = self.pods.iter().chain(&self.rare);
+        let counts = census.empty.iter().zip(&census.now);
+        let scarce: Vec<(TypicalPod, f64)> = classes
+            .zip(counts)
+            .filter_map(|(pod, (&empty, &now))| {
+                let empty = excess_scarcity(total, empty);
+                // The classes that name models follow their nodes too: measured as if empty, a
+                // model holding a large part of the cluster (T4 without the G2 nodes: 46% of
+                // the GPUs, excess 1.2) was barely protected, and pods that could run anywhere
+                // filled it before those that can only run there came (1 point below FGD at 96%
+                // arrival). In whole doublings, not quarter-octave steps: with those every step
+                // made every cached score stale (3 times the replay's time on `gpuspec10`) and
+                // cost more at full load (docs/policies.md, "Model classes measured now too").
+                let names_models = !pod.models.is_empty();
+                let follows_nodes = match census.how {
+                    Scarcity::Empty => false,
+                    Scarcity::Shape => !names_models,
+                    Scarcity::Now => true,
+                };
+                let excess = if follows_nodes && empty >= MIN_EXCESS_SCARCITY {
+                    let steps_per_doubling = if names_models {
+                        MODEL_SCARCITY_STEPS_PER_DOUBLING
+                    } else {
+                        SCARCITY_STEPS_PER_DOUBLING
+                    };
+                    grown(empty, excess_scarcity(total, now), steps_per_doubling)
+                } else {
+                    empty
+                };
+                (excess >= MIN_EXCESS_SCARCITY).then(|| (pod.clone(), pod.weight * excess))
+            })
+            .collect();
+        let host_slack = self.slack_of(census);
+        let idle_cover = self.cover_of(census);
+        if scarce == self.scarce && host_slack == self.host_slack && idle_cover == self.idle_cover {
+            return false;
+        }
+        self.scarce = scarce;
+        self.host_slack = host_slack;
+        self.idle_cover = idle_cover;
+        true
+    }
+
+    /// How much of the cluster's host CPU and memory is spare beside its GPUs: over every node,
+    /// what its CPU exceeds its GPUs' share of the classes' CPU ask by (the CPU they ask per GPU
+    /// they ask, CPU-only pods included), as a fraction of that ask for every GPU of the
+    /// cluster; the same of memory; whichever is less. FGD+'s host term steers CPU-heavy pods
+    /// to that spare CPU; where a cluster has almost none, the only spare CPU is on idle nodes
+    /// and the steering opens them (docs/policies.md, "Host slack"). `None` until a cluster is
+    /// given ([`TypicalPods::with_cluster`]) or when no class asks for a GPU.
+    pub fn host_slack(&self) -> Option<f64> {
+        self.host_slack
+    }
+
+    /// How well the idle nodes cover the big classes ([`BIG_CLASS_GPUS`]), in hundredths: the
+    /// share of the cluster's GPUs on idle nodes of [`BIG_CLASS_GPUS`] GPUs or more (the only
+    /// idle nodes a big pod can take) over the big classes' share of the GPU demand,
+    /// rounded down to a step of 5 and capped at 100. A big pod needs an idle node, or one
+    /// nearly so; where pods leave and the cluster stays full, idle nodes come back one at a
+    /// time, and a policy that hands each to a small pod has none left when a run of big pods
+    /// arrives (docs/policies.md, "Idle nodes guarded"). `None` until a cluster is given, when
+    /// no class is big, or when no node has [`BIG_CLASS_GPUS`] GPUs (no big pod runs there, so
+    /// no idle node is kept for one).
+    pub fn idle_cover(&self) -> Option<u32> {
+        self.idle_cover
+    }
+
+    /// [`TypicalPods::idle_cover`] of the census's nodes.
+    fn cover_of(&self, census: &ScarcityCensus) -> Option<u32> {
+        if census.total == 0 || census.big_node_gpus == 0 || self.big_share <= 0.0 {
+            return None;
+        }
+        let idle_share = census.idle_gpus as f64 / census.total as f64;
+        let cover = (100.0 * idle_share / self.big_share).min(f64::from(IDLE_COVER_CAP)) as u32;
+        Some(cover / IDLE_COVER_STEP * IDLE_COVER_STEP)
+    }
+
+    /// [`TypicalPods::host_slack`] of the census's nodes.
+    fn slack_of(&self, census: &ScarcityCensus) -> Option<f64> {
+        let (cpu, memory) = self.asked_per_gpu;
+        if census.total == 0 || (cpu <= 0.0 && memory <= 0.0) {
+            return None;
+        }
+        let share = |spare: u64, per_gpu: f64| {
+            if per_gpu > 0.0 {
+                spare as f64 / (per_gpu * census.total as f64)
+            } else {
+                f64::INFINITY
+            }
+        };
+        Some(share(census.cpu_slack, cpu).min(share(census.memory_slack, memory)))
+    }
+
+    /// Each scarce class with its weight times its excess scarcity
+    /// ([`TypicalPods::with_cluster`]).
+    pub fn scarce(&self) -> &[(TypicalPod, f64)] {
+        &self.scarce
+    }
+
+    /// The expected fragmentation with each class weighted by its excess scarcity (not
+    /// renormalised, so that it adds to the plain measure): free capacity that the classes only
+    /// few nodes can run could not use, in milli-GPU. Zero without a cluster. `access` is
+    /// [`TypicalPods::access_masks`]'s. The classes that name GPU models are scaled by
+    /// `by_model`, the others (scarce by GPU count, CPU or memory) by `by_shape`: the two kinds
+    /// need different weights (docs/policies.md, part 4).
+    pub fn scarce_fragmentation(
+        &self,
+        cpu_free: CpuMilli,
+        mem_free: MemMiB,
+        free_milli: &[u32],
+        access: &[u64],
+        by_model: f64,
+        by_shape: f64,
+    ) -> f64 {
+        let total: u64 = free_milli.iter().map(|&free| u64::from(free)).sum();
+        let masks = access.get(self.pods.len()..).unwrap_or_default();
+        self.scarce
+            .iter()
+            .zip(masks)
+            .map(|((pod, weight), &mask)| {
+                let scale = if pod.models.is_empty() {
+                    by_shape
+                } else {
+                    by_model
+                };
+                if scale == 0.0 {
+                    return 0.0;
+                }
+                // Memory counts, as in the census, which counts a class scarce where the nodes
+                // with the memory it asks are few.
+                let lost = lost_with_memory(pod, cpu_free, mem_free, free_milli, mask, total);
+                scale * weight * lost as f64
+            })
+            .sum()
+    }
+
+    /// The expected final leftover (milli-GPU) of one GPU with `free` milli-GPU free, if pods
+    /// keep arriving from this distribution: with the probability `q` that an arriving pod is a
+    /// one-GPU pod that fits, the GPU takes it (drawn by weight) and goes on from what is left;
+    /// otherwise all of it is left over. A sliver only rare pods fit is worth almost its whole
+    /// size, as in FGD; one that common pods fit is worth what they will leave behind in turn.
+    pub fn sliver_value(&self, free: u32) -> f64 {
+        self.sliver_values
+            .get(free.min(1000) as usize)
+            .copied()
+            .unwrap_or(f64::from(free))
+    }
+
+    /// The typical GPU pod's CPU (milli-cores) and memory (MiB) per whole GPU it uses; zeros
+    /// when the distribution has no GPU pods.
+    pub fn host_per_gpu(&self) -> (f64, f64) {
+        asked_per_gpu(self.pods.iter().filter(|pod| pod.milli > 0))
+    }
+
+    /// The reference construction: classes in the given order (most frequent first; the caller
+    /// orders ties), keeping the shortest prefix that covers `coverage` of all pods, weighted by
+    /// their counts.
+    pub fn from_counts(classes: Vec<(TypicalPod, u64)>, coverage: f64) -> Self {
+        let total: u64 = classes.iter().map(|(_, count)| count).sum();
+        let mut kept = Vec::new();
+        let mut rare = Vec::new();
+        let mut covered = 0u64;
+        for (mut pod, count) in classes {
+            pod.weight = count as f64;
+            if total == 0 || covered as f64 >= coverage * total as f64 {
+                rare.push(pod);
+                continue;
+            }
+            covered += count;
+            kept.push(pod);
+        }
+        Self::with_rare(kept, rare)
+    }
+
+    /// The classes past the coverage cut.
+    pub fn rare(&self) -> &[TypicalPod] {
+        &self.rare
+    }
+
+    /// The classes.
+    pub fn pods(&self) -> &[TypicalPod] {
+        &self.pods
+    }
+
+    /// Whether there is no distribution (FGD then has nothing to measure against).
+    pub fn is_empty(&self) -> bool {
+        self.pods.is_empty()
+    }
+
+    /// For each class, the GPU positions of `node` whose model it accepts: the typical classes,
+    /// then the scarce ones ([`TypicalPods::with_cluster`]).
+    pub fn access_masks(&self, node: &NodeState) -> Vec<u64> {
+        // Patterns are matched once per distinct model of the node (nodes rarely mix models),
+        // and classes that name no model accept every GPU without matching anything.
+        let all = every_position(node);
+        self.pods
+            .iter()
+            .chain(self.scarce.iter().map(|(pod, _)| pod))
+            .map(|pod| access_mask(pod, node, all))
+            .collect()
+    }
+
+    /// Per class, the counts [`TypicalPods::fragmentation`] derives from the node's free
+    /// capacity, kept so that the fragmentation after a change to one GPU is derived per class
+    /// in constant time by [`TypicalPods::fragmentation_with`].
+    pub(crate) fn state(&self, free_milli: &[u32], access: &[u64]) -> FragState {
+        let total: u64 = free_milli.iter().map(|&free| u64::from(free)).sum();
+        // Positions past the 64th have no mask bit: they never fit a class, only strand.
+        let addressable = &free_milli[..free_milli.len().min(MAX_GPUS_PER_NODE)];
+        let every = addressable
+            .iter()
+            .enumerate()
+            .fold(0u64, |mask, (position, _)| mask | bit(position));
+        // Most classes see every GPU of the node: for those, the GPUs that fit are the largest
+        // free parts, found in the free parts sorted once per node.
+        let mut sorted = PerGpu::copy_of(addressable);
+        sorted.sort_unstable_by(|a, b| b.cmp(a));
+        let mut largest_sum = PerGpu::<u64>::defaults(sorted.len() + 1);
+        for (i, &free) in sorted.iter().enumerate() {
+            largest_sum[i + 1] = largest_sum[i] + u64::from(free);
+        }
+        let per_pod = self
+            .pods
+            .iter()
+            .zip(access)
+            .map(|(pod, &mask)| {
+                let (fitting, fitting_free) = if pod.milli == 0 || mask & every == 0 {
+                    // CPU-only classes lose everything anyway; blind classes fit nowhere.
+                    (0, 0)
+                } else if mask & every == every {
+                    let fitting = sorted.partition_point(|&free| free >= pod.milli);
+                    (fitting as u32, largest_sum[fitting])
+                } else {
+                    let mut fitting = 0u32;
+                    let mut fitting_free = 0u64;
+                    for (position, &free) in addressable.iter().enumerate() {
+                        let fits = ((mask >> position) & 1 == 1) & (free >= pod.milli);
+                        fitting += u32::from(fits);
+                        fitting_free += u64::from(fits) * u64::from(free);
+                    }
+                    (fitting, fitting_free)
+                };
+                PodCounts {
+                    fitting,
+                    stranded: total - fitting_free,
+                }
+            })
+            .collect();
+        FragState { total, per_pod }
+    }
+
+    /// [`TypicalPods::fragmentation_with`] for each of `changes` made alone, into `out`. The
+    /// candidates advance together class by class: each keeps its own sum in class order (so
+    /// every result is bit for bit the one-at-a-time value), and the sums no longer wait on one
+    /// another.
+    pub(crate) fn fragmentation_each(
+        &self,
+        state: &FragState,
+        cpu_free: CpuMilli,
+        access: &[u64],
+        changes: &[FreeChange],
+        out: &mut [f64],
+    ) {
+        out.fill(0.0);
+        for ((pod, &mask), counts) in self.pods.iter().zip(access).zip(&state.per_pod) {
+            let cpu_fits = cpu_free >= pod.cpu;
+            for (change, expected) in changes.iter().zip(out.iter_mut()) {
+                let total = state.total - u64::from(change.old) + u64::from(change.new);
+                let lost = if pod.milli == 0 {
+                    total
+                } else {
+                    // The same arithmetic as `fragmentation_with`, without branches on data.
+                    let accessible = mask & bit(change.position) != 0;
+                    let fit_before = accessible & (change.old >= pod.milli);
+                    let fit_after = accessible & (change.new >= pod.milli);
+                    let fitting = counts.fitting - u32::from(fit_before) + u32::from(fit_after);
+                    let stranded = counts.stranded - u64::from(!fit_before) * u64::from(change.old)
+                        + u64::from(!fit_after) * u64::from(change.new);
+                    if (fitting >= u32::from(pod.gpus)) & cpu_fits {
+                        stranded
+                    } else {
+                        total
+                    }
+                };
+                *expected += pod.weight * lost as f64;
+            }
+        }
+    }
+
+    /// [`TypicalPods::fragmentation`] of the node `state` describes once `changes` are made
+    /// (each at a distinct position), with `cpu_free` CPU left: the same integers per class,
+    /// summed in the same order, so the result is bit for bit the full computation's.
+    pub(crate) fn fragmentation_with(
+        &self,
+        state: &FragState,
+        cpu_free: CpuMilli,
+        access: &[u64],
+        changes: &[FreeChange],
+    ) -> f64 {
+        let total = changes.iter().fold(state.total, |total, change| {
+            total - u64::from(change.old) + u64::from(change.new)
+        });
+        let mut expected = 0.0;
+        for ((pod, &mask), counts) in self.pods.iter().zip(access).zip(&state.per_pod) {
+            let lost = if pod.milli == 0 {
+                total
+            } else {
+                let mut fitting = counts.fitting;
+                let mut stranded = counts.stranded;
+                for change in changes {
+                    let accessible = mask & bit(change.position) != 0;
+                    if accessible && change.old >= pod.milli {
+                        fitting -= 1;
+                    } else {
+                        stranded -= u64::from(change.old);
+                    }
+                    if accessible && change.new >= pod.milli {
+                        fitting += 1;
+                    } else {
+                        stranded += u64::from(change.new);
+                    }
+                }
+                if fitting >= u32::from(pod.gpus) && cpu_free >= pod.cpu {
+                    stranded
+                } else {
+                    total
+                }
+            };
+            expected += pod.weight * lost as f64;
+        }
+        expected
+    }
+
+    /// [`TypicalPods::fragmentation`] with the node's free memory counted as its free CPU is: a
+    /// class that asks more memory than is free loses every free GPU. FGD's measure leaves
+    /// memory out (the reference does); FGD+ counts it, so that where memory runs short before
+    /// GPUs (the trace's nodes with half their memory) a placement that leaves a node's GPUs
+    /// without the memory to run its classes shows as the stranding it is (docs/policies.md,
+    /// "Memory counted").
+    pub fn fragmentation_with_memory(
+        &self,
+        cpu_free: CpuMilli,
+        mem_free: MemMiB,
+        free_milli: &[u32],
+        access: &[u64],
+    ) -> f64 {
+        let total: u64 = free_milli.iter().map(|&free| u64::from(free)).sum();
+        let mut expected = 0.0;
+        for (pod, &mask) in self.pods.iter().zip(access) {
+            expected += pod.weight
+                * lost_with_memory(pod, cpu_free, mem_free, free_milli, mask, total) as f64;
+        }
+        expected
+    }
+
+    /// Expected fragmentation in milli-GPU of a node with `cpu_free` CPU and `free_milli` per GPU.
+    pub fn fragmentation(&self, cpu_free: CpuMilli, free_milli: &[u32], access: &[u64]) -> f64 {
+        // FGD leaves memory out: as if the node's memory never ran short.
+        self.fragmentation_with_memory(cpu_free, MemMiB(u64::MAX), free_milli, access)
+    }
+
+    /// Host stranding measured per class: for each typical GPU class, the free GPU capacity it
+    /// could use on the node (its models only) that the node's free CPU or memory could not
+    /// feed at that class's own CPU and memory per GPU, averaged with the classes' GPU demand
+    /// as weights (milli-GPU). With one class that accepts any model it equals
+    /// `fgd_plus::host_stranded`. With `pool_unconstrained`, the classes that accept any model
+    /// are measured together, as one class with their mean CPU and memory per GPU, and only the
+    /// model-constrained ones one by one.
+    pub fn host_stranded_by_class(
+        &self,
+        cpu_free: CpuMilli,
+        mem_free: MemMiB,
+        free_milli: &[u32],
+        access: &[u64],
+        pool_unconstrained: bool,
+    ) -> f64 {
+        let mut stranded = 0.0;
+        let mut weights = 0.0;
+        // The pooled unconstrained classes: Σ weight × (CPU, memory, GPUs).
+        let (mut cpu, mut mem, mut pooled) = (0.0, 0.0, 0.0);
+        for (pod, &mask) in self.pods.iter().zip(access) {
+            if pod.milli == 0 || pod.gpus == 0 {
+                continue;
+            }
+            let gpus = pod.demand() / 1000.0;
+            let weight = pod.weight * gpus;
+            if pool_unconstrained && pod.models.is_empty() {
+                cpu += pod.weight * pod.cpu.0 as f64;
+                mem += pod.weight * pod.memory.0 as f64;
+                pooled += weight;
+                continue;
+            }
+            let usable: f64 = free_milli
+                .iter()
+                .enumerate()
+                .filter(|&(position, _)| position < 64 && mask & (1u64 << position) != 0)
+                .map(|(_, &free)| f64::from(free))
+                .sum();
+            let fed = |free: u64, need: u64| {
+                if need > 0 {
+                    1000.0 * free as f64 * gpus / need as f64
+                } else {
+                    f64::INFINITY
+                }
+            };
+            let fed = fed(cpu_free.0, pod.cpu.0).min(fed(mem_free.0, pod.memory.0));
+            stranded += weight * (usable - fed).max(0.0);
+            weights += weight;
+        }
+        if pooled > 0.0 {
+            let all: f64 = free_milli.iter().map(|&free| f64::from(free)).sum();
+            let fed = |free: u64, need: f64| {
+                if need > 0.0 {
+                    1000.0 * free as f64 * pooled / need
+                } else {
+                    f64::INFINITY
+                }
+            };
+            let fed = fed(cpu_free.0, cpu).min(fed(mem_free.0, mem));
+            stranded += pooled * (all - fed).max(0.0);
+            weights += pooled;
+        }
+        if weights > 0.0 {
+            stranded / weights
+        } else {
+            0.0
+        }
+    }
+
+    /// The total weight of the classes that accept only some GPU models.
+    pub fn constrained_weight(&self) -> f64 {
+        self.pods
+            .iter()
+            .filter(|pod| !pod.models.is_empty())
+            .map(|pod| pod.weight)
+            .sum()
+    }
+
+    /// Like [`TypicalPods::fragmentation`], with each class's weight multiplied by `scale` and
+    /// the result renormalised: the expectation under a reweighted distribution, in milli-GPU.
+    /// Zero when every scaled weight is zero.
+    pub fn fragmentation_scaled(
+        &self,
+        cpu_free: CpuMilli,
+        free_milli: &[u32],
+        access: &[u64],
+        scale: impl Fn(&TypicalPod) -> f64,
+    ) -> f64 {
+        let total: u64 = free_milli.iter().map(|&free| u64::from(free)).sum();
+        let mut expected = 0.0;
+        let mut weights = 0.0;
+        for (pod, &mask) in self.pods.iter().zip(access) {
+            let weight = pod.weight * scale(pod);
+            if weight > 0.0 {
+                expected += weight * lost(pod, cpu_free, free_milli, mask, total) as f64;
+                weights += weight;
+            }
+        }
+        if weights > 0.0 {
+            expected / weights
+        } else {
+            0.0
+        }
+    }
+}
+
+/// The free GPU capacity (milli-GPU) of a node that one typical pod could not use: all of it when
+/// the pod cannot run there (CPU-only pod, wrong model, no GPU fits, CPU short), otherwise only
+/// the GPUs too small for it. `total` is the sum of `free_milli`.
+fn lost(pod: &TypicalPod, cpu_free: CpuMilli, free_milli: &[u32], mask: u64, total: u64) -> u64 {
+    if pod.milli == 0 || mask == 0 {
+        // A CPU-only pod can use none of the idle GPU capacity, nor can a class of none of the
+        // node's models (most classes that name models, on most nodes).
+        return total;
+    }
+    let mut fitting = 0u32;
+    let mut stranded = 0u64;
+    for (position, &free) in free_milli.iter().enumerate() {
+        if mask & bit(position) != 0 && free >= pod.milli {
+            fitting += 1;
+        } else {
+            stranded += u64::from(free);
+        }
+    }
+    if fitting >= u32::from(pod.gpus) && cpu_free >= pod.cpu {
+        stranded
+    } else {
+        total
+    }
+}
+
+/// [`lost`] with the node's free memory counted too: all of it when the class asks for more.
+fn lost_with_memory(
+    pod: &TypicalPod,
+    cpu_free: CpuMilli,
+    mem_free: MemMiB,
+    free_milli: &[u32],
+    mask: u64,
+    total: u64,
+) -> u64 {
+    if mem_free < pod.memory {
+        total
+    } else {
+        lost(pod, cpu_free, free_milli, mask, total)
+    }
+}
+
+/// Every GPU position of `node`, one bit each (as [`access_mask`] takes it).
+fn every_position(node: &NodeState) -> u64 {
+    node.profile
+        .models
+        .iter()
+        .fold(0u64, |mask, (_, positions)| mask | positions)
+}
+
+/// The GPU positions of `node` whose model `pod` accepts; `all` is every position's bit.
+fn access_mask(pod: &TypicalPod, node: &NodeState, all: u64) -> u64 {
+    if pod.models.is_empty() {
+        return all;
+    }
+    node.profile
+        .models
+        .iter()
+        .filter(|(model, _)| pod.models.iter().any(|p| p.matches_normalized(model)))
+        .fold(0u64, |mask, (_, positions)| mask | positions)
+}
+
+/// Where [`TypicalPods::with_scarcity`] judges whether a node can run a class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Scarcity {
+    /// On the node as if it were empty: its GPUs, CPU and memory. Measured once, it does not
+    /// see the nodes able to run the big classes become fewer as the cluster fills.
+    Empty,
+    /// For every class scarce on the empty cluster: on the node as it is, its free CPU and
+    /// memory and enough GPUs of an accepted model with room for the class, so that such a
+    /// class grows scarcer as the nodes that could take it fill and less scarce as they empty:
+    /// in quarter-octave steps ([`SCARCITY_STEPS_PER_DOUBLING`]) for the classes that accept any
+    /// model (scarce by GPU count, CPU or memory), in whole doublings
+    /// ([`MODEL_SCARCITY_STEPS_PER_DOUBLING`]) for those that name models. FGD+'s default.
+    Now,
+    /// [`Scarcity::Now`] for the classes that accept any model only; those that name models
+    /// keep the empty measure (the default before 2026-11-28).
+    Shape,
+}
+
+/// The host CPU (milli-cores) and memory (MiB) `classes` ask per GPU they ask, by weight; CPU-only
+/// classes count their CPU and memory and no GPU. Zeros when none asks for a GPU.
+fn asked_per_gpu<'a>(classes: impl Iterator<Item = &'a TypicalPod>) -> (f64, f64) {
+    let (cpu, memory, gpus) = classes.fold((0.0, 0.0, 0.0), |(cpu, memory, gpus), pod| {
+        let asked = pod.demand() / 1000.0;
+        (
+            cpu + pod.weight * pod.cpu.0 as f64,
+            memory + pod.weight * pod.memory.0 as f64,
+            gpus + pod.weight * asked,
+        )
+    });
+    if gpus > 0.0 {
+        (cpu / gpus, memory / gpus)
+    } else {
+        (0.0, 0.0)
+    }
+}
+
+/// The big classes' ([`BIG_CLASS_GPUS`]) share of the GPU demand of `classes`, by weight; 0
+/// when none asks for a GPU.
+fn big_share<'a>(classes: impl Iterator<Item = &'a TypicalPod>) -> f64 {
+    let (big, all) = classes.fold((0.0, 0.0), |(big, all), pod| {
+        let demand = pod.weight * pod.demand();
+        let big_demand = if pod.gpus >= BIG_CLASS_GPUS {
+            demand
+        } else {
+            0.0
+        };
+        (big + big_demand, all + demand)
+    });
+    if all > 0.0 { big / all } else { 0.0 }
+}
+
+/// The cluster's GPUs over the GPUs of the nodes that can run a class, less one (0 when no
+/// node can: no placement can keep room for it).
+fn excess_scarcity(total: u64, capacity: u64) -> f64 {
+    if capacity > 0 {
+        (total as f64 / capacity as f64 - 1.0).max(0.0)
+    } else {
+        0.0
+    }
+}
+
+/// Steps per doubling of (1 + excess scarcity) by which the current measure moves away from the
+/// empty one: a replay measures scarcity again after every placement, but only a step moves the
+/// scores of every node (and so makes every cached score stale).
+const SCARCITY_STEPS_PER_DOUBLING: f64 = 4.0;
+
+/// [`SCARCITY_STEPS_PER_DOUBLING`] for the classes that name models ([`Scarcity::Now`]): whole
+/// doublings.
+const MODEL_SCARCITY_STEPS_PER_DOUBLING: f64 = 1.0;
+
+/// The current excess scarcity `now`, rounded down to one of `steps_per_doubling` steps per
+/// doubling of (1 + excess) from the empty measure `empty`; 0 when `now` is (no node can run the
+/// class now).
+fn grown(empty: f64, now: f64, steps_per_doubling: f64) -> f64 {
+    if now <= 0.0 {
+        return 0.0;
+    }
+    let ratio = ((1.0 + now) / (1.0 + empty)).max(1.0);
+    let steps = (ratio.log2() * steps_per_doubling).floor();
+    (1.0 + empty) * (steps / steps_per_doubling).exp2() - 1.0
+}
+
+/// Per class of a [`TypicalPods`] (typical, then rare), the GPUs of the nodes that can run it
+/// empty and (unless only that is asked) as they are now, and the GPUs of all nodes: what
+/// [`TypicalPods::set_census`] turns into scarcity. Counted in whole GPUs, so that a replay
+/// keeps it current by taking a node out before it changes and putting it back after
+/// ([`ScarcityCensus::remove`], [`ScarcityCensus::add`]) instead of counting the cluster again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScarcityCensus {
+    how: Scarcity,
+    total: u64,
+    /// The nodes' CPU (milli-cores) and memory (MiB) beyond their GPUs' share of the classes'
+    /// ask, for [`TypicalPods::host_slack`].
+    cpu_slack: u64,
+    memory_slack: u64,
+    /// The GPUs of the nodes of [`BIG_CLASS_GPUS`] GPUs or more whose GPUs are all idle, for
+    /// [`TypicalPods::idle_cover`].
+    idle_gpus: u64,
+    /// The GPUs of the nodes of [`BIG_CLASS_GPUS`] GPUs or more, idle or not.
+    big_node_gpus: u64,
+    empty: Vec<u64>,
+    now: Vec<u64>,
+}
+
+impl ScarcityCensus {
+    /// The census of `nodes` for `typical`'s classes.
+    pub fn of<'a>(
+        typical: &TypicalPods,
+        how: Scarcity,
+        nodes: impl IntoIterator<Item = &'a NodeState>,
+    ) -> Self {
+        let classes = typical.pods.len() + typical.rare.len();
+        let mut census = Self {
+            how,
+            total: 0,
+            cpu_slack: 0,
+            memory_slack: 0,
+            idle_gpus: 0,
+            big_node_gpus: 0,
+            empty: vec![0; classes],
+            now: vec![0; classes],
+        };
+        for node in nodes {
+            census.add(typical, node);
+        }
+        census
+    }
+
+    /// Counts `node` in (as it is now too, for [`Scarcity::Now`]).
+    pub fn add(&mut self, typical: &TypicalPods, node: &NodeState) {
+        self.count(typical, node, true);
+    }
+
+    /// Counts `node` out: call it with the node as it was when added.
+    pub fn remove(&mut self, typical: &TypicalPods, node: &NodeState) {
+        self.count(typical, node, false);
+    }
+
+    fn count(&mut self, typical: &TypicalPods, node: &NodeState, add: bool) {
+        let gpus = node.gpus.len() as u64;
+        let apply = |value: &mut u64, amount: u64| {
+            *value = if add {
+                value.saturating_add(amount)
+            } else {
+                value.saturating_sub(amount)
+            };
+        };
+        apply(&mut self.total, gpus);
+        // Idle one- and two-GPU nodes take no big pod, so they cover none. With them counted,
+        // on the trace's nodes with 90% of their CPU `fgd-plus` fell 0.53 below FGD at 82%
+        // arrived on a CPU-heavy workload with departures, its 8-GPU pods turned away; without,
+        // 0.11 (docs/policies.md, "Fresh draws").
+        if node.gpus.len() >= usize::from(BIG_CLASS_GPUS) {
+            apply(&mut self.big_node_gpus, gpus);
+            if node.gpus_idle() {
+                apply(&mut self.idle_gpus, gpus);
+            }
+        }
+        let (cpu_per_gpu, memory_per_gpu) = typical.asked_per_gpu;
+        // Rounded down to whole units, so that taking a node out subtracts what putting it in
+        // added.
+        let spare =
+            |capacity: u64, per_gpu: f64| (capacity as f64 - per_gpu * gpus as f64).max(0.0) as u64;
+        apply(&mut self.cpu_slack, spare(node.spec.cpu.0, cpu_per_gpu));
+        apply(
+            &mut self.memory_slack,
+            spare(node.spec.memory.0, memory_per_gpu),
+        );
+        // Only the current measure looks at which GPUs have room.
+        let all = (self.how != Scarcity::Empty).then(|| every_position(node));
+        let classes = typical.pods.iter().chain(&typical.rare);
+        let counts = self.empty.iter_mut().zip(self.now.iter_mut());
+        for (pod, (empty, now)) in classes.zip(counts) {
+            if runs_empty(pod, node) {
+                apply(empty, gpus);
+                if let Some(all) = all
+                    && runs_now(pod, node, all)
+                {
+                    apply(now, gpus);
+                }
+            }
+        }
+    }
+}
+
+/// Whether an empty `node` can run `pod`; never a CPU-only pod (its scarcity is not GPU
+/// scarcity).
+fn runs_empty(pod: &TypicalPod, node: &NodeState) -> bool {
+    pod.gpus > 0
+        && node.spec.cpu >= pod.cpu
+        && node.spec.memory >= pod.memory
+        && accessible_count(pod, node) >= usize::from(pod.gpus)
+}
+
+/// Whether `node` as it is can run `pod`: free CPU and memory, and enough GPUs of an accepted
+/// model with room for it. `all` is every position's bit.
+fn runs_now(pod: &TypicalPod, node: &NodeState, all: u64) -> bool {
+    if pod.gpus == 0 || node.cpu_free() < pod.cpu || node.mem_free() < pod.memory {
+        return false;
+    }
+    let mask = access_mask(pod, node, all);
+    let roomy = node
+        .gpus
+        .iter()
+        .enumerate()
+        .filter(|&(position, usage)| {
+            mask & bit(position) != 0 && node.free_milli_under(position, usage) >= pod.milli
+        })
+        .count();
+    roomy >= usize::from(pod.gpus)
+}
+
+/// How many GPUs of `node` accept `pod`'s models.
+fn accessible_count(pod: &TypicalPod, node: &NodeState) -> usize {
+    if pod.models.is_empty() {
+        return node.gpus.len();
+    }
+    node.normalized_models
+        .iter()
+        .filter(|model| pod.models.iter().any(|p| p.matches_normalized(model)))
+        .count()
+}
+
+/// FGD+'s measure of a node before a placement: what every candidate placement on it is
+/// compared with, so that a replay scoring the node for many pod classes measures it once
+/// (`fgd_plus::score_measured`; defined here, beside the cache that keeps it, and computed by
+/// `fgd_plus::measure_node`, whose module builds on this one).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct NodeMeasure {
+    /// `fgd_plus::fragmentation` of the node's free capacity, CPU and memory.
+    pub(crate) fragmentation: f64,
+    /// Its host-stranded capacity under the tuning's host term (0 when the term is off).
+    pub(crate) host_stranded: f64,
+}
+
+/// What FGD and FGD+ derive from one node as it stands, computed once per evaluation and shared
+/// by the GPU choice and the score. Valid for one node in one state and one [`TypicalPods`]
+/// (and FGD+ tuning) only: a replay keeps one per node across the pod classes it scores the
+/// node for, and drops it when the node or the classes' scarcity changes.
+#[derive(Debug, Default)]
+pub struct FgdCache {
+    access: Option<Vec<u64>>,
+    /// Free capacity, its state, and its fragmentation with the node's free CPU.
+    base: Option<(PerGpu<u32>, FragState, f64)>,
+    /// The last GPU choice rated against `base`: the change, the CPU left, and the resulting
+    /// fragmentation, which scoring a one-GPU placement asks for again.
+    rated: Option<(FreeChange, CpuMilli, f64)>,
+    /// FGD+'s measure of the node as it is.
+    measure: Option<NodeMeasure>,
+}
+
+impl FgdCache {
+    /// The class access masks of `node`, the fragmentation state of free capacity `free`, and
+    /// its fragmentation with the node's free CPU: reused when an earlier call saw the same
+    /// free capacity, computed otherwise.
+    pub(crate) fn prepare(
+        &mut self,
+        typical: &TypicalPods,
+        node: &NodeState,
+        free: &[u32],
+    ) -> (&[u64], &FragState, f64) {
+        let Self {
+            access,
+            base,
+            rated,
+            measure: _,
+        } = self;
+        let access = access.get_or_insert_with(|| typical.access_masks(node));
+        if !matches!(base, Some((seen, _, _)) if **seen == *free) {
+            *base = None;
+            *rated = None;
+        }
+        let (_, state, fragmentation) = base.get_or_insert_with(|| {
+            let state = typical.state(free, access);
+            let fragmentation = typical.fragmentation_with(&state, node.cpu_free(), access, &[]);
+            (PerGpu::copy_of(free), state, fragmentation)
+        });
+        (access, state, *fragmentation)
+    }
+
+    /// The class access masks of `node` and FGD+'s measure of it as it is (`measure`, given the
+    /// masks): computed on the first call, reused after.
+    pub(crate) fn node_measure(
+        &mut self,
+        typical: &TypicalPods,
+        node: &NodeState,
+        measure: impl FnOnce(&[u64]) -> NodeMeasure,
+    ) -> (&[u64], NodeMeasure) {
+        let access = self
+            .access
+            .get_or_insert_with(|| typical.access_masks(node));
+        let measure = *self.measure.get_or_insert_with(|| measure(access));
+        (access, measure)
+    }
+
+    /// The class access masks of `node`: computed on the first call, reused after.
+    pub(crate) fn access(&mut self, typical: &TypicalPods, node: &NodeState) -> &[u64] {
+        self.access
+            .get_or_insert_with(|| typical.access_masks(node))
+    }
+
+    /// Remembers that `change` with `cpu_free` CPU left rates `fragmentation` against the state
+    /// last prepared.
+    pub(crate) fn remember(&mut self, change: FreeChange, cpu_free: CpuMilli, fragmentation: f64) {
+        self.rated = Some((change, cpu_free, fragmentation));
+    }
+
+    /// The remembered fragmentation of exactly these changes with `cpu_free` CPU left, if the
+    /// state it was rated against is still the one prepared.
+    pub(crate) fn recall(&self, changes: &[FreeChange], cpu_free: CpuMilli) -> Option<f64> {
+        match (self.rated, changes) {
+            (Some((change, cpu, fragmentation)), [only]) if change == *only && cpu == cpu_free => {
+                Some(fragmentation)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// One GPU's free milli-GPU going from `old` to `new`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct FreeChange {
+    pub(crate) position: usize,
+    pub(crate) old: u32,
+    pub(crate) new: u32,
+}
+
+/// A node's free capacity as [`TypicalPods::fragmentation`] sees it, per class.
+#[derive(Clone, Debug)]
+pub(crate) struct FragState {
+    total: u64,
+    per_pod: Vec<PodCounts>,
+}
+
+/// For one class: the accessible GPUs with room for it, and the free capacity of the others.
+#[derive(Clone, Copy, Debug, Default)]
+struct PodCounts {
+    fitting: u32,
+    stranded: u64,
+}
+
+/// The table behind [`TypicalPods::sliver_value`], by dynamic programming from 0 up to 1000.
+fn sliver_values(pods: &[TypicalPod]) -> Vec<f64> {
+    let shares: Vec<(usize, f64)> = pods
+        .iter()
+        .filter(|pod| pod.gpus == 1 && pod.milli > 0)
+        .map(|pod| (pod.milli.min(1000) as usize, pod.weight))
+        .collect();
+    let mut values = vec![0.0; 1001];
+    for free in 1..=1000usize {
+        let fitting = shares.iter().filter(|(milli, _)| *milli <= free);
+        let mass: f64 = fitting.clone().map(|(_, weight)| weight).sum();
+        values[free] = if mass > 0.0 {
+            let next: f64 = fitting
+                .map(|(milli, weight)| weight / mass * values[free - milli])
+                .sum();
+            (1.0 - mass) * free as f64 + mass * next
+        } else {
+            free as f64
+        };
+    }
+    values
+}
+
+/// Steps per milli-GPU that a fragmentation change is rounded to before it is scored (2²⁰: a
+/// binary fraction, so the rounding itself adds no error).
+///
+/// Why: the change is a difference of two weighted sums, and two placements that change the
+/// expectation by the same amount, on nodes in different states, come out of floating point
+/// differing in the last bits (about 1e-10 milli-GPU). Compared exactly, those true ties were
+/// broken by rounding noise instead of by the node order, which concentrated pods: the
+/// untruncated FGD allocated 88.0% of gpushare40 against 93.1% once rounded (docs/policies.md).
+/// Real differences are far coarser: a class of 1 pod in 10⁶ moving 1 milli-GPU is 1e-6.
+const REDUCTION_GRID: f64 = (1u64 << 20) as f64;
+
+/// FGD's score for a fragmentation change (`before - after`, milli-GPU): 50 means no change,
+/// higher means the placement reduced fragmentation. On 0..=100. Changes equal to within
+/// floating-point noise score exactly equal (`REDUCTION_GRID`).
+pub fn score_from_reduction(reduction: f64) -> f64 {
+    100.0 / (1.0 + (-on_grid(reduction) / 1000.0).exp())
+}
+
+/// [`score_from_reduction`] through `x / (1 + |x|)` instead of the logistic curve: the same
+/// order, 50 for no change, on 0..100, but it keeps reductions of tens of thousands of
+/// milli-GPU apart. FGD+'s weighted terms reach those (an 8-GPU pod filling an empty node
+/// clears eight GPUs of look-ahead, about 40,000), and there the logistic curve rounds every
+/// candidate to exactly 100 in `f64`, so the node order, not the measure, chose.
+pub fn wide_score_from_reduction(reduction: f64) -> f64 {
+    let x = on_grid(reduction) / 1000.0;
+    50.0 + 50.0 * x / (1.0 + x.abs())
+}
+
+/// `reduction` rounded to the grid on which changes equal within floating-point noise are equal.
+fn on_grid(reduction: f64) -> f64 {
+    (reduction * REDUCTION_GRID).round() / REDUCTION_GRID
+}
+
+/// The reference implementation's integer score (truncated), which is what its ties come from.
+/// Evaluated in the reference's order, `trunc(σ(x) × 100)`, so that values on a truncation
+/// boundary fall the same way.
+pub fn reference_score(reduction: f64) -> f64 {
+    let sigmoid = 1.0 / (1.0 + (-(reduction / 1000.0)).exp());
+    (sigmoid * 100.0).trunc()
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::model::{ComputeMilli, GpuMode, NodeSpec};
+    use crate::request::{GpuDemand, PodRequest};
+    use crate::{Policy, ScoringPolicy, fit};
+
+    /// A mixed cluster: CPU-rich 8-GPU V100 nodes, CPU-poor 8-GPU T4 nodes, 4-GPU T4 nodes.
+    fn mixed_cluster() -> Vec<NodeState> {
+        let node = |name: &str, gpus: u16, model: &str, cpu: u64| {
+            NodeState::new(
+                NodeSpec::uniform(name, GpuMode::CoreMem, gpus, model, MemMiB(0)).with_host(
+                    CpuMilli(cpu),
+                    MemMiB(1 << 20),
+                    1001,
+                ),
+            )
+        };
+        let mut nodes = vec![
+            node("v0", 8, "V100", 128_000),
+            node("v1", 8, "V100", 128_000),
+        ];
+        nodes.extend((0..4).map(|i| node(&format!("t{i}"), 8, "T4", 64_000)));
+        nodes.extend((0..4).map(|i| node(&format!("s{i}"), 4, "T4", 32_000)));
+        nodes
+    }
+
+    /// Classes of every kind: common small ones, a CPU-heavy 8-GPU class only the V100 hosts
+    /// take, a 4-GPU class, a V100-only class, a CPU-only class.
+    fn mixed_classes() -> TypicalPods {
+        let mut v100_only = class(4_000, 1, 1000, 1.0);
+        v100_only.models = vec![ModelPattern::parse("V100").unwrap()];
+        TypicalPods::new(vec![
+            class(4_000, 1, 1000, 5.0),
+            class(2_000, 1, 500, 3.0),
+            class(100_000, 8, 1000, 1.0),
+            class(16_000, 4, 1000, 1.0),
+            v100_only,
+            class(8_000, 0, 0, 2.0),
+        ])
+    }
+
+    /// A class's weight times excess scarcity (0 when it is not scarce).
+    fn scarcity_of(typical: &TypicalPods, pod: &TypicalPod) -> f64 {
+        typical
+            .scarce()
+            .iter()
+            .find(|(scarce, _)| scarce == pod)
+            .map_or(0.0, |(_, weight)| *weight)
+    }
+
+    #[test]
+    fn host_slack_is_the_cpu_beyond_what_each_node_s_gpus_ask() {
+        let typical = mixed_classes();
+        assert_eq!(typical.host_slack(), None, "no cluster given");
+        // The classes ask 162 cores per 19.5 GPUs (weights 5, 3, 1, 1, 1, 2; the CPU-only
+        // class's CPU counts), 8.31 per GPU, and no memory. Beyond that ask: 61.5 cores on
+        // each 128-core V100 node, none on the 8-GPU T4 nodes (64 cores), none on the 4-GPU
+        // ones (32 cores); as a share of the ask for all 64 GPUs.
+        let per_gpu = 162.0 / 19.5;
+        let measured = typical.with_cluster(&mixed_cluster());
+        let spare = 2.0 * (128.0 - 8.0 * per_gpu);
+        let expected = spare / (64.0 * per_gpu);
+        let slack = measured.host_slack().unwrap();
+        assert!((slack - expected).abs() < 1e-5, "{slack} vs {expected}");
+        // The census follows the nodes: without the V100 nodes no CPU is spare.
+        let mut fewer = measured.clone();
+        let census = ScarcityCensus::of(&fewer, Scarcity::Empty, &mixed_cluster()[2..]);
+        assert!(fewer.set_census(&census));
+        assert_eq!(fewer.host_slack(), Some(0.0));
+        // A node without GPUs has all its CPU spare: CPU-only pods can go there.
+        let mut with_cpu_node = mixed_cluster();
+        with_cpu_node.push(NodeState::new(
+            NodeSpec::uniform("cpu", GpuMode::CoreMem, 0, "", MemMiB(0)).with_host(
+                CpuMilli(64_000),
+                MemMiB(1 << 20),
+                110,
+            ),
+        ));
+        let widened = mixed_classes().with_cluster(&with_cpu_node);
+        let expected = (spare + 64.0) / (64.0 * per_gpu);
+        let slack = widened.host_slack().unwrap();
+        assert!((slack - expected).abs() < 1e-5, "{slack} vs {expected}");
+        // Memory decides when it is the scarcer: each GPU asks exactly its node's share.
+        let mut hungry = class(4_000, 1, 1000, 1.0);
+        hungry.memory = MemMiB((1 << 20) / 8);
+        let hungry = TypicalPods::new(vec![hungry]).with_cluster(&mixed_cluster()[..6]);
+        assert_eq!(hungry.host_slack(), Some(0.0));
+        // Taking a node out of the census and putting it back restores the measure.
+        let mut census = ScarcityCensus::of(&measured, Scarcity::Now, &mixed_cluster());
+        let nodes = mixed_cluster();
+        census.remove(&measured, &nodes[0]);
+        census.add(&measured, &nodes[0]);
+        assert_eq!(census, ScarcityCensus::of(&measured, Scarcity::Now, &nodes));
+    }
+
+    #[test]
+    fn scarcity_now_on_an_empty_cluster_is_the_empty_measure() {
+        let nodes = mixed_cluster();
+        let empty = mixed_classes().with_cluster(&nodes);
+        let now = mixed_classes().with_scarcity(&nodes, Scarcity::Now);
+        assert!(!empty.scarce().is_empty(), "the cluster has scarce classes");
+        assert_eq!(now, empty);
+        assert_eq!(
+            ScarcityCensus::of(&empty, Scarcity::Now, &nodes),
+            ScarcityCensus {
+                how: Scarcity::Now,
+                now: ScarcityCensus::of(&empty, Scarcity::Now, &nodes).empty,
+                ..ScarcityCensus::of(&empty, Scarcity::Empty, &nodes)
+            }
+        );
+    }
+
+    #[test]
+    fn scarcity_now_sees_a_class_s_nodes_fill() {
+        // Only the two V100 nodes can run the CPU-heavy 8-GPU class: 16 of 64 GPUs, excess 3.
+        // One GPU taken on one of them leaves 8 of 64, excess 7.
+        let mut nodes = mixed_cluster();
+        let typical = mixed_classes();
+        let big = typical.pods()[2].clone();
+        let before = typical.clone().with_scarcity(&nodes, Scarcity::Now);
+        assert!((scarcity_of(&before, &big) - big.weight * 3.0).abs() < 1e-9);
+        let policy = Policy::scoring(ScoringPolicy::Binpack);
+        let one = PodRequest::single(CpuMilli(1000), MemMiB(0), GpuDemand::Whole { count: 1 });
+        let allocation = fit(&nodes[0], &one, &policy).unwrap();
+        nodes[0].add(&allocation);
+        let after = typical.clone().with_scarcity(&nodes, Scarcity::Now);
+        assert!((scarcity_of(&after, &big) - big.weight * 7.0).abs() < 1e-9);
+        assert_eq!(
+            typical.clone().with_cluster(&nodes),
+            before,
+            "the empty measure does not move"
+        );
+    }
+
+    #[test]
+    fn the_idle_cover_is_the_idle_share_over_the_big_classes_share() {
+        // The 8-GPU and 4-GPU classes ask 12 of the 19.5 GPUs asked (0.615).
+        let typical = mixed_classes();
+        assert_eq!(typical.idle_cover(), None, "no cluster given");
+        let mut nodes = mixed_cluster();
+        let measured = |nodes: &[NodeState]| {
+            typical
+                .clone()
+                .with_scarcity(nodes, Scarcity::Now)
+                .idle_cover()
+        };
+        assert_eq!(measured(&nodes), Some(100), "capped");
+        let policy = Policy::scoring(ScoringPolicy::Binpack);
+        let one = PodRequest::single(CpuMilli(1000), MemMiB(0), GpuDemand::Whole { count: 1 });
+        let take_one = |node: &mut NodeState| {
+            let allocation = fit(node, &one, &policy).unwrap();
+            node.add(&allocation);
+        };
+        // Only the V100 nodes idle: 16 of 64 GPUs, 0.25 / 0.615 = 0.41, in steps of 0.05.
+        for node in &mut nodes[2..] {
+            take_one(node);
+        }
+        assert_eq!(measured(&nodes), Some(40));
+        // Idle nodes of fewer than four GPUs take no big pod and cover none: two idle 2-GPU
+        // nodes only add to the cluster, 16 of 68 GPUs, 0.235 / 0.615 = 0.38 (0.48 were their
+        // GPUs counted).
+        let mut with_small = nodes.clone();
+        with_small.extend(["p0", "p1"].map(|name| {
+            NodeState::new(
+                NodeSpec::uniform(name, GpuMode::CoreMem, 2, "P100", MemMiB(0)).with_host(
+                    CpuMilli(16_000),
+                    MemMiB(1 << 20),
+                    1001,
+                ),
+            )
+        }));
+        assert_eq!(measured(&with_small), Some(35));
+        // Where no node has four GPUs no big pod runs: nothing to cover.
+        let only_small: Vec<NodeState> = with_small[with_small.len() - 2..].to_vec();
+        assert_eq!(measured(&only_small), None);
+        take_one(&mut nodes[1]);
+        assert_eq!(measured(&nodes), Some(20));
+        take_one(&mut nodes[0]);
+        assert_eq!(measured(&nodes), Some(0));
+        // The census kept per change measures the same.
+        let mut census = ScarcityCensus::of(&typical, Scarcity::Now, &mixed_cluster());
+        let mut kept = typical.clone();
+        for (before, after) in mixed_cluster().iter().zip(&nodes) {
+            census.remove(&typical, before);
+            census.add(&typical, after);
+        }
+        assert!(kept.set_census(&census));
+        assert_eq!(kept.idle_cover(), Some(0));
+        // No class of four GPUs or more: nothing to cover.
+        let small = TypicalPods::new(vec![class(4_000, 1, 1000, 1.0)]).with_cluster(&nodes);
+        assert_eq!(small.idle_cover(), None);
+    }
+
+    #[test]
+    fn a_model_s_scarcity_now_grows_in_whole_doublings() {
+        // Three V100 nodes: the V100-only class runs on 24 of 72 GPUs, excess 2.
+        let mut nodes = mixed_cluster();
+        // The census counts GPUs, not names: a copy of v0 is a third V100 node.
+        nodes.push(nodes[0].clone());
+        let typical = mixed_classes();
+        let v100_only = typical.pods()[4].clone();
+        assert!(!v100_only.models.is_empty());
+        let weight = v100_only.weight;
+        let policy = Policy::scoring(ScoringPolicy::Binpack);
+        let one = PodRequest::single(CpuMilli(1000), MemMiB(0), GpuDemand::Whole { count: 1 });
+        let fill = |node: &mut NodeState| {
+            while let Ok(allocation) = fit(node, &one, &policy) {
+                node.add(&allocation);
+            }
+        };
+        let measured = |nodes: &[NodeState], how| {
+            scarcity_of(&typical.clone().with_scarcity(nodes, how), &v100_only) / weight
+        };
+        assert!((measured(&nodes, Scarcity::Now) - 2.0).abs() < 1e-9);
+        // One V100 node full: 16 of 72, excess 3.5, (1 + 3.5) / (1 + 2) = 1.5, under a doubling.
+        fill(&mut nodes[0]);
+        assert!((measured(&nodes, Scarcity::Now) - 2.0).abs() < 1e-9);
+        // Two full: 8 of 72, excess 8, a ratio of 3: one doubling, (1 + 2) * 2 - 1.
+        fill(&mut nodes[1]);
+        assert!((measured(&nodes, Scarcity::Now) - 5.0).abs() < 1e-9);
+        // `shape` keeps the empty measure for a class that names models, and `now` follows the
+        // classes scarce by their shape in quarter-octave steps under both.
+        assert!((measured(&nodes, Scarcity::Shape) - 2.0).abs() < 1e-9);
+        let big = typical.pods()[2].clone();
+        let shape_classes = |how| scarcity_of(&typical.clone().with_scarcity(&nodes, how), &big);
+        assert_eq!(shape_classes(Scarcity::Now), shape_classes(Scarcity::Shape));
+        assert!(
+            shape_classes(Scarcity::Now) > scarcity_of(&typical.clone().with_cluster(&nodes), &big)
+        );
+    }
+
+    proptest! {
+        /// Kept per node change, the census equals a fresh count of the cluster; a placement
+        /// never makes a class that some node can still run less scarce.
+        #[test]
+        fn scarcity_now_follows_placements_and_departures(
+            steps in prop::collection::vec((0usize..10, 0usize..4, any::<bool>()), 1..60),
+        ) {
+            let mut nodes = mixed_cluster();
+            let mut typical = mixed_classes();
+            let mut census = ScarcityCensus::of(&typical, Scarcity::Now, &nodes);
+            typical.set_census(&census);
+            let policy = Policy::scoring(ScoringPolicy::FgdPlus).with_typical(typical.clone());
+            let pods = [
+                PodRequest::single(CpuMilli(4_000), MemMiB(0), GpuDemand::Whole { count: 1 }),
+                PodRequest::single(CpuMilli(30_000), MemMiB(0), GpuDemand::Whole { count: 2 }),
+                PodRequest::single(
+                    CpuMilli(2_000),
+                    MemMiB(0),
+                    GpuDemand::Share {
+                        gpus: 1,
+                        mem_per_gpu: MemMiB(0),
+                        compute_per_gpu: ComputeMilli(400),
+                    },
+                ),
+                PodRequest::single(CpuMilli(20_000), MemMiB(0), GpuDemand::None),
+            ];
+            let mut running = Vec::new();
+            for (n, kind, leave) in steps {
+                let before = typical.clone();
+                let placing = !leave || running.is_empty();
+                if placing {
+                    let Ok(allocation) = fit(&nodes[n], &pods[kind], &policy) else {
+                        continue;
+                    };
+                    census.remove(&typical, &nodes[n]);
+                    nodes[n].add(&allocation);
+                    census.add(&typical, &nodes[n]);
+                    running.push((n, allocation));
+                } else {
+                    let (n, allocation) = running.swap_remove(kind % running.len());
+                    census.remove(&typical, &nodes[n]);
+                    nodes[n].remove(&allocation);
+                    census.add(&typical, &nodes[n]);
+                }
+                typical.set_census(&census);
+                prop_assert_eq!(&census, &ScarcityCensus::of(&typical, Scarcity::Now, &nodes));
+                if placing {
+                    for (pod, &capacity) in typical.pods().iter().zip(&census.now) {
+                        if capacity > 0 {
+                            prop_assert!(
+                                scarcity_of(&typical, pod) >= scarcity_of(&before, pod),
+                                "{:?} grew less scarce", pod
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn class(cpu: u64, gpus: u16, milli: u32, weight: f64) -> TypicalPod {
+        TypicalPod {
+            cpu: CpuMilli(cpu),
+            memory: MemMiB(0),
+            gpus,
+            milli,
+            models: Vec::new(),
+            weight,
+        }
+    }
+
+    #[test]
+    fn only_slivers_too_small_for_a_class_count_when_it_fits() {
+        let typical = TypicalPods::new(vec![class(1000, 1, 500, 1.0)]);
+        // GPU 0 has 300 free (too small), GPU 1 has 800 (fits).
+        let frag = typical.fragmentation(CpuMilli(4000), &[300, 800], &[0b11]);
+        assert!((frag - 300.0).abs() < 1e-9);
+        // Without CPU the class cannot run: all 1100 is lost to it.
+        let frag = typical.fragmentation(CpuMilli(500), &[300, 800], &[0b11]);
+        assert!((frag - 1100.0).abs() < 1e-9);
+        // Inaccessible model: everything is lost.
+        let frag = typical.fragmentation(CpuMilli(4000), &[300, 800], &[0]);
+        assert!((frag - 1100.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn cpu_only_classes_count_all_idle_gpu_and_weights_mix() {
+        let typical = TypicalPods::new(vec![class(1000, 0, 0, 1.0), class(1000, 2, 1000, 3.0)]);
+        let frag = typical.fragmentation(CpuMilli(8000), &[1000, 1000, 400], &[0b111, 0b111]);
+        // CPU-only: 2400 lost, weight 0.25. Two-GPU class fits; the 400 sliver is lost, weight 0.75.
+        assert!((frag - (0.25 * 2400.0 + 0.75 * 400.0)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn coverage_keeps_the_shortest_prefix() {
+        let typical = TypicalPods::from_counts(
+            vec![
+                (class(0, 1, 500, 0.0), 60),
+                (class(0, 1, 250, 0.0), 36),
+                (class(0, 1, 100, 0.0), 4),
+            ],
+            0.95,
+        );
+        assert_eq!(typical.pods().len(), 2);
+        assert!((typical.pods()[0].weight - 60.0 / 96.0).abs() < 1e-12);
+    }
+
+    /// The incremental forms must agree with the full computation bit for bit: GPU choice and
+    /// scores compare these floats, and ties are part of the behaviour.
+    #[test]
+    fn incremental_fragmentation_equals_the_full_computation() {
+        let mut seed = 7u64;
+        let mut next = move |n: u64| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) % n
+        };
+        for _ in 0..500 {
+            let classes = (0..1 + next(8))
+                .map(|_| {
+                    let gpus = next(4) as u16;
+                    let milli = if gpus == 0 {
+                        0
+                    } else {
+                        50 * (1 + next(20) as u32)
+                    };
+                    class(1000 * next(8), gpus, milli, 1.0 + next(50) as f64)
+                })
+                .collect();
+            let typical = TypicalPods::new(classes);
+            let gpus = 1 + next(8) as usize;
+            let free: Vec<u32> = (0..gpus).map(|_| 50 * next(21) as u32).collect();
+            let access: Vec<u64> = typical.pods().iter().map(|_| next(1 << gpus)).collect();
+            let cpu = CpuMilli(1000 * next(8));
+            let state = typical.state(&free, &access);
+            assert_eq!(
+                typical
+                    .fragmentation_with(&state, cpu, &access, &[])
+                    .to_bits(),
+                typical.fragmentation(cpu, &free, &access).to_bits()
+            );
+            let mut changes = Vec::new();
+            for (position, &old) in free.iter().enumerate() {
+                if next(2) == 0 {
+                    let new = 50 * next(21) as u32;
+                    changes.push(FreeChange { position, old, new });
+                }
+            }
+            let mut changed = free.clone();
+            for change in &changes {
+                changed[change.position] = change.new;
+            }
+            assert_eq!(
+                typical
+                    .fragmentation_with(&state, cpu, &access, &changes)
+                    .to_bits(),
+                typical.fragmentation(cpu, &changed, &access).to_bits()
+            );
+            let mut each = vec![0.0; changes.len()];
+            typical.fragmentation_each(&state, cpu, &access, &changes, &mut each);
+            for (change, value) in changes.iter().zip(each) {
+                let mut alone = free.clone();
+                alone[change.position] = change.new;
+                assert_eq!(
+                    value.to_bits(),
+                    typical.fragmentation(cpu, &alone, &access).to_bits()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn sliver_values_follow_the_fill_recursion() {
+        // Half the pods take 500 of one GPU, half are CPU-only.
+        let typical = TypicalPods::new(vec![class(0, 1, 500, 1.0), class(0, 0, 0, 1.0)]);
+        // 400 fits nothing: all of it is left over.
+        assert_eq!(typical.sliver_value(400), 400.0);
+        // 500: half the time a pod fills it exactly, else 500 stay: 250.
+        assert!((typical.sliver_value(500) - 250.0).abs() < 1e-9);
+        // 1000: half the time 500 go, then 500 is worth 250: 0.5·1000 + 0.5·250 = 625.
+        assert!((typical.sliver_value(1000) - 625.0).abs() < 1e-9);
+        assert_eq!(TypicalPods::default().sliver_value(70), 70.0);
+    }
+
+    #[test]
+    fn scores_are_centred_on_fifty() {
+        assert_eq!(reference_score(0.0), 50.0);
+        assert!(score_from_reduction(2000.0) > 85.0);
+        assert!(score_from_reduction(-2000.0) < 15.0);
+        assert!((0.0..=100.0).contains(&score_from_reduction(1e9)));
+        assert_eq!(wide_score_from_reduction(0.0), 50.0);
+        assert!(wide_score_from_reduction(2000.0) > 50.0);
+        assert!(wide_score_from_reduction(-2000.0) < 50.0);
+        for reduction in [1e9, -1e9, 1e15, -1e15] {
+            let score = wide_score_from_reduction(reduction);
+            assert!(score > 0.0 && score < 100.0, "{reduction}: {score}");
+        }
+    }
+
+    #[test]
+    fn the_wide_score_keeps_large_reductions_apart() {
+        // Where the logistic curve has rounded both to 100, the wide one still orders them.
+        assert_eq!(
+            score_from_reduction(40_000.0),
+            score_from_reduction(41_000.0)
+        );
+        assert!(wide_score_from_reduction(41_000.0) > wide_score_from_reduction(40_000.0));
+        // One milli-GPU apart at 100,000 (past any reduction measured on openb) still differs
+        // by more than FGD+'s tie-break between nodes (1e-6).
+        let step = wide_score_from_reduction(100_001.0) - wide_score_from_reduction(100_000.0);
+        assert!(step > 1e-6, "{step}");
+        // The same order as the logistic curve wherever that one resolves.
+        let reductions = [-9000.0, -1000.0, -17.0, 0.0, 0.5, 17.0, 1000.0, 9000.0];
+        for pair in reductions.windows(2) {
+            assert!(score_from_reduction(pair[0]) < score_from_reduction(pair[1]));
+            assert!(wide_score_from_reduction(pair[0]) < wide_score_from_reduction(pair[1]));
+        }
+    }
+
+    #[test]
+    fn changes_equal_but_for_rounding_noise_score_equal() {
+        // The same change of 17.17 milli-GPU, once on its own and once as the difference of two
+        // expectations (a node whose fragmentation drops from 4338.87 to 4321.7).
+        let on_a_busy_node = (4321.7_f64 + 17.17) - 4321.7;
+        let on_an_empty_node = 17.17;
+        assert_ne!(
+            on_a_busy_node, on_an_empty_node,
+            "the noise this guards against"
+        );
+        assert_eq!(
+            score_from_reduction(on_a_busy_node),
+            score_from_reduction(on_an_empty_node)
+        );
+        // Real differences still order.
+        assert!(score_from_reduction(150.001) > score_from_reduction(150.0));
+    }
+}
