@@ -42,7 +42,7 @@ use gpu_extender::http::server::{AppState, router};
 use gpu_extender::k8s::api::{BindingWrite, PodApi};
 use gpu_extender::k8s::bind::{Binder, MeteredBinder};
 use gpu_extender::k8s::watch::Feed;
-use gpu_extender::state::{ApiError, ClusterState, PolicyCell};
+use gpu_extender::state::{ApiError, ClusterState, PolicyCell, TableWriter};
 use gpu_extender::telemetry::Metrics;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher::Event;
@@ -93,11 +93,12 @@ fn main() -> Result<()> {
     }
     let config = Arc::new(config);
     let table = synthetic_table(&config, args.nodes)?;
-    let cluster = Arc::new(ClusterState::with_table(table));
+    let writer = TableWriter::new(ClusterState::with_table(table));
+    let cluster = Arc::clone(writer.reader());
     let policy: PolicyCell = config.engine_policy().into();
     let metrics = Metrics::new()?;
     let binder = Binder::new(
-        Arc::clone(&cluster),
+        writer.clone(),
         Arc::clone(&config),
         policy.clone(),
         InstantApi {
@@ -190,7 +191,7 @@ fn main() -> Result<()> {
         }
     }
     if args.binders > 0 {
-        bind_phase(&args, &config, &cluster, address, &names)?;
+        bind_phase(&args, &config, &writer, address, &names)?;
     }
     Ok(())
 }
@@ -219,13 +220,13 @@ impl PodApi for InstantApi {
 fn bind_phase(
     args: &Args,
     config: &Arc<Config>,
-    cluster: &Arc<ClusterState>,
+    cluster: &TableWriter,
     address: std::net::SocketAddr,
     names: &[String],
 ) -> Result<()> {
     // The pods arrive as the watch delivers them: pending, through the feed.
     let mut feed = Feed::new(
-        Arc::clone(cluster),
+        cluster.clone(),
         Arc::clone(config),
         Arc::new(config.engine_policy()),
     );

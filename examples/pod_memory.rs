@@ -19,7 +19,7 @@ use serde_json::json;
 
 use gpu_extender::config::Config;
 use gpu_extender::k8s::watch::Feed;
-use gpu_extender::state::ClusterState;
+use gpu_extender::state::{ClusterState, TableWriter};
 
 #[path = "support/rss.rs"]
 mod rss;
@@ -38,7 +38,7 @@ struct Args {
 fn main() -> Result<()> {
     let args = Args::parse();
     let cfg = Arc::new(Config::default());
-    let state = Arc::new(ClusterState::for_config(&cfg));
+    let state = TableWriter::new(ClusterState::for_config(&cfg));
     let mut feed = Feed::new(state.clone(), cfg.clone(), Arc::new(cfg.engine_policy()));
     feed.apply_node_event(&Event::Init);
     for i in 0..args.nodes {

@@ -22,7 +22,7 @@ use crate::k8s::quota;
 use crate::k8s::watch::Feed;
 use crate::objects::quota::quota_names;
 use crate::objects::{admission, translate};
-use crate::state::ClusterState;
+use crate::state::{ClusterState, TableWriter};
 use gpu_engine::quota::QuotaSet;
 
 /// Output format.
@@ -180,7 +180,9 @@ fn explain_objects(
     if let Some(quotas) = quotas {
         state.set_quotas(quotas);
     }
-    let table = state.read();
+    let policy = std::sync::Arc::new(config.engine_policy());
+    let snapshot = state.snapshot(policy);
+    let table = snapshot.table();
     if let Some(entry) = table.pod(&pod_key) {
         let text = format!(
             "Pod {key} is bound to node {} with {}.\n",
@@ -197,10 +199,8 @@ fn explain_objects(
             .context("encoding the explanation"),
         };
     }
-    let policy = config.engine_policy();
-    let verdicts = explain::explain(&table, &request, &policy, &refused);
-    drop(table);
-    let over_quota = state
+    let verdicts = explain::explain(table, &request, snapshot.policy(), &refused);
+    let over_quota = snapshot
         .quota_admit(
             pod.metadata.namespace.as_deref().unwrap_or("default"),
             &request,
@@ -257,12 +257,9 @@ async fn list(args: &ClusterArgs) -> anyhow::Result<(Vec<Node>, Vec<Pod>, kube::
 
 /// The table built from listed Nodes and Pods through the extender's own watch feed.
 fn build_state(config: &Arc<Config>, nodes: Vec<Node>, pods: Vec<Pod>) -> Arc<ClusterState> {
-    let state = Arc::new(ClusterState::for_config(config));
-    let mut feed = Feed::new(
-        state.clone(),
-        config.clone(),
-        Arc::new(config.engine_policy()),
-    );
+    let writer = TableWriter::new(ClusterState::for_config(config));
+    let state = Arc::clone(writer.reader());
+    let mut feed = Feed::new(writer, config.clone(), Arc::new(config.engine_policy()));
     feed.apply_node_event(&Event::Init);
     for node in nodes {
         feed.apply_node_event(&Event::InitApply(node));

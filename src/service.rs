@@ -25,7 +25,7 @@ use crate::k8s::quota;
 use crate::k8s::reclaim::{self, Reclaimer};
 use crate::k8s::requeue;
 use crate::k8s::watch::{self, Feed};
-use crate::state::{ClusterState, PolicyCell, policy as learn};
+use crate::state::{ClusterState, PolicyCell, TableWriter, policy as learn};
 use crate::telemetry::Metrics;
 
 /// Command-line arguments of `serve`.
@@ -67,12 +67,14 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // Record-less pods are placed with the configured policy; every other decision reads the
     // policy in force, whose typical-pod distribution `learn` may replace while serving.
     let policy = PolicyCell::from(configured.clone());
-    let cluster = Arc::new(ClusterState::for_config(&config));
+    // The table's one writer handle goes to the feed and the binder; everything else reads.
+    let writer = TableWriter::new(ClusterState::for_config(&config));
+    let cluster = Arc::clone(writer.reader());
     let metrics = Metrics::new()?;
     metrics.watch_state(cluster.clone(), policy.clone())?;
     let epoch = Instant::now();
 
-    let feed = Feed::new(cluster.clone(), config.clone(), configured.clone());
+    let feed = Feed::new(writer.clone(), config.clone(), configured.clone());
     let watchers = tokio::spawn(watch::run(client.clone(), feed, epoch));
     // Runs on its own: a missing CRD ends it at once (no quotas), and it never gates readiness.
     tokio::spawn(quota::run(client.clone(), cluster.clone(), config.clone()));
@@ -118,7 +120,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         ))
     });
     let binder = Binder::new(
-        cluster.clone(),
+        writer,
         config.clone(),
         policy.clone(),
         KubeApi::new(client.clone()),

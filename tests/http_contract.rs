@@ -20,7 +20,7 @@ use gpu_engine::{Change, NodeSpec, Table};
 use gpu_extender::config::Config;
 use gpu_extender::http::server::{AppState, admin_router, router};
 use gpu_extender::objects::translate;
-use gpu_extender::state::{ClusterState, PolicyCell};
+use gpu_extender::state::{ClusterState, PolicyCell, TableWriter};
 use gpu_extender::telemetry::Metrics;
 
 const FIXTURES: &str = concat!(
@@ -50,24 +50,25 @@ fn recorded_nodes(config: &Config) -> Vec<NodeSpec> {
 
 struct Harness {
     state: AppState,
+    /// The table's writer, for tests that change the table under the router.
+    writer: TableWriter,
 }
 
 impl Harness {
     fn new(ready: bool) -> Self {
         let config = Arc::new(Config::default());
         let table = Table::rebuild(20, recorded_nodes(&config), []);
-        let cluster = ClusterState::with_table(table.clone());
         if !ready {
             // Not synced yet: the state as the service starts, before the watch's first lists.
-            let fresh = ClusterState::new(20);
+            let fresh = TableWriter::new(ClusterState::new(20));
             *fresh.write() = table;
-            return Self::with_cluster(config, fresh);
+            return Self::with_writer(config, fresh);
         }
-        Self::with_cluster(config, cluster)
+        Self::with_writer(config, TableWriter::new(ClusterState::with_table(table)))
     }
 
-    fn with_cluster(config: Arc<Config>, cluster: ClusterState) -> Self {
-        let cluster = Arc::new(cluster);
+    fn with_writer(config: Arc<Config>, writer: TableWriter) -> Self {
+        let cluster = Arc::clone(writer.reader());
         let policy: PolicyCell = config.engine_policy().into();
         // As `serve` wires it: the table's gauges are read from the state at every scrape.
         let metrics = Metrics::new().unwrap();
@@ -82,7 +83,7 @@ impl Harness {
             metrics,
             body_limit: 1024 * 1024,
         };
-        Self { state }
+        Self { state, writer }
     }
 
     fn extender(&self) -> Router {
@@ -172,7 +173,7 @@ async fn filter_cache_mode_rejects_full_and_unknown_nodes_with_node_independent_
     // Fill gpu-a, then a 2-GPU pod is "full right now" there: resolvable.
     let two = with_gpu_limit(fixture("filter-cache.json"), "nvidia.com/gpu", "2");
     {
-        let mut table = harness.state.cluster.write();
+        let mut table = harness.writer.write();
         let pod = translate::pod_request(
             &serde_json::from_value(two["Pod"].clone()).unwrap(),
             &Config::default(),
@@ -707,7 +708,10 @@ async fn filter_takes_a_hami_pod_under_the_documented_hami_configuration() {
         translate::node_spec(&node, &config).unwrap()
     };
     let table = Table::rebuild(20, [node("t4", 15360), node("tiny", 2048)], []);
-    let harness = Harness::with_cluster(Arc::new(config), ClusterState::with_table(table));
+    let harness = Harness::with_writer(
+        Arc::new(config),
+        TableWriter::new(ClusterState::with_table(table)),
+    );
     let pod = json!({
         "apiVersion": "v1",
         "kind": "Pod",

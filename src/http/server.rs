@@ -22,13 +22,13 @@ use tower_http::trace::{DefaultOnFailure, TraceLayer};
 use tracing::{Instrument, Level, debug, info_span, warn};
 
 use crate::config::Config;
-use crate::objects::admission::PodClaims;
-use crate::objects::quota::quota_names;
 use crate::objects::translate;
-use crate::state::decide::{self, FilterVerdict, NotReady, Proposal};
-use crate::state::{Bind, BindError, BindRequest, ClusterState, PolicyCell};
+use crate::state::decide::{FilterVerdict, NotReady, Proposal};
+use crate::state::{
+    Bind, BindError, BindRequest, ClusterState, FilterDecision, Offered, PolicyCell,
+};
 use crate::telemetry::Metrics;
-use gpu_engine::{NodeState, PodRequest, RejectReason};
+use gpu_engine::{NodeState, RejectReason};
 
 use super::wire::{
     CandidateArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderPreemptionArgs,
@@ -58,24 +58,6 @@ impl std::fmt::Debug for AppState {
             .field("ready", &self.cluster.is_ready())
             .field("binder", &self.binder.is_some())
             .finish_non_exhaustive()
-    }
-}
-
-impl AppState {
-    /// What filter, prioritize and preempt place for `pod` (see
-    /// [`translate::placement_request`]); `Err` is the message for kube-scheduler.
-    fn placement_request(&self, pod: &Pod) -> Result<Option<PodRequest>, String> {
-        translate::placement_request(pod, &self.config, self.policy.load().filter_best_only)
-            .map_err(|error| error.to_string())
-    }
-
-    /// Why placing `pod` (asking `request`) would take its namespace past its GPU quota's max,
-    /// if it would.
-    fn quota_refusal(&self, pod: &Pod, request: &PodRequest) -> Option<String> {
-        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
-        self.cluster
-            .quota_admit(namespace, request, &quota_names(&self.config))
-            .err()
     }
 }
 
@@ -281,9 +263,14 @@ enum Candidates<'a> {
 
 impl Candidates<'_> {
     fn names(&self) -> Vec<&str> {
+        self.offered().names()
+    }
+
+    /// The candidates as the state's verbs take them.
+    fn offered(&self) -> Offered<'_> {
         match self {
-            Candidates::Names(names) => names.clone(),
-            Candidates::Objects { names, .. } => names.iter().map(String::as_str).collect(),
+            Candidates::Names(names) => Offered::Names(names),
+            Candidates::Objects { names, states, .. } => Offered::Objects { names, states },
         }
     }
 }
@@ -403,15 +390,14 @@ async fn filter(State(state): State<AppState>, body: Bytes) -> Response {
     let span = info_span!("filter", pod = %pod_name(args.pod.as_ref()));
     span.in_scope(|| {
         let candidates = candidates(&args, &state.config);
-        let request = args.pod.as_ref().map(|pod| state.placement_request(pod));
-        let over_quota = match (args.pod.as_ref(), request.as_ref()) {
-            (Some(pod), Some(Ok(Some(request)))) => state.quota_refusal(pod, request),
-            _ => None,
-        };
-        let answer = match over_quota.as_deref() {
-            Some(reason) => quota_refused(&state, &candidates, reason),
-            None => filter_decision(&state, args.pod.as_ref(), request.as_ref(), &candidates),
-        };
+        let decision = state.cluster.decide_filter(
+            &state.policy,
+            &state.config,
+            args.pod.as_ref(),
+            candidates.offered(),
+        );
+        let mut decision = decision;
+        let answer = filter_answer(&state.metrics, &candidates, &mut decision);
         timer.finish(if answer.error.is_empty() {
             "ok"
         } else {
@@ -421,154 +407,111 @@ async fn filter(State(state): State<AppState>, body: Bytes) -> Response {
     })
 }
 
-/// Filter's answer. `request` is the pod's GPU request as translation read it, `None` when the
-/// body has no pod.
-fn filter_decision<'a>(
-    state: &AppState,
-    pod: Option<&Pod>,
-    request: Option<&'a Result<Option<PodRequest>, String>>,
-    candidates: &'a Candidates<'_>,
-) -> FilterAnswer<'a> {
-    let Some(request) = request else {
-        return FilterAnswer {
+/// Filter's answer to kube-scheduler for what the state decided, counted in the metrics.
+fn filter_answer<'d>(
+    metrics: &Metrics,
+    candidates: &'d Candidates<'_>,
+    decision: &'d mut FilterDecision<'d>,
+) -> FilterAnswer<'d> {
+    match decision {
+        FilterDecision::NoPod => FilterAnswer {
             error: "filter request has no Pod",
             ..Default::default()
-        };
-    };
-    let request = match request {
-        Ok(request) => request.as_ref(),
-        Err(message) => {
-            state.metrics.invalid_requests.inc();
-            return FilterAnswer {
-                failed_and_unresolvable_nodes: reject_all(candidates.names(), message),
-                ..Default::default()
-            };
-        }
-    };
-    match candidates {
-        Candidates::Names(names) => {
-            let Some(request) = request else {
-                return FilterAnswer {
-                    node_names: Some(names.clone()),
-                    ..Default::default()
-                };
-            };
-            let verdict = match state.cluster.filter(names, request, &state.policy.load()) {
-                Ok(verdict) => verdict,
-                Err(not_ready) => {
-                    return FilterAnswer {
-                        error: not_ready.message(),
-                        ..Default::default()
-                    };
-                }
-            };
-            record_verdict(&state.metrics, &verdict);
-            if verdict.passed.is_empty()
-                && let Some(pod) = pod
-            {
-                count_window_miss(state, pod, names, request);
-            }
-            let passed = verdict
-                .passed
-                .iter()
-                .filter_map(|&i| names.get(i).copied())
-                .collect();
-            FilterAnswer {
-                node_names: Some(passed),
-                failed_nodes: NodeReasons::from_pairs(verdict.failed),
-                failed_and_unresolvable_nodes: NodeReasons::from_pairs(verdict.unresolvable),
-                ..Default::default()
-            }
-        }
-        Candidates::Objects {
-            names,
-            states,
-            list,
-        } => {
-            let mut unreadable = Vec::new();
-            let candidates = names
-                .iter()
-                .zip(states)
-                .filter_map(|(name, node)| match node {
-                    Ok(node) => Some((name.as_str(), Some(node))),
-                    Err(message) => {
-                        unreadable.push((name.as_str(), message.as_str()));
-                        None
-                    }
-                });
-            let readable: Vec<(&str, Option<&NodeState>)> = candidates.collect();
-            let mut verdict = match request {
-                Some(request) => {
-                    decide::filter(readable.iter().copied(), request, &state.policy.load())
-                }
-                None => FilterVerdict {
-                    passed: (0..readable.len()).collect(),
-                    ..Default::default()
-                },
-            };
-            record_verdict(&state.metrics, &verdict);
-            // After the engine's reasons, so that an unreadable object's reason wins for a name
-            // given twice, as when the maps were merged with `BTreeMap::append`.
-            verdict.unresolvable.append(&mut unreadable);
-            let keep: std::collections::HashSet<&str> = verdict
-                .passed
-                .iter()
-                .filter_map(|&i| readable.get(i).map(|(name, _)| *name))
-                .collect();
-            let items = list
-                .items
-                .iter()
-                .zip(names)
-                .filter(|(_, name)| keep.contains(name.as_str()))
-                .map(|(raw, _)| &**raw)
-                .collect();
-            FilterAnswer {
-                nodes: Some(NodeListAnswer {
-                    metadata: &list.metadata,
-                    items,
-                }),
-                failed_nodes: NodeReasons::from_pairs(verdict.failed),
-                failed_and_unresolvable_nodes: NodeReasons::from_pairs(verdict.unresolvable),
-                ..Default::default()
-            }
-        }
-    }
-}
-
-/// Every candidate rejected as currently full because the pod's team is at its GPU quota's max:
-/// FailedNodes, so the pod waits (and preemption may help) rather than being unresolvable.
-fn quota_refused<'a>(
-    state: &AppState,
-    candidates: &'a Candidates<'_>,
-    reason: &'a str,
-) -> FilterAnswer<'a> {
-    if !state.cluster.is_ready() {
-        return FilterAnswer {
+        },
+        FilterDecision::NotReady => FilterAnswer {
             error: NotReady.message(),
             ..Default::default()
-        };
-    }
-    let names = candidates.names();
-    state
-        .metrics
-        .filter_nodes
-        .with_label_values(&["failed"])
-        .inc_by(names.len() as u64);
-    state.metrics.quota_refusals.inc();
-    FilterAnswer {
-        node_names: match candidates {
-            Candidates::Names(_) => Some(Vec::new()),
-            Candidates::Objects { .. } => None,
         },
-        nodes: match candidates {
-            Candidates::Names(_) => None,
-            Candidates::Objects { list, .. } => Some(NodeListAnswer {
-                metadata: &list.metadata,
-                items: Vec::new(),
-            }),
+        FilterDecision::Unreadable(message) => {
+            metrics.invalid_requests.inc();
+            FilterAnswer {
+                failed_and_unresolvable_nodes: reject_all(candidates.names(), message),
+                ..Default::default()
+            }
+        }
+        FilterDecision::PassAll => FilterAnswer {
+            node_names: Some(candidates.names()),
+            ..Default::default()
         },
-        failed_nodes: reject_all(names, reason),
-        ..Default::default()
+        FilterDecision::OverQuota(reason) => {
+            let names = candidates.names();
+            metrics
+                .filter_nodes
+                .with_label_values(&["failed"])
+                .inc_by(names.len() as u64);
+            metrics.quota_refusals.inc();
+            FilterAnswer {
+                node_names: match candidates {
+                    Candidates::Names(_) => Some(Vec::new()),
+                    Candidates::Objects { .. } => None,
+                },
+                nodes: match candidates {
+                    Candidates::Names(_) => None,
+                    Candidates::Objects { list, .. } => Some(NodeListAnswer {
+                        metadata: &list.metadata,
+                        items: Vec::new(),
+                    }),
+                },
+                failed_nodes: reject_all(names, reason),
+                ..Default::default()
+            }
+        }
+        FilterDecision::Verdict {
+            verdict,
+            unreadable,
+            readable,
+            window_miss,
+        } => {
+            record_verdict(metrics, verdict);
+            if *window_miss {
+                metrics.filter_window_misses.inc();
+            }
+            match candidates {
+                Candidates::Names(names) => {
+                    let passed = verdict
+                        .passed
+                        .iter()
+                        .filter_map(|&i| names.get(i).copied())
+                        .collect();
+                    FilterAnswer {
+                        node_names: Some(passed),
+                        failed_nodes: NodeReasons::from_pairs(std::mem::take(&mut verdict.failed)),
+                        failed_and_unresolvable_nodes: NodeReasons::from_pairs(std::mem::take(
+                            &mut verdict.unresolvable,
+                        )),
+                        ..Default::default()
+                    }
+                }
+                Candidates::Objects { names, list, .. } => {
+                    // After the engine's reasons, so that an unreadable object's reason wins for
+                    // a name given twice, as when the maps were merged with `BTreeMap::append`.
+                    verdict.unresolvable.append(unreadable);
+                    let keep: std::collections::HashSet<&str> = verdict
+                        .passed
+                        .iter()
+                        .filter_map(|&i| readable.get(i).copied())
+                        .collect();
+                    let items = list
+                        .items
+                        .iter()
+                        .zip(names)
+                        .filter(|(_, name)| keep.contains(name.as_str()))
+                        .map(|(raw, _)| &**raw)
+                        .collect();
+                    FilterAnswer {
+                        nodes: Some(NodeListAnswer {
+                            metadata: &list.metadata,
+                            items,
+                        }),
+                        failed_nodes: NodeReasons::from_pairs(std::mem::take(&mut verdict.failed)),
+                        failed_and_unresolvable_nodes: NodeReasons::from_pairs(std::mem::take(
+                            &mut verdict.unresolvable,
+                        )),
+                        ..Default::default()
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -577,31 +520,6 @@ fn quota_refused<'a>(
 /// `SchedulerError`.
 fn reject_all<'a>(names: impl IntoIterator<Item = &'a str>, message: &'a str) -> NodeReasons<'a> {
     NodeReasons::from_pairs(names.into_iter().map(|name| (name, message)).collect())
-}
-
-/// Counts a filter that fitted none of the candidates while a node kube-scheduler did not send
-/// would have taken the pod (`gpu_extender_filter_window_misses_total`): kube-scheduler's
-/// `percentageOfNodesToScore` window hid it. The pod is noted for the requeue task, which asks
-/// kube-scheduler to retry it once it is marked unschedulable (its next window starts elsewhere).
-fn count_window_miss(state: &AppState, pod: &Pod, names: &[&str], request: &PodRequest) {
-    // A pod whose resources do not read was refused by kube-scheduler's own check already.
-    let Ok(claims) = PodClaims::of(pod, &state.config) else {
-        return;
-    };
-    if state
-        .cluster
-        .fits_outside(names, &claims, request, &state.policy.load())
-    {
-        state.metrics.filter_window_misses.inc();
-        if state.config.requeue.enabled {
-            state.cluster.note_window_miss(translate::pod_key(pod));
-        }
-        debug!(
-            pod = %pod_name(Some(pod)),
-            candidates = names.len(),
-            "no candidate fits, but a node kube-scheduler did not send would"
-        );
-    }
 }
 
 fn record_verdict(metrics: &Metrics, verdict: &FilterVerdict<'_>) {
@@ -663,31 +581,15 @@ fn prioritize_decision<'a>(
     args: &CandidateArgs<'_>,
     candidates: &'a Candidates<'_>,
 ) -> Vec<HostScore<'a>> {
-    // Prioritize errors are ignored by kube-scheduler, so an unreadable pod just gets no
-    // preference anywhere.
-    let request = args
-        .pod
-        .as_ref()
-        .and_then(|pod| state.placement_request(pod).ok().flatten());
-    let Some(request) = request else {
-        // No opinion: 0 everywhere, so it changes no ranking (an empty list says just that).
-        return Vec::new();
-    };
-    let scores = match candidates {
-        Candidates::Names(names) => state
-            .cluster
-            .prioritize(names, &request, &state.policy.load()),
-        Candidates::Objects { names, states, .. } => decide::prioritize(
-            names
-                .iter()
-                .zip(states)
-                .map(|(name, node)| (name.as_str(), node.as_ref().ok())),
-            &request,
-            &state.policy.load(),
-        ),
-    };
-    // kube-scheduler counts a candidate the answer leaves out as 0 (it adds only the hosts it is
-    // given), so zeros are left out: less for its serial loop to decode.
+    let scores = state.cluster.decide_prioritize(
+        &state.policy,
+        &state.config,
+        args.pod.as_ref(),
+        candidates.offered(),
+    );
+    // No opinion (no pod, or one that does not read) is an empty list: 0 everywhere, so it
+    // changes no ranking. kube-scheduler counts a candidate the answer leaves out as 0 (it adds
+    // only the hosts it is given), so zeros are left out: less for its serial loop to decode.
     scores
         .into_iter()
         .filter(|&(_, score)| score > 0)
@@ -772,18 +674,10 @@ fn preempt_decision(state: &AppState, args: ExtenderPreemptionArgs) -> ExtenderP
             pdb_violations: victims.num_pdb_violations,
         });
     }
-    let request = args
-        .pod
-        .as_ref()
-        .and_then(|pod| state.placement_request(pod).ok().flatten());
-    let kept = state.cluster.preempt(
-        proposals,
-        request.as_ref(),
-        args.pod
-            .as_ref()
-            .map(|pod| pod.metadata.namespace.as_deref().unwrap_or("default")),
-        &state.policy.load(),
-    );
+    let kept =
+        state
+            .cluster
+            .decide_preempt(&state.policy, &state.config, args.pod.as_ref(), proposals);
     let mut out = ExtenderPreemptionResult::default();
     for proposal in kept {
         out.node_name_to_meta_victims.insert(
@@ -862,6 +756,19 @@ mod tests {
     use super::*;
     use gpu_engine::Table;
 
+    /// Filter's answer to `body`, as the handler encodes it.
+    fn filter_text(state: &AppState, body: &Bytes) -> String {
+        let args: CandidateArgs<'_> = decode("filter", body).unwrap();
+        let candidates = candidates(&args, &state.config);
+        let mut decision = state.cluster.decide_filter(
+            &state.policy,
+            &state.config,
+            args.pod.as_ref(),
+            candidates.offered(),
+        );
+        serde_json::to_string(&filter_answer(&state.metrics, &candidates, &mut decision)).unwrap()
+    }
+
     fn state() -> AppState {
         let config = Arc::new(Config::default());
         AppState {
@@ -897,15 +804,11 @@ mod tests {
         let body = Bytes::from_static(
             br#"{"Pod":{"spec":{"containers":[{"name":"c","resources":{"limits":{"aliyun.com/gpu-mem":"8"}}}]}},"NodeNames":["ghost","ghost"]}"#,
         );
-        let args: CandidateArgs<'_> = decode("filter", &body).unwrap();
-        let candidates = candidates(&args, &state.config);
-        let request = args.pod.as_ref().map(|pod| state.placement_request(pod));
-        let answer = filter_decision(&state, args.pod.as_ref(), request.as_ref(), &candidates);
         assert_eq!(
-            serde_json::to_string(&answer).unwrap(),
+            filter_text(&state, &body),
             format!(
                 r#"{{"Nodes":null,"NodeNames":[],"FailedNodes":{{"ghost":"{}"}},"FailedAndUnresolvableNodes":{{}},"Error":""}}"#,
-                decide::UNKNOWN_NODE
+                crate::state::decide::UNKNOWN_NODE
             )
         );
         let count = |label| state.metrics.filter_nodes.with_label_values(&[label]).get();
@@ -943,15 +846,13 @@ mod tests {
                 r#"{{"Pod":{{"metadata":{{"namespace":"ns","name":"p"}},"spec":{{"containers":[{{"name":"c","resources":{{"limits":{{"nvidia.com/gpu":"{gpus}"}}}}}}]{tolerations}}}}},"NodeNames":{}}}"#,
                 serde_json::to_string(names).unwrap()
             ));
-            let args: CandidateArgs<'_> = decode("filter", &body).unwrap();
-            let candidates = candidates(&args, &state.config);
-            let request = args.pod.as_ref().map(|pod| state.placement_request(pod));
-            let answer = filter_decision(&state, args.pod.as_ref(), request.as_ref(), &candidates);
-            let passed = answer
-                .node_names
-                .unwrap_or_default()
+            let answer: serde_json::Value =
+                serde_json::from_str(&filter_text(&state, &body)).unwrap();
+            let passed = answer["NodeNames"]
+                .as_array()
+                .unwrap()
                 .iter()
-                .map(|n| (*n).to_owned())
+                .map(|n| n.as_str().unwrap().to_owned())
                 .collect();
             (passed, state.metrics.filter_window_misses.get())
         };
@@ -1056,27 +957,13 @@ mod tests {
         state.cluster.set_quotas(QuotaSet::build(
             vec![quota],
             Vec::new(),
-            &quota_names(&config),
+            &crate::objects::quota::quota_names(&config),
         ));
         let answer = |namespace: &str, gpus: u32| {
             let body = format!(
                 r#"{{"Pod":{{"metadata":{{"namespace":"{namespace}","name":"p"}},"spec":{{"containers":[{{"name":"c","resources":{{"limits":{{"nvidia.com/gpu":"{gpus}"}}}}}}]}}}},"NodeNames":["a100"]}}"#
             );
-            let body = Bytes::from(body);
-            let args: CandidateArgs<'_> = decode("filter", &body).unwrap();
-            let candidates = candidates(&args, &state.config);
-            let pod = args.pod.as_ref().unwrap();
-            let request = state.placement_request(pod).unwrap().unwrap();
-            let text = match state.quota_refusal(pod, &request) {
-                Some(reason) => serde_json::to_string(&quota_refused(&state, &candidates, &reason)),
-                None => serde_json::to_string(&filter_decision(
-                    &state,
-                    Some(pod),
-                    Some(&Ok(Some(request))),
-                    &candidates,
-                )),
-            };
-            text.unwrap()
+            filter_text(&state, &Bytes::from(body))
         };
         assert_eq!(
             answer("team-a", 2),

@@ -23,7 +23,7 @@ use super::events::BindEvents;
 use crate::config::Config;
 use crate::objects::record;
 use crate::objects::translate::{pod_host_request, pod_request};
-use crate::state::{ApiError, Bind, BindError, BindOutcome, BindRequest, ClusterState, PolicyCell};
+use crate::state::{ApiError, Bind, BindError, BindOutcome, BindRequest, PolicyCell, TableWriter};
 use crate::telemetry::Metrics;
 use gpu_engine::{
     Change, CpuMilli, Hold, MemMiB, NodeName, PodAllocation, PodKey, PodRequest, fit,
@@ -43,7 +43,7 @@ pub enum Reserved {
 /// Binds pods: decides the GPUs, reserves them, writes the Binding.
 #[derive(Debug)]
 pub struct Binder<A> {
-    state: Arc<ClusterState>,
+    state: TableWriter,
     cfg: Arc<Config>,
     policy: PolicyCell,
     api: A,
@@ -53,7 +53,7 @@ impl<A: PodApi> Binder<A> {
     /// A binder over `state`, deciding with `policy` (GPU choice per the node's placement) and
     /// writing through `api`.
     pub fn new(
-        state: Arc<ClusterState>,
+        state: TableWriter,
         cfg: Arc<Config>,
         policy: impl Into<PolicyCell>,
         api: A,

@@ -38,7 +38,7 @@ pub use crate::objects::scheduling::is_unschedulable;
 use crate::objects::translate::{
     names_gpu_resource, pod_host_request, pod_key, pod_request, translate_node,
 };
-use crate::state::{ClusterState, EventCounts, FeedStats, VictimRank, monotonic_ms};
+use crate::state::{EventCounts, FeedStats, TableWriter, VictimRank, monotonic_ms};
 use gpu_engine::{
     Change, CpuMilli, MemMiB, NodeName, NodeSpec, NodeState, PodAllocation, PodKey, PodRequest,
     Policy, Table, fit, shape_hash,
@@ -107,7 +107,7 @@ struct NodeMemo {
 /// The watch-event state machine. One task owns it and feeds it every Node and Pod event.
 #[derive(Debug)]
 pub struct Feed {
-    state: Arc<ClusterState>,
+    state: TableWriter,
     cfg: Arc<Config>,
     policy: Arc<Policy>,
     nodes: HashMap<NodeName, NodeMemo>,
@@ -126,9 +126,9 @@ pub struct Feed {
 }
 
 impl Feed {
-    /// A feed writing into `state`, reading objects with `cfg` and placing pods without a record
-    /// with `policy`.
-    pub fn new(state: Arc<ClusterState>, cfg: Arc<Config>, policy: Arc<Policy>) -> Self {
+    /// A feed writing through `state`, reading objects with `cfg` and placing pods without a
+    /// record with `policy`.
+    pub fn new(state: TableWriter, cfg: Arc<Config>, policy: Arc<Policy>) -> Self {
         Self {
             state,
             cfg,
@@ -145,14 +145,14 @@ impl Feed {
         }
     }
 
-    /// The shared state this feed writes.
-    pub fn state(&self) -> &Arc<ClusterState> {
+    /// The writer of the shared state this feed writes.
+    pub fn state(&self) -> &TableWriter {
         &self.state
     }
 
     /// Applies one Node watch event.
     pub fn apply_node_event(&mut self, event: &Event<Node>) {
-        let state = Arc::clone(&self.state);
+        let state = self.state.clone();
         state.update_stats(|s| count_event(&mut s.node_events, event));
         match event {
             Event::Init => self.node_buffer = Some(Vec::new()),
@@ -193,7 +193,7 @@ impl Feed {
 
     /// Applies one Pod watch event.
     pub fn apply_pod_event(&mut self, event: &Event<Pod>) {
-        let state = Arc::clone(&self.state);
+        let state = self.state.clone();
         state.update_stats(|s| count_event(&mut s.pod_events, event));
         match event {
             Event::Init => self.pod_buffer = Some(Vec::new()),

@@ -1,8 +1,9 @@
 //! The cluster as the extender knows it: the allocation table, the pending GPU pods and their
 //! UIDs, readiness, the feed's health, where capacity was freed and which pods kube-scheduler's
-//! window kept from every node that fits them (both for the requeue task). One writer (the
-//! watch feed, in [`crate::k8s::watch`]) and many readers (filter, prioritize, preempt,
-//! inspect, metrics), with the binder's short writes to reserve: the store/writer split of
+//! window kept from every node that fits them (both for the requeue task). The table has one
+//! writer handle ([`TableWriter`], held by the watch feed in [`crate::k8s::watch`] and by the
+//! binder for its short reservations) and many readers (filter, prioritize, preempt, inspect,
+//! metrics), which hold the [`ClusterState`] and cannot write: the store/writer split of
 //! kube-runtime's reflector. Nothing here reads Kubernetes objects beyond storing the pending
 //! ones.
 
@@ -20,8 +21,8 @@ use crate::objects::admission::NodeClaims;
 use gpu_engine::quota::QuotaSet;
 use gpu_engine::{NodeName, PodAllocation, PodKey, Table};
 
-/// The cluster as the extender knows it, shared by the feed (the writer), the HTTP handlers
-/// (readers) and the binder (short writes to reserve).
+/// The cluster as the extender knows it, shared by the feed and the binder (which write through
+/// a [`TableWriter`]) and the HTTP handlers, the metrics and the tasks (which only read).
 #[derive(Debug)]
 pub struct ClusterState {
     table: RwLock<Table>,
@@ -154,7 +155,7 @@ impl ClusterState {
     /// A state serving a fixed table, synced by definition (tools, tests, load runs).
     pub fn with_table(table: Table) -> Self {
         let state = Self::new(table.max_shares_per_gpu());
-        *state.write() = table;
+        *state.write_table() = table;
         state.set_ready();
         state
     }
@@ -179,8 +180,9 @@ impl ClusterState {
         Self::new(cfg.policy.max_pods_per_shared_gpu)
     }
 
-    /// The table for writing: the feed and the binder's reservation only, briefly.
-    pub fn write(&self) -> RwLockWriteGuard<'_, Table> {
+    /// The table for writing: through a [`TableWriter`] (the feed and the binder's
+    /// reservation) only, briefly.
+    pub(super) fn write_table(&self) -> RwLockWriteGuard<'_, Table> {
         self.writes.fetch_add(1, Ordering::Relaxed);
         self.table.write()
     }
@@ -207,13 +209,8 @@ impl ClusterState {
         *self.stats.lock()
     }
 
-    /// Releases reservations older than their TTL; returns the pods released.
-    pub fn expire_reservations(&self, now_ms: u64) -> Vec<PodKey> {
-        self.expire_in(&mut self.write(), now_ms)
-    }
-
-    /// [`ClusterState::expire_reservations`] on a table the caller already holds for writing
-    /// (`table` is this state's table, from [`ClusterState::write`]): counts the expiries and
+    /// [`TableWriter::expire_reservations`] on a table the caller already holds for writing
+    /// (`table` is this state's table, from [`TableWriter::write`]): counts the expiries and
     /// records where capacity was freed. Every expiry goes through here.
     pub fn expire_in(&self, table: &mut Table, now_ms: u64) -> Vec<PodKey> {
         let released = table.expire_reservations_released(now_ms);
@@ -383,4 +380,42 @@ impl ClusterState {
 /// the expiry tick must use the same `epoch`.
 pub fn monotonic_ms(epoch: Instant) -> u64 {
     u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The one handle that changes the table, as kube-runtime's reflector `Writer`: made with its
+/// state ([`TableWriter::new`]), cloned to the watch feed and the binder, and never made from a
+/// state that is already shared. Everything else holds the [`ClusterState`]
+/// ([`TableWriter::reader`]), which reads.
+#[derive(Clone, Debug)]
+pub struct TableWriter(Arc<ClusterState>);
+
+impl TableWriter {
+    /// A writer for a new state; its readers come from [`TableWriter::reader`].
+    pub fn new(state: ClusterState) -> Self {
+        Self(Arc::new(state))
+    }
+
+    /// The state this writer changes, for its readers.
+    pub fn reader(&self) -> &Arc<ClusterState> {
+        &self.0
+    }
+
+    /// The table for writing, briefly: the feed applies one change, the binder reserves.
+    pub fn write(&self) -> RwLockWriteGuard<'_, Table> {
+        self.0.write_table()
+    }
+
+    /// Releases reservations older than their TTL; returns the pods released.
+    pub fn expire_reservations(&self, now_ms: u64) -> Vec<PodKey> {
+        self.0.expire_in(&mut self.write(), now_ms)
+    }
+}
+
+impl std::ops::Deref for TableWriter {
+    type Target = ClusterState;
+
+    /// A writer reads too: the feed and the binder consult what they change.
+    fn deref(&self) -> &ClusterState {
+        &self.0
+    }
 }

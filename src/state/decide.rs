@@ -1,11 +1,11 @@
 //! What filter, prioritize and preempt decide: candidate nodes in, verdicts out. The free
 //! functions judge any candidates (the nodes of a non-cache request, or the live table's); the
-//! [`ClusterState`] methods take one consistent snapshot of the live table and decide on it. No
-//! HTTP here: the handlers decode, ask these, and encode.
+//! [`Snapshot`] methods decide on the live table as one call sees it. No HTTP here: the verbs
+//! ([`super::verbs`]) ask these, and the handlers decode and encode.
 
 use std::collections::HashSet;
 
-use super::cluster::ClusterState;
+use super::snapshot::Snapshot;
 use crate::objects::admission::PodClaims;
 use gpu_engine::quota::{
     Amounts, back_within_max, may_preempt, namespace_of, usage, victims_needed,
@@ -151,22 +151,20 @@ pub struct Proposal {
     pub pdb_violations: i64,
 }
 
-impl ClusterState {
-    /// Filter over the live table: which of `names` can hold `request` now, on one snapshot.
-    /// Under `policy.filterBestOnly` the pod goes to the one node that passes, and the other
-    /// nodes' reasons are dropped: kube-scheduler reads them only when no node is left.
+impl Snapshot<'_> {
+    /// Filter over the live table: which of `names` can hold `request` now. Under
+    /// `policy.filterBestOnly` the pod goes to the one node that passes, and the other nodes'
+    /// reasons are dropped: kube-scheduler reads them only when no node is left.
     pub fn filter<'a>(
         &self,
         names: &[&'a str],
         request: &PodRequest,
-        policy: &Policy,
     ) -> Result<FilterVerdict<'a>, NotReady> {
-        if !self.is_ready() {
+        if !self.cluster.is_ready() {
             return Err(NotReady);
         }
-        let table = self.read();
-        let mut verdict = filter(table.nodes_by_names(names), request, policy);
-        drop(table);
+        let policy = &*self.policy;
+        let mut verdict = filter(self.table.nodes_by_names(names), request, policy);
         if policy.filter_best_only && !verdict.passed.is_empty() {
             verdict.failed.clear();
             verdict.unresolvable.clear();
@@ -180,20 +178,14 @@ impl ClusterState {
     /// Asked when no candidate fits, it tells kube-scheduler's window apart from a full cluster:
     /// kube-scheduler stops filtering once it has found `percentageOfNodesToScore` of the
     /// nodes feasible by its own checks, which do not see the GPUs the engine checks.
-    pub fn fits_outside(
-        &self,
-        names: &[&str],
-        pod: &PodClaims<'_>,
-        request: &PodRequest,
-        policy: &Policy,
-    ) -> bool {
-        let table = self.read();
+    pub fn fits_outside(&self, names: &[&str], pod: &PodClaims<'_>, request: &PodRequest) -> bool {
+        let policy = &*self.policy;
         let sent: HashSet<&str> = names.iter().copied().collect();
-        let claims = self.node_claims();
+        let claims = self.cluster.node_claims();
         // Cheapest first: the name, the node's claims (map lookups), then the fit alone; a
         // node's score does not matter here, and scoring every node of a full cluster would be
         // the costliest part of a failing filter.
-        table.nodes().any(|node| {
+        self.table.nodes().any(|node| {
             let name = node.spec.name.as_str();
             !sent.contains(name)
                 && pod.admitted_by(name, claims.get(&node.spec.name))
@@ -201,15 +193,9 @@ impl ClusterState {
         })
     }
 
-    /// Prioritize over the live table, on one snapshot: (name, 0..=10) in candidate order.
-    pub fn prioritize<'a>(
-        &self,
-        names: &[&'a str],
-        request: &PodRequest,
-        policy: &Policy,
-    ) -> Vec<(&'a str, i64)> {
-        let table = self.read();
-        prioritize(table.nodes_by_names(names), request, policy)
+    /// Prioritize over the live table: (name, 0..=10) in candidate order.
+    pub fn prioritize<'a>(&self, names: &[&'a str], request: &PodRequest) -> Vec<(&'a str, i64)> {
+        prioritize(self.table.nodes_by_names(names), request, &self.policy)
     }
 
     /// Keeps the proposed nodes where evicting the victims really makes room on the GPUs, and
@@ -229,13 +215,14 @@ impl ClusterState {
         proposals: Vec<Proposal>,
         request: Option<&PodRequest>,
         namespace: Option<&str>,
-        policy: &Policy,
     ) -> Vec<Proposal> {
-        let quotas = self.quotas();
-        let table = self.read();
+        let policy = &*self.policy;
+        let quotas = &*self.quotas;
+        let table = &*self.table;
+        let cluster = self.cluster;
         let guarded = match (namespace, request) {
             (Some(namespace), Some(request)) => quotas.get(namespace).map(|quota| {
-                let used = usage(&table);
+                let used = usage(table);
                 let asked = Amounts::requested_by(request);
                 let own = quota.used(&used);
                 let over_max = quota.admit(&own, &asked, &quotas.names).is_err();
@@ -252,13 +239,13 @@ impl ClusterState {
             let mut tracked: Vec<(String, PodAllocation)> = Vec::new();
             let mut untracked: Vec<String> = Vec::new();
             for uid in proposal.victims {
-                let entry = self
+                let entry = cluster
                     .pod_key_for_uid(&uid)
                     .and_then(|key| table.pod(&key).cloned().map(|entry| (key, entry)));
                 match entry {
                     Some((key, entry)) if entry.allocation.node.as_str() == proposal.node => {
                         let allowed = guarded.as_ref().is_none_or(|(own, _, asked, used, ..)| {
-                            may_preempt(&quotas, used, own, asked, namespace_of(&key))
+                            may_preempt(quotas, used, own, asked, namespace_of(&key))
                         });
                         if allowed {
                             tracked.push((uid, entry.allocation));
@@ -271,8 +258,9 @@ impl ClusterState {
                 // A quota reclaims: borrowers' pods go lowest priority, then newest, first
                 // (`victims_needed` spares from the end of the list).
                 tracked.sort_by_key(|(uid, _)| {
-                    self.pod_key_for_uid(uid)
-                        .and_then(|key| self.rank(&key))
+                    cluster
+                        .pod_key_for_uid(uid)
+                        .and_then(|key| cluster.rank(&key))
                         .unwrap_or_default()
                         .eviction_order()
                 });
@@ -312,7 +300,10 @@ impl ClusterState {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
+    use crate::state::ClusterState;
     use gpu_engine::{CpuMilli, GpuDemand, GpuMode, MemMiB, NodeSpec, PodKey, Table, fit};
 
     fn table() -> Table {
@@ -528,7 +519,11 @@ mod tests {
                 pdb_violations: 0,
             },
         ];
-        let kept = state.preempt(proposals.clone(), Some(&whole(1)), Some("a"), &policy);
+        let kept = state.snapshot(Arc::new(policy.clone())).preempt(
+            proposals.clone(),
+            Some(&whole(1)),
+            Some("a"),
+        );
         assert_eq!(
             kept,
             vec![Proposal {
@@ -546,7 +541,11 @@ mod tests {
                 created_s: 0,
             },
         );
-        let kept = state.preempt(proposals.clone(), Some(&whole(1)), Some("a"), &policy);
+        let kept = state.snapshot(Arc::new(policy.clone())).preempt(
+            proposals.clone(),
+            Some(&whole(1)),
+            Some("a"),
+        );
         assert_eq!(kept[0].victims, vec!["b1".to_owned()]);
         // With a min of 0, team a asking for one GPU borrows: it may take nothing from others.
         state.set_quotas(QuotaSet::build(
@@ -556,11 +555,16 @@ mod tests {
         ));
         assert!(
             state
-                .preempt(proposals.clone(), Some(&whole(1)), Some("a"), &policy)
+                .snapshot(Arc::new(policy.clone()))
+                .preempt(proposals.clone(), Some(&whole(1)), Some("a"))
                 .is_empty()
         );
         // A namespace without a quota preempts as kube-scheduler proposes (needed victims only).
-        let free = state.preempt(proposals, Some(&whole(1)), Some("none"), &policy);
+        let free = state.snapshot(Arc::new(policy.clone())).preempt(
+            proposals,
+            Some(&whole(1)),
+            Some("none"),
+        );
         assert_eq!(free.len(), 2);
     }
     /// A pod past its quota's max (filter refuses it) gets victims only among its own team's
@@ -609,35 +613,31 @@ mod tests {
         };
         // Team a holds 2 of its max 2. Another team's pods free room on the node, but not on
         // the quota: nothing.
-        let kept = state.preempt(
+        let kept = state.snapshot(Arc::new(policy.clone())).preempt(
             vec![proposal(&["b1", "b2"])],
             Some(&whole(1)),
             Some("a"),
-            &policy,
         );
         assert!(kept.is_empty(), "{kept:?}");
         // One of its own pods brings it back to 1 + 1 <= 2.
-        let kept = state.preempt(
+        let kept = state.snapshot(Arc::new(policy.clone())).preempt(
             vec![proposal(&["a1", "a2", "b1"])],
             Some(&whole(1)),
             Some("a"),
-            &policy,
         );
         assert_eq!(kept, vec![proposal(&["a1"])]);
         // Asking 2, it needs both of its own pods gone, though one would free room enough.
-        let kept = state.preempt(
+        let kept = state.snapshot(Arc::new(policy.clone())).preempt(
             vec![proposal(&["a1", "a2", "b1"])],
             Some(&whole(2)),
             Some("a"),
-            &policy,
         );
         assert_eq!(kept, vec![proposal(&["a1", "a2"])]);
         // Asking 3 it can never get back within its max of 2: nothing.
-        let kept = state.preempt(
+        let kept = state.snapshot(Arc::new(policy.clone())).preempt(
             vec![proposal(&["a1", "a2"])],
             Some(&whole(3)),
             Some("a"),
-            &policy,
         );
         assert!(kept.is_empty(), "{kept:?}");
     }
@@ -662,7 +662,15 @@ mod tests {
         let pod = k8s_openapi::api::core::v1::Pod::default();
         let claims = PodClaims::of(&pod, &crate::config::Config::default()).unwrap();
         let cpu_only = PodRequest::single(CpuMilli(1000), MemMiB(1024), GpuDemand::None);
-        assert!(!state.fits_outside(&[], &claims, &cpu_only, &held));
-        assert!(state.fits_outside(&[], &claims, &cpu_only, &unheld));
+        assert!(
+            !state
+                .snapshot(Arc::new(held))
+                .fits_outside(&[], &claims, &cpu_only)
+        );
+        assert!(
+            state
+                .snapshot(Arc::new(unheld))
+                .fits_outside(&[], &claims, &cpu_only)
+        );
     }
 }

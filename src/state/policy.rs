@@ -318,7 +318,7 @@ mod tests {
                 .unwrap_or_else(|reason| panic!("the pod does not fit: {reason:?}"))
         };
         let writes = cluster.writes();
-        cluster.write().apply(Change::PodBound {
+        cluster.write_table().apply(Change::PodBound {
             pod: PodKey::new("ns", "p"),
             allocation,
         });
@@ -378,7 +378,7 @@ mod tests {
                 fit(state, &request, &Policy::default())
                     .unwrap_or_else(|reason| panic!("the pod does not fit: {reason:?}"))
             };
-            cluster.write().apply(Change::PodBound {
+            cluster.write_table().apply(Change::PodBound {
                 pod: PodKey::new("ns", &format!("p{i}")),
                 allocation,
             });

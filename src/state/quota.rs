@@ -10,6 +10,7 @@ use gpu_engine::PodRequest;
 use gpu_engine::quota::{Amounts, QuotaNames, QuotaSet, usage};
 
 use super::cluster::ClusterState;
+use super::snapshot::Snapshot;
 
 impl ClusterState {
     /// Replaces the quotas in force (the `ElasticQuota` watcher's call).
@@ -20,23 +21,6 @@ impl ClusterState {
     /// The quotas in force.
     pub fn quotas(&self) -> Arc<QuotaSet> {
         Arc::clone(&self.quotas.read())
-    }
-
-    /// `Err` with the reason when placing `request` would take `namespace` past its quota's
-    /// max (counting every namespace the quota covers); `Ok` when it stays within, or the
-    /// namespace has no quota.
-    pub fn quota_admit(
-        &self,
-        namespace: &str,
-        request: &PodRequest,
-        names: &QuotaNames,
-    ) -> Result<(), String> {
-        let quotas = self.quotas();
-        let Some(quota) = quotas.get(namespace) else {
-            return Ok(());
-        };
-        let used = quota.used_in(&self.read());
-        quota.admit(&used, &Amounts::requested_by(request), names)
     }
 
     /// Every quota in force with what its namespace uses now, by namespace.
@@ -59,6 +43,24 @@ impl ClusterState {
         drop(table);
         report.ignored_quotas = quotas.problems.clone();
         report
+    }
+}
+
+impl Snapshot<'_> {
+    /// `Err` with the reason when placing `request` would take `namespace` past its quota's
+    /// max (counting every namespace the quota covers); `Ok` when it stays within, or the
+    /// namespace has no quota.
+    pub fn quota_admit(
+        &self,
+        namespace: &str,
+        request: &PodRequest,
+        names: &QuotaNames,
+    ) -> Result<(), String> {
+        let Some(quota) = self.quotas.get(namespace) else {
+            return Ok(());
+        };
+        let used = quota.used_in(&self.table);
+        quota.admit(&used, &Amounts::requested_by(request), names)
     }
 }
 
@@ -104,7 +106,10 @@ mod tests {
         let state = ClusterState::with_table(table);
         assert!(state.quota_reports().is_empty());
         assert!(
-            state.quota_admit("a", &whole(8), &names()).is_ok(),
+            state
+                .snapshot(Arc::new(Policy::default()))
+                .quota_admit("a", &whole(8), &names())
+                .is_ok(),
             "no quota"
         );
         let mut min = Amounts::default();
@@ -120,10 +125,23 @@ mod tests {
             vec!["ElasticQuota x/y: no spec; quota ignored".into()],
             &names(),
         ));
-        assert!(state.quota_admit("a", &whole(1), &names()).is_ok());
-        let reason = state.quota_admit("a", &whole(2), &names()).unwrap_err();
+        assert!(
+            state
+                .snapshot(Arc::new(Policy::default()))
+                .quota_admit("a", &whole(1), &names())
+                .is_ok()
+        );
+        let reason = state
+            .snapshot(Arc::new(Policy::default()))
+            .quota_admit("a", &whole(2), &names())
+            .unwrap_err();
         assert!(reason.contains("3 used + 2 requested > 4"), "{reason}");
-        assert!(state.quota_admit("b", &whole(5), &names()).is_ok());
+        assert!(
+            state
+                .snapshot(Arc::new(Policy::default()))
+                .quota_admit("b", &whole(5), &names())
+                .is_ok()
+        );
         let reports = state.quota_reports();
         assert_eq!(reports.len(), 1);
         let gpus = &reports[0].resources[0];
@@ -152,7 +170,10 @@ mod tests {
             Vec::new(),
             &names(),
         ));
-        let reason = state.quota_admit("g", &whole(2), &names()).unwrap_err();
+        let reason = state
+            .snapshot(Arc::new(Policy::default()))
+            .quota_admit("g", &whole(2), &names())
+            .unwrap_err();
         assert!(reason.contains("namespaces g,a would exceed"), "{reason}");
         let report = state.report();
         assert_eq!(report.quotas[0].also, ["a"]);

@@ -586,7 +586,8 @@ mod tests {
             add_node(&mut table, name, GpuMode::ShareMemory, 2, "Tesla-T4", 16);
         }
         bind(&mut table, "t4", "p", GpuDemand::share(4, 1, None).unwrap());
-        let cluster = Arc::new(ClusterState::with_table(table));
+        let writer = crate::state::TableWriter::new(ClusterState::with_table(table));
+        let cluster = Arc::clone(writer.reader());
         let metrics = Metrics::new().unwrap();
         metrics
             .watch_state(Arc::clone(&cluster), PolicyCell::from(Policy::default()))
@@ -608,7 +609,7 @@ mod tests {
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }
-        cluster
+        writer
             .write()
             .apply(Change::RemoveNode(NodeName::new("spare")));
         let text = scrape();

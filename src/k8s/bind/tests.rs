@@ -13,6 +13,7 @@ use super::*;
 use crate::k8s::api::{BindTime, BindingWrite};
 use crate::k8s::watch::Feed;
 use crate::objects::translate::pod_key;
+use crate::state::ClusterState;
 use gpu_engine::{GpuDemand, GpuMode, NodeSpec, Policy, RejectReason, Table};
 
 /// An API server that answers from a script (success when the script is empty) and keeps the
@@ -130,8 +131,8 @@ fn share(name: &str, gib: u32) -> Pod {
 fn world(pods: &[Pod]) -> World {
     let cfg = Arc::new(Config::default());
     let policy = Arc::new(cfg.engine_policy());
-    let state = Arc::new(ClusterState::for_config(&cfg));
-    let mut feed = Feed::new(Arc::clone(&state), Arc::clone(&cfg), Arc::clone(&policy));
+    let state = TableWriter::new(ClusterState::for_config(&cfg));
+    let mut feed = Feed::new(state.clone(), Arc::clone(&cfg), Arc::clone(&policy));
     for event in [
         Event::Init,
         Event::InitApply(share_node()),
@@ -229,7 +230,7 @@ async fn gpushare_annotations_ride_on_the_binding() {
     cfg.gpushare.enabled = true;
     let world = world(&[share("p", 4)]);
     let binder = Binder::new(
-        Arc::clone(world.feed.state()),
+        world.feed.state().clone(),
         Arc::new(cfg),
         Arc::new(Policy::default()),
         Arc::clone(&world.api),
@@ -484,13 +485,13 @@ impl Rng {
     }
 }
 
-fn stress_cluster() -> (Arc<ClusterState>, Binder<Arc<ScriptedApi>>) {
+fn stress_cluster() -> (TableWriter, Binder<Arc<ScriptedApi>>) {
     // A low per-GPU pod limit so that the limit, too, is raced for.
     let mut cfg = Config::default();
     cfg.policy.max_pods_per_shared_gpu = 4;
     let cfg = Arc::new(cfg);
     let policy = Arc::new(cfg.engine_policy());
-    let state = Arc::new(ClusterState::for_config(&cfg));
+    let state = TableWriter::new(ClusterState::for_config(&cfg));
     {
         let mut table = state.write();
         for i in 0..6 {
@@ -504,12 +505,7 @@ fn stress_cluster() -> (Arc<ClusterState>, Binder<Arc<ScriptedApi>>) {
             table.apply(Change::UpsertNode(spec));
         }
     }
-    let binder = Binder::new(
-        Arc::clone(&state),
-        cfg,
-        policy,
-        Arc::new(ScriptedApi::default()),
-    );
+    let binder = Binder::new(state.clone(), cfg, policy, Arc::new(ScriptedApi::default()));
     (state, binder)
 }
 
@@ -685,7 +681,7 @@ fn concurrent_binds_and_filters_never_over_commit() {
 #[test]
 fn racing_binds_for_the_last_capacity_exactly_fill_it() {
     let cfg = Arc::new(Config::default());
-    let state = Arc::new(ClusterState::new(20));
+    let state = TableWriter::new(ClusterState::new(20));
     state.write().apply(Change::UpsertNode(NodeSpec::uniform(
         "one",
         GpuMode::ShareMemory,
@@ -694,7 +690,7 @@ fn racing_binds_for_the_last_capacity_exactly_fill_it() {
         MemMiB(16 * 1024),
     )));
     let binder = Binder::new(
-        Arc::clone(&state),
+        state.clone(),
         cfg,
         Arc::new(Policy::default()),
         Arc::new(ScriptedApi::default()),
@@ -854,8 +850,8 @@ fn hami_pod(name: &str, limits: serde_json::Value) -> Pod {
 async fn a_hami_pod_binds_with_mib_per_gpu_and_any_core_percent() {
     let cfg = Arc::new(hami_config());
     let policy = Arc::new(cfg.engine_policy());
-    let state = Arc::new(ClusterState::for_config(&cfg));
-    let mut feed = Feed::new(Arc::clone(&state), Arc::clone(&cfg), Arc::clone(&policy));
+    let state = TableWriter::new(ClusterState::for_config(&cfg));
+    let mut feed = Feed::new(state.clone(), Arc::clone(&cfg), Arc::clone(&policy));
     let node: Node = serde_json::from_value(json!({"metadata": {"name": "hami-1", "labels": {
         "ack.node.gpu.schedule": "core_mem", "nvidia.com/gpu.product": "Tesla-T4",
         "nvidia.com/gpu.memory": "15360", "nvidia.com/gpu.count": "2"}},
@@ -882,12 +878,7 @@ async fn a_hami_pod_binds_with_mib_per_gpu_and_any_core_percent() {
     );
     let api = Arc::new(ScriptedApi::default());
     api.put(&pod);
-    let binder = Binder::new(
-        Arc::clone(&state),
-        Arc::clone(&cfg),
-        policy,
-        Arc::clone(&api),
-    );
+    let binder = Binder::new(state.clone(), Arc::clone(&cfg), policy, Arc::clone(&api));
     let outcome = binder
         .bind(&ask("gpu-pod", "hami-1"), at(10))
         .await

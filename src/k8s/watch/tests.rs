@@ -6,6 +6,7 @@ use serde_json::json;
 
 use super::*;
 use crate::objects::translate::node_spec;
+use crate::state::ClusterState;
 use gpu_engine::Hold;
 
 fn cfg() -> Arc<Config> {
@@ -14,7 +15,7 @@ fn cfg() -> Arc<Config> {
 
 fn feed() -> Feed {
     Feed::new(
-        Arc::new(ClusterState::new(20)),
+        TableWriter::new(ClusterState::new(20)),
         cfg(),
         Arc::new(Policy::default()),
     )

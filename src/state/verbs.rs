@@ -1,0 +1,232 @@
+//! The extender verbs' decisions, each on one [`Snapshot`]: filter, prioritize and preempt read
+//! the policy in force once and the table once, translate the pod with that policy, and decide.
+//! The HTTP layer decodes a call into [`Offered`] nodes and a pod, asks one of these, counts
+//! what it says in the metrics, and encodes the answer.
+
+use k8s_openapi::api::core::v1::Pod;
+use tracing::debug;
+
+use super::cluster::ClusterState;
+use super::decide::{self, FilterVerdict, Proposal};
+use super::policy::PolicyCell;
+use super::snapshot::Snapshot;
+use crate::config::Config;
+use crate::objects::admission::PodClaims;
+use crate::objects::quota::quota_names;
+use crate::objects::translate;
+use gpu_engine::{NodeState, PodRequest, Policy};
+
+/// The nodes one call offers: kube-scheduler's candidate names (`nodeCacheCapable: true`), or
+/// the node objects it sent, each read into a node state or the reason it could not be.
+#[derive(Debug, Clone, Copy)]
+pub enum Offered<'a> {
+    /// Names of nodes the table should know.
+    Names(&'a [&'a str]),
+    /// Node objects, by position: `names[i]` read as `states[i]`.
+    Objects {
+        names: &'a [String],
+        states: &'a [Result<NodeState, String>],
+    },
+}
+
+impl<'a> Offered<'a> {
+    /// Every offered name, in order.
+    pub fn names(&self) -> Vec<&'a str> {
+        match *self {
+            Offered::Names(names) => names.to_vec(),
+            Offered::Objects { names, .. } => names.iter().map(String::as_str).collect(),
+        }
+    }
+}
+
+/// What filter decided for one call.
+#[derive(Debug)]
+pub enum FilterDecision<'a> {
+    /// The call named no pod.
+    NoPod,
+    /// The table is not synced yet: nothing can be decided.
+    NotReady,
+    /// The pod's request does not read: every candidate is refused for this reason, which can
+    /// never change (unresolvable).
+    Unreadable(String),
+    /// Named candidates for a pod that asks for nothing the extender places: all pass.
+    PassAll,
+    /// The pod's team would go past its GPU quota's max: every candidate is refused for this
+    /// reason as currently full.
+    OverQuota(String),
+    /// The engine's verdict over the candidates.
+    Verdict {
+        /// Positions into the offered names (for objects, into those that read).
+        verdict: FilterVerdict<'a>,
+        /// Offered node objects that did not read, with why (empty for names).
+        unreadable: Vec<(&'a str, &'a str)>,
+        /// The readable objects in the order the verdict's positions index (empty for names).
+        readable: Vec<&'a str>,
+        /// No candidate fits, but a node kube-scheduler did not send would have taken the pod
+        /// (its `percentageOfNodesToScore` window hid it).
+        window_miss: bool,
+    },
+}
+
+/// What filter, prioritize and preempt read a pod as: its placement request under the policy
+/// this call decides with; `Err` is the message for kube-scheduler.
+fn placement_request(
+    pod: &Pod,
+    config: &Config,
+    policy: &Policy,
+) -> Result<Option<PodRequest>, String> {
+    translate::placement_request(pod, config, policy.filter_best_only)
+        .map_err(|error| error.to_string())
+}
+
+fn namespace(pod: &Pod) -> &str {
+    pod.metadata.namespace.as_deref().unwrap_or("default")
+}
+
+impl ClusterState {
+    /// Filter: which offered nodes can take `pod` now, on one snapshot.
+    pub fn decide_filter<'a>(
+        &self,
+        policy: &PolicyCell,
+        config: &Config,
+        pod: Option<&Pod>,
+        offered: Offered<'a>,
+    ) -> FilterDecision<'a> {
+        let snapshot = self.snapshot(policy.load());
+        let Some(pod) = pod else {
+            return FilterDecision::NoPod;
+        };
+        let request = match placement_request(pod, config, snapshot.policy()) {
+            Ok(request) => request,
+            Err(message) => return FilterDecision::Unreadable(message),
+        };
+        if let Some(request) = &request
+            && let Err(reason) = snapshot.quota_admit(namespace(pod), request, &quota_names(config))
+        {
+            if !self.is_ready() {
+                return FilterDecision::NotReady;
+            }
+            return FilterDecision::OverQuota(reason);
+        }
+        match offered {
+            Offered::Names(names) => {
+                let Some(request) = request else {
+                    return FilterDecision::PassAll;
+                };
+                let Ok(verdict) = snapshot.filter(names, &request) else {
+                    return FilterDecision::NotReady;
+                };
+                let window_miss = verdict.passed.is_empty()
+                    && self.window_missed(&snapshot, config, pod, names, &request);
+                FilterDecision::Verdict {
+                    verdict,
+                    unreadable: Vec::new(),
+                    readable: Vec::new(),
+                    window_miss,
+                }
+            }
+            Offered::Objects { names, states } => {
+                let mut unreadable = Vec::new();
+                let mut readable = Vec::with_capacity(names.len());
+                let mut nodes = Vec::with_capacity(names.len());
+                for (name, node) in names.iter().zip(states) {
+                    match node {
+                        Ok(node) => {
+                            readable.push(name.as_str());
+                            nodes.push((name.as_str(), Some(node)));
+                        }
+                        Err(message) => unreadable.push((name.as_str(), message.as_str())),
+                    }
+                }
+                let verdict = match &request {
+                    Some(request) => decide::filter(nodes, request, snapshot.policy()),
+                    None => FilterVerdict {
+                        passed: (0..nodes.len()).collect(),
+                        ..Default::default()
+                    },
+                };
+                FilterDecision::Verdict {
+                    verdict,
+                    unreadable,
+                    readable,
+                    window_miss: false,
+                }
+            }
+        }
+    }
+
+    /// Whether a node kube-scheduler did not send would have taken the pod that no candidate
+    /// fits; such a pod is noted for the requeue task (when it is on), which asks
+    /// kube-scheduler to retry it once it is marked unschedulable: its next window starts
+    /// elsewhere.
+    fn window_missed(
+        &self,
+        snapshot: &Snapshot<'_>,
+        config: &Config,
+        pod: &Pod,
+        names: &[&str],
+        request: &PodRequest,
+    ) -> bool {
+        // A pod whose resources do not read was refused by kube-scheduler's own check already.
+        let Ok(claims) = PodClaims::of(pod, config) else {
+            return false;
+        };
+        if !snapshot.fits_outside(names, &claims, request) {
+            return false;
+        }
+        if config.requeue.enabled {
+            self.note_window_miss(translate::pod_key(pod));
+        }
+        debug!(
+            pod = %translate::pod_key(pod),
+            candidates = names.len(),
+            "no candidate fits, but a node kube-scheduler did not send would"
+        );
+        true
+    }
+
+    /// Prioritize: the offered nodes' scores (0..=10) for `pod`, in offered order; empty when
+    /// the pod is absent or does not read (kube-scheduler ignores prioritize's errors, so an
+    /// unreadable pod just gets no preference anywhere).
+    pub fn decide_prioritize<'a>(
+        &self,
+        policy: &PolicyCell,
+        config: &Config,
+        pod: Option<&Pod>,
+        offered: Offered<'a>,
+    ) -> Vec<(&'a str, i64)> {
+        let policy = policy.load();
+        let request = pod.and_then(|pod| placement_request(pod, config, &policy).ok().flatten());
+        let Some(request) = request else {
+            return Vec::new();
+        };
+        match offered {
+            Offered::Names(names) => self.snapshot(policy).prioritize(names, &request),
+            Offered::Objects { names, states } => decide::prioritize(
+                names
+                    .iter()
+                    .zip(states)
+                    .map(|(name, node)| (name.as_str(), node.as_ref().ok())),
+                &request,
+                &policy,
+            ),
+        }
+    }
+
+    /// Preempt: the proposals kept, with the victims that really make room for `pod`.
+    pub fn decide_preempt(
+        &self,
+        policy: &PolicyCell,
+        config: &Config,
+        pod: Option<&Pod>,
+        proposals: Vec<Proposal>,
+    ) -> Vec<Proposal> {
+        let snapshot = self.snapshot(policy.load());
+        let request = pod.and_then(|pod| {
+            placement_request(pod, config, snapshot.policy())
+                .ok()
+                .flatten()
+        });
+        snapshot.preempt(proposals, request.as_ref(), pod.map(namespace))
+    }
+}
