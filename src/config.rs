@@ -96,9 +96,20 @@ pub const KEYS: &[&str] = &[
     "policy.typicalPods.learn",
     "policy.typicalPods.learnIntervalSeconds",
     "policy.typicalPods.pods",
-    "policy.typicalPods.scarcity",
     "policy.filterBestOnly",
-    "policy.holdHostForGpus",
+    "policy.fgdPlus.lookahead",
+    "policy.fgdPlus.scarcity.models",
+    "policy.fgdPlus.scarcity.shapes",
+    "policy.fgdPlus.scarcity.measured",
+    "policy.fgdPlus.host.weight",
+    "policy.fgdPlus.host.slack",
+    "policy.fgdPlus.idleNodes.penalty",
+    "policy.fgdPlus.idleNodes.credit",
+    "policy.fgdPlus.idleNodes.creditCover",
+    "policy.fgdPlus.idleNodes.floor",
+    "policy.fgdPlus.idleNodes.guardPenalty",
+    "policy.fgdPlus.idleNodes.guardRise",
+    "policy.fgdPlus.holdHostForGpus",
     "server.listen",
     "server.urlPrefix",
     "server.adminListen",
@@ -336,11 +347,12 @@ pub struct PolicyConfig {
     pub typical_pods: TypicalPodsConfig,
     /// Filter passes only the fitting nodes the policy scores best.
     pub filter_best_only: bool,
-    /// `fgd-plus` refuses a pod that asks for no GPU the CPU and memory that a GPU node's free
-    /// GPUs need, and idle nodes of four GPUs or more ([`fgd_plus::holds_host`]). Only acts on
-    /// pods the policy places: under `fgd-plus`, and for pods without GPUs only with
-    /// `filter_best_only`.
-    pub hold_host_for_gpus: bool,
+    /// Every knob of `fgd-plus`.
+    pub fgd_plus: FgdPlusConfig,
+    /// The old name of `policy.fgdPlus.holdHostForGpus`, still read from files (never written);
+    /// [`PolicyConfig::fgd_plus_tuning`] says which wins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold_host_for_gpus: Option<bool>,
 }
 
 impl Default for PolicyConfig {
@@ -350,7 +362,182 @@ impl Default for PolicyConfig {
             max_pods_per_shared_gpu: 20,
             typical_pods: TypicalPodsConfig::default(),
             filter_best_only: false,
-            hold_host_for_gpus: true,
+            fgd_plus: FgdPlusConfig::default(),
+            hold_host_for_gpus: None,
+        }
+    }
+}
+
+impl PolicyConfig {
+    /// FGD+'s knobs as the engine takes them: `policy.fgdPlus`, with the old names
+    /// (`policy.holdHostForGpus`, `policy.typicalPods.scarcity`) taking the place of a new key
+    /// still at its default. Both set to different values is refused by [`Config::validate`].
+    pub fn fgd_plus_tuning(&self) -> fgd_plus::Tuning {
+        let mut tuning = self.fgd_plus.engine();
+        if let Some(hold) = self.hold_host_for_gpus {
+            tuning.hold_host = hold;
+        }
+        if let Some(measured) = self.typical_pods.scarcity {
+            tuning.scarcity.measured = measured.engine();
+        }
+        tuning
+    }
+
+    /// Where an old key and its new name are both set, differently: `(old, new)`.
+    fn renamed_conflicts(&self) -> Vec<(&'static str, &'static str)> {
+        let default = FgdPlusConfig::default();
+        let mut conflicts = Vec::new();
+        if let Some(hold) = self.hold_host_for_gpus
+            && self.fgd_plus.hold_host_for_gpus != default.hold_host_for_gpus
+            && self.fgd_plus.hold_host_for_gpus != hold
+        {
+            conflicts.push(("policy.holdHostForGpus", "policy.fgdPlus.holdHostForGpus"));
+        }
+        if let Some(measured) = self.typical_pods.scarcity
+            && self.fgd_plus.scarcity.measured != default.scarcity.measured
+            && self.fgd_plus.scarcity.measured != measured
+        {
+            conflicts.push((
+                "policy.typicalPods.scarcity",
+                "policy.fgdPlus.scarcity.measured",
+            ));
+        }
+        conflicts
+    }
+}
+
+/// `policy.fgdPlus`: every knob of FGD+, one group per term it adds to FGD's measure
+/// (docs/policies.md, "FGD+ on one page"). The keys below `policy.fgdPlus` are the engine's
+/// (`fgd_plus::Tuning::KEYS`), which `gpu-lab simulate` takes as `fgd-plus:KEY=VALUE`: a tuning
+/// measured there is set here unchanged. The defaults are the engine's.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct FgdPlusConfig {
+    /// The sliver look-ahead's weight, hundredths (0: off).
+    pub lookahead: u32,
+    pub scarcity: FgdPlusScarcity,
+    pub host: FgdPlusHost,
+    pub idle_nodes: FgdPlusIdleNodes,
+    /// A pod that asks for no GPU is refused the CPU and memory that a GPU node's free GPUs
+    /// need, and idle nodes of four GPUs or more ([`fgd_plus::holds_host`]). Only acts on pods
+    /// the policy places: under `fgd-plus`, and for pods without GPUs only with
+    /// `filterBestOnly`.
+    pub hold_host_for_gpus: bool,
+}
+
+/// `policy.fgdPlus.scarcity`: the scarce classes' term.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct FgdPlusScarcity {
+    /// Weight of the classes that name GPU models, hundredths (0: off).
+    pub models: u32,
+    /// Weight of the classes scarce by their shape, hundredths (0: off).
+    pub shapes: u32,
+    /// How a class's scarcity is measured.
+    pub measured: ScarcityConfig,
+}
+
+impl Default for FgdPlusScarcity {
+    fn default() -> Self {
+        FgdPlusConfig::default().scarcity
+    }
+}
+
+/// `policy.fgdPlus.host`: the host-stranding term.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct FgdPlusHost {
+    /// Weight, hundredths (0: off).
+    pub weight: u32,
+    /// Host slack, hundredths, from which the term has its whole weight (0: always whole).
+    pub slack: u32,
+}
+
+impl Default for FgdPlusHost {
+    fn default() -> Self {
+        FgdPlusConfig::default().host
+    }
+}
+
+/// `policy.fgdPlus.idleNodes`: the idle-node guard.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct FgdPlusIdleNodes {
+    /// Milli-GPU charged for opening an idle node.
+    pub penalty: u32,
+    /// Hundredths of the host term's credit a pod opening an idle node earns.
+    pub credit: u32,
+    /// Idle cover (hundredths) from which that credit is whole (0: always whole).
+    pub credit_cover: u32,
+    /// Idle cover (hundredths) below which opening an idle node is guarded (0: never).
+    pub floor: u32,
+    /// Milli-GPU charged more for opening an idle node while guarded.
+    pub guard_penalty: u32,
+    /// Hundredths: how many times a rise of host stranding there is charged while guarded.
+    pub guard_rise: u32,
+}
+
+impl Default for FgdPlusIdleNodes {
+    fn default() -> Self {
+        FgdPlusConfig::default().idle_nodes
+    }
+}
+
+impl Default for FgdPlusConfig {
+    fn default() -> Self {
+        Self::from_engine(&fgd_plus::Tuning::default())
+    }
+}
+
+impl FgdPlusConfig {
+    /// The section for the engine's `tuning`.
+    pub fn from_engine(tuning: &fgd_plus::Tuning) -> Self {
+        Self {
+            lookahead: tuning.lookahead,
+            scarcity: FgdPlusScarcity {
+                models: tuning.scarcity.models,
+                shapes: tuning.scarcity.shapes,
+                measured: ScarcityConfig::of(tuning.scarcity.measured),
+            },
+            host: FgdPlusHost {
+                weight: tuning.host.weight,
+                slack: tuning.host.slack,
+            },
+            idle_nodes: FgdPlusIdleNodes {
+                penalty: tuning.idle_nodes.penalty,
+                credit: tuning.idle_nodes.credit,
+                credit_cover: tuning.idle_nodes.credit_cover,
+                floor: tuning.idle_nodes.floor,
+                guard_penalty: tuning.idle_nodes.guard_penalty,
+                guard_rise: tuning.idle_nodes.guard_rise,
+            },
+            hold_host_for_gpus: tuning.hold_host,
+        }
+    }
+
+    /// The engine's tuning this section sets. A method of the configuration's type, so that the
+    /// engine never refers to the configuration.
+    pub fn engine(&self) -> fgd_plus::Tuning {
+        fgd_plus::Tuning {
+            lookahead: self.lookahead,
+            scarcity: fgd_plus::ScarcityTerm {
+                models: self.scarcity.models,
+                shapes: self.scarcity.shapes,
+                measured: self.scarcity.measured.engine(),
+            },
+            host: fgd_plus::HostTerm {
+                weight: self.host.weight,
+                slack: self.host.slack,
+            },
+            idle_nodes: fgd_plus::IdleNodeGuard {
+                penalty: self.idle_nodes.penalty,
+                credit: self.idle_nodes.credit,
+                credit_cover: self.idle_nodes.credit_cover,
+                floor: self.idle_nodes.floor,
+                guard_penalty: self.idle_nodes.guard_penalty,
+                guard_rise: self.idle_nodes.guard_rise,
+            },
+            hold_host: self.hold_host_for_gpus,
         }
     }
 }
@@ -365,8 +552,10 @@ pub struct TypicalPodsConfig {
     /// How often the distribution is relearned.
     pub learn_interval_seconds: u64,
     pub pods: Vec<TypicalPodConfig>,
-    /// How `fgd-plus` judges which nodes can run a class it weighs as scarce.
-    pub scarcity: ScarcityConfig,
+    /// The old name of `policy.fgdPlus.scarcity.measured`, still read from files (never
+    /// written); [`PolicyConfig::fgd_plus_tuning`] says which wins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scarcity: Option<ScarcityConfig>,
 }
 
 impl Default for TypicalPodsConfig {
@@ -375,12 +564,12 @@ impl Default for TypicalPodsConfig {
             learn: false,
             learn_interval_seconds: 30,
             pods: Vec::new(),
-            scarcity: ScarcityConfig::default(),
+            scarcity: None,
         }
     }
 }
 
-/// `policy.typicalPods.scarcity`: the engine's [`Scarcity`], by name.
+/// `policy.fgdPlus.scarcity.measured`: the engine's [`Scarcity`], by name.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ScarcityConfig {
@@ -397,12 +586,21 @@ pub enum ScarcityConfig {
 
 impl ScarcityConfig {
     /// The engine's value. A method of the configuration's type, not a `From` impl on the
-    /// engine's, so that the engine never refers to the configuration (scripts/module-graph.sh).
+    /// engine's, so that the engine never refers to the configuration.
     pub fn engine(self) -> Scarcity {
         match self {
             Self::Now => Scarcity::Now,
             Self::Shape => Scarcity::Shape,
             Self::Empty => Scarcity::Empty,
+        }
+    }
+
+    /// The configuration's name for the engine's `measure`.
+    pub fn of(measure: Scarcity) -> Self {
+        match measure {
+            Scarcity::Now => Self::Now,
+            Scarcity::Shape => Self::Shape,
+            Scarcity::Empty => Self::Empty,
         }
     }
 }
@@ -800,6 +998,14 @@ impl Config {
             }
         };
 
+        for (old, new) in self.policy.renamed_conflicts() {
+            check(
+                false,
+                old,
+                format!("is the old name of {new}, which is set to another value: set only {new}"),
+            );
+        }
+
         let r = &self.resources;
         for (key, name) in [
             ("resources.wholeGpu", &r.whole_gpu),
@@ -1066,11 +1272,7 @@ impl Config {
             max_shares_per_gpu: self.policy.max_pods_per_shared_gpu,
             typical: TypicalPods::with_rare(classes(typical), classes(rare)),
             filter_best_only: self.policy.filter_best_only,
-            fgd_plus: fgd_plus::Tuning {
-                scarcity: self.policy.typical_pods.scarcity.engine(),
-                hold_host: self.policy.hold_host_for_gpus,
-                ..fgd_plus::Tuning::default()
-            },
+            fgd_plus: self.policy.fgd_plus_tuning(),
             ..Policy::default()
         }
     }
@@ -1457,18 +1659,58 @@ limits:
     }
 
     #[test]
-    fn the_scarcity_measure_is_chosen_by_name() {
+    fn the_scarcity_measure_is_chosen_by_name_under_its_new_key_and_its_old_one() {
         for (name, engine) in [
             ("now", Scarcity::Now),
             ("shape", Scarcity::Shape),
             ("empty", Scarcity::Empty),
         ] {
-            let yaml = format!("policy:\n  typicalPods:\n    scarcity: {name}\n");
+            let yaml = format!("policy:\n  fgdPlus:\n    scarcity:\n      measured: {name}\n");
             let cfg = from_yaml(&yaml).unwrap();
-            assert_eq!(cfg.policy.typical_pods.scarcity.engine(), engine, "{name}");
+            assert_eq!(
+                cfg.engine_policy().fgd_plus.scarcity.measured,
+                engine,
+                "{name}"
+            );
+            let old = format!("policy:\n  typicalPods:\n    scarcity: {name}\n");
+            let cfg = from_yaml(&old).unwrap();
+            assert_eq!(
+                cfg.engine_policy().fgd_plus.scarcity.measured,
+                engine,
+                "{name}"
+            );
         }
         assert_eq!(ScarcityConfig::default().engine(), Scarcity::Now);
         assert!(from_yaml("policy:\n  typicalPods:\n    scarcity: later\n").is_err());
+        // Both names, differently: refused, naming both keys.
+        let both = "policy:\n  typicalPods:\n    scarcity: empty\n  fgdPlus:\n    scarcity:\n      measured: shape\n";
+        let err = from_yaml(both).unwrap_err().to_string();
+        assert!(err.contains("policy.typicalPods.scarcity"), "{err}");
+        assert!(err.contains("policy.fgdPlus.scarcity.measured"), "{err}");
+    }
+
+    /// `policy.fgdPlus` carries every knob of the engine's FGD+ by the engine's own keys: its
+    /// defaults are the engine's, and each key set as an override changes the engine's tuning
+    /// exactly as `Tuning::set` (what `gpu-lab simulate` takes) does with the same text.
+    #[test]
+    fn policy_fgd_plus_sets_every_knob_by_the_engine_s_key() {
+        assert_eq!(
+            Config::default().engine_policy().fgd_plus,
+            fgd_plus::Tuning::default()
+        );
+        for (key, value) in fgd_plus::Tuning::default().knobs() {
+            let other = match value.as_str() {
+                "true" => "false".to_owned(),
+                "now" => "shape".to_owned(),
+                number => (number.parse::<u32>().unwrap() + 3).to_string(),
+            };
+            let cfg = Config::default()
+                .with_override(&format!("policy.fgdPlus.{key}"), &other, "test")
+                .unwrap();
+            let mut expected = fgd_plus::Tuning::default();
+            expected.set(key, &other).unwrap();
+            assert_eq!(cfg.engine_policy().fgd_plus, expected, "{key}={other}");
+        }
     }
 
     #[test]
@@ -1487,16 +1729,18 @@ limits:
 
     #[test]
     fn the_host_hold_is_on_by_default_and_reaches_fgd_plus_tuning() {
-        assert!(Config::default().policy.hold_host_for_gpus);
+        assert!(Config::default().policy.fgd_plus.hold_host_for_gpus);
         assert!(Config::default().engine_policy().fgd_plus.hold_host);
         let cfg = Config::from_sources(
             None,
-            &env(&[("GPU_EXTENDER_POLICY_HOLD_HOST_FOR_GPUS", "false")]),
+            &env(&[("GPU_EXTENDER_POLICY_FGD_PLUS_HOLD_HOST_FOR_GPUS", "false")]),
             &[],
         )
         .unwrap();
-        assert!(!cfg.policy.hold_host_for_gpus);
         assert!(!cfg.engine_policy().fgd_plus.hold_host);
+        // The old key, in a file written before `policy.fgdPlus`, still turns it off.
+        let old = from_yaml("policy:\n  holdHostForGpus: false\n").unwrap();
+        assert!(!old.engine_policy().fgd_plus.hold_host);
     }
 
     #[test]

@@ -101,9 +101,9 @@ pub fn relearn(
     };
     let current = cell.load();
     // FGD+ weighs the classes few nodes can run by how scarce their nodes are in this cluster
-    // (as if empty, or as they are now: `fgd_plus.scarcity`).
+    // (as if empty, or as they are now: `fgd_plus.scarcity.measured`).
     let wanted = if current.weighs_scarcity() {
-        wanted.with_scarcity(table.nodes(), current.fgd_plus.scarcity)
+        wanted.with_scarcity(table.nodes(), current.fgd_plus.scarcity.measured)
     } else {
         wanted
     };
@@ -127,7 +127,7 @@ pub fn relearn(
 /// placements behind. Stores a new policy only when a weight moved a step. Whether it did.
 pub fn remeasure_scarcity(cluster: &ClusterState, cell: &PolicyCell) -> bool {
     let current = cell.load();
-    let how = current.fgd_plus.scarcity;
+    let how = current.fgd_plus.scarcity.measured;
     if !current.weighs_scarcity() || how == Scarcity::Empty {
         return false;
     }
@@ -291,9 +291,10 @@ mod tests {
         let configured = TypicalPods::new(vec![class(8_000, 1, 9.0), class(120_000, 8, 1.0)]);
         let policy = |how| Policy {
             typical: configured.clone(),
-            fgd_plus: gpu_engine::policy::fgd_plus::Tuning {
-                scarcity: how,
-                ..Default::default()
+            fgd_plus: {
+                let mut tuning = gpu_engine::policy::fgd_plus::Tuning::default();
+                tuning.scarcity.measured = how;
+                tuning
             },
             ..Policy::scoring(gpu_engine::ScoringPolicy::FgdPlus)
         };

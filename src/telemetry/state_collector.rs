@@ -711,7 +711,7 @@ mod tests {
                 .map(|value| value.parse::<f64>().unwrap())
         };
         // The default weight, in whole units as exported.
-        let whole = f64::from(Tuning::default().host_weight) / 100.0;
+        let whole = f64::from(Tuning::default().host.weight) / 100.0;
         // Every node's CPU is what its GPUs ask: no slack, the term is off.
         let tight = scrape(&[24_000, 24_000], ScoringPolicy::FgdPlus);
         assert_eq!(weight(&tight), Some(0.0), "{tight}");

@@ -274,7 +274,7 @@ fn a_pod_kube_schedulers_window_hid_the_only_fitting_node_from_is_retried() {
     });
 }
 
-/// FGD+'s hold (`policy.holdHostForGpus`, on by default) in a real loop: the dedicated GPU
+/// FGD+'s hold (`policy.fgdPlus.holdHostForGpus`, on by default) in a real loop: the dedicated GPU
 /// scheduler sends the extender a pod that asks for no GPU; on a 4-GPU node whose 64 cores are
 /// what its free GPUs need at the typical pod's 16 cores per GPU, the pod waits with the hold's
 /// reason in its event, and once a GPU pod takes the GPUs the CPU is spare and the waiting pod

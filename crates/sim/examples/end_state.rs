@@ -34,7 +34,7 @@ fn main() -> anyhow::Result<()> {
         bail!("usage: end_state TRACE_DIR TRACE POLICY SEED");
     };
     let dir = Path::new(dir);
-    let policy = SimPolicy::parse(policy).with_context(|| format!("unknown policy {policy}"))?;
+    let policy = SimPolicy::parse(policy).map_err(anyhow::Error::msg)?;
     let seed: u64 = seed.parse().with_context(|| format!("seed {seed}"))?;
     let cluster = load_cluster(&dir.join("openb_node_list_gpu_node.csv"))?;
     let workload = load_workload(&dir.join(format!("openb_pod_list_{trace}.csv")))?;

@@ -154,11 +154,8 @@ pub fn parse_policies(names: &[String]) -> anyhow::Result<Vec<SimPolicy>> {
         let expanded: Vec<SimPolicy> = if name.trim().eq_ignore_ascii_case("all") {
             default_policies()
         } else {
-            vec![SimPolicy::parse(name).with_context(|| {
-                format!(
-                    "unknown policy {name:?}; known: {}",
-                    known_policies().join(", ")
-                )
+            vec![SimPolicy::parse(name).map_err(|error| {
+                anyhow::anyhow!("{error}; known policies: {}", known_policies().join(", "))
             })?]
         };
         for policy in expanded {
@@ -494,7 +491,7 @@ mod tests {
         let picked = parse_policies(&["fgd".to_owned(), "best-fit".to_owned()]).unwrap();
         assert_eq!(picked.len(), 2);
         let err = parse_policies(&["nope".to_owned()]).unwrap_err();
-        assert!(err.to_string().contains("known: random"), "{err}");
+        assert!(err.to_string().contains("known policies: random"), "{err}");
     }
 
     #[test]

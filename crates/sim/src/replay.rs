@@ -82,198 +82,47 @@ impl SimPolicy {
         }
     }
 
-    /// Parses a command-line name; ours takes knobs after a colon:
-    /// `fgd-plus:host=0+look=0+tie=none` (see docs/policies.md).
-    pub fn parse(name: &str) -> Option<Self> {
-        let name = name.trim().to_ascii_lowercase();
-        if let Some(policy) = ReferencePolicy::ALL.into_iter().find(|p| p.name() == name) {
-            return Some(Self::Reference(policy));
+    /// Parses a command-line name; ours takes knobs after a colon, joined by `+`, with the keys
+    /// `policy.fgdPlus` names them by (`fgd_plus::Tuning::KEYS`):
+    /// `fgd-plus:host.weight=0+lookahead=0` (see docs/policies.md). `Err` says what is wrong.
+    pub fn parse(name: &str) -> Result<Self, String> {
+        let name = name.trim();
+        let lower = name.to_ascii_lowercase();
+        if let Some(policy) = ReferencePolicy::ALL.into_iter().find(|p| p.name() == lower) {
+            return Ok(Self::Reference(policy));
         }
         let (base, knobs) = match name.split_once(':') {
-            Some((base, knobs)) => (base, Some(knobs)),
-            None => (name.as_str(), None),
+            Some((base, knobs)) => (base.to_ascii_lowercase(), Some(knobs)),
+            None => (lower, None),
         };
-        let base = base.strip_prefix("engine-").unwrap_or(base);
+        let base = base.strip_prefix("engine-").unwrap_or(&base);
         let scoring = ScoringPolicy::ALL
             .into_iter()
-            .find(|p| p.as_str() == base)?;
+            .find(|p| p.as_str() == base)
+            .ok_or_else(|| format!("unknown policy {name:?}"))?;
         let mut tuning = fgd_plus::Tuning::default();
         if let Some(knobs) = knobs {
             if scoring != ScoringPolicy::FgdPlus {
-                return None;
+                return Err(format!("{name:?}: only fgd-plus takes knobs"));
             }
             for knob in knobs.split('+').map(str::trim).filter(|k| !k.is_empty()) {
-                let (key, value) = knob.split_once('=')?;
-                let number = || value.parse::<u32>().ok();
-                match key {
-                    "weight" => {
-                        tuning.demand_weighted = match value {
-                            "count" => false,
-                            "demand" => true,
-                            _ => return None,
-                        }
-                    }
-                    "host" => tuning.host_weight = number()?,
-                    "look" => tuning.lookahead = number()?,
-                    "penalty" => tuning.idle_node_penalty = number()?,
-                    "quantum" => tuning.quantum = number()?,
-                    "reserve" => tuning.reserve = number()?,
-                    "scarce" => tuning.scarce = number()?,
-                    "shape" => tuning.scarce_shape = number()?,
-                    "hostslack" => tuning.host_slack = number()?,
-                    "idlehost" => tuning.idle_host_credit = number()?,
-                    "creditcover" => tuning.credit_cover = number()?,
-                    "idlefloor" => tuning.idle_floor = number()?,
-                    "guardpen" => tuning.guard_penalty = number()?,
-                    "guardrise" => tuning.guard_rise = number()?,
-                    "cpuscarce" => tuning.cpu_only_scarce = number()?,
-                    "hold" => {
-                        tuning.hold_host = match value {
-                            "0" => false,
-                            "1" => true,
-                            _ => return None,
-                        }
-                    }
-                    "scarcity" => tuning.scarcity = WordKnob::from_word(value)?,
-                    "hostby" => tuning.host_by = WordKnob::from_word(value)?,
-                    "cpuonly" => tuning.cpu_only = WordKnob::from_word(value)?,
-                    "tie" => tuning.tie_break = WordKnob::from_word(value)?,
-                    _ => return None,
-                }
+                let (key, value) = knob
+                    .split_once('=')
+                    .ok_or_else(|| format!("{name:?}: knob {knob:?} is not KEY=VALUE"))?;
+                tuning.set(key, value).map_err(|error| error.to_string())?;
             }
         }
-        Some(Self::Engine { scoring, tuning })
-    }
-}
-
-/// A knob of FGD+ that takes a word: one place for the words, read by the parse and the name.
-trait WordKnob: Copy + 'static {
-    /// Every value (what [`WordKnob::from_word`] looks through).
-    const ALL: &'static [Self];
-
-    /// The value's word.
-    fn word(self) -> &'static str;
-
-    /// The value that `word` names.
-    fn from_word(word: &str) -> Option<Self> {
-        Self::ALL.iter().copied().find(|value| value.word() == word)
-    }
-}
-
-impl WordKnob for Scarcity {
-    const ALL: &'static [Self] = &[Self::Empty, Self::Now, Self::Shape];
-
-    fn word(self) -> &'static str {
-        match self {
-            Self::Empty => "empty",
-            Self::Now => "now",
-            Self::Shape => "shape",
-        }
-    }
-}
-
-impl WordKnob for fgd_plus::HostBy {
-    const ALL: &'static [Self] = &[Self::Mean, Self::Class, Self::Constrained];
-
-    fn word(self) -> &'static str {
-        match self {
-            Self::Mean => "mean",
-            Self::Class => "class",
-            Self::Constrained => "constrained",
-        }
-    }
-}
-
-impl WordKnob for fgd_plus::TieBreak {
-    const ALL: &'static [Self] = &[Self::None, Self::Pack, Self::UsedNodes];
-
-    fn word(self) -> &'static str {
-        match self {
-            Self::None => "none",
-            Self::Pack => "pack",
-            Self::UsedNodes => "used",
-        }
-    }
-}
-
-impl WordKnob for fgd_plus::CpuOnlyScore {
-    const ALL: &'static [Self] = &[Self::Plus, Self::NoHost, Self::Fgd];
-
-    fn word(self) -> &'static str {
-        match self {
-            Self::Plus => "plus",
-            Self::NoHost => "nohost",
-            Self::Fgd => "fgd",
-        }
+        Ok(Self::Engine { scoring, tuning })
     }
 }
 
 /// The knobs of `tuning` that differ from the defaults, in parse syntax.
 fn tuning_knobs(tuning: &fgd_plus::Tuning) -> Vec<String> {
-    let default = fgd_plus::Tuning::default();
-    let mut knobs = Vec::new();
-    if tuning.demand_weighted != default.demand_weighted {
-        let weight = if tuning.demand_weighted {
-            "demand"
-        } else {
-            "count"
-        };
-        knobs.push(format!("weight={weight}"));
-    }
-    let numbers = [
-        ("host", tuning.host_weight, default.host_weight),
-        ("look", tuning.lookahead, default.lookahead),
-        (
-            "penalty",
-            tuning.idle_node_penalty,
-            default.idle_node_penalty,
-        ),
-        ("quantum", tuning.quantum, default.quantum),
-        ("reserve", tuning.reserve, default.reserve),
-        ("scarce", tuning.scarce, default.scarce),
-        ("shape", tuning.scarce_shape, default.scarce_shape),
-        ("hostslack", tuning.host_slack, default.host_slack),
-        (
-            "idlehost",
-            tuning.idle_host_credit,
-            default.idle_host_credit,
-        ),
-        ("creditcover", tuning.credit_cover, default.credit_cover),
-        ("idlefloor", tuning.idle_floor, default.idle_floor),
-        ("guardpen", tuning.guard_penalty, default.guard_penalty),
-        ("guardrise", tuning.guard_rise, default.guard_rise),
-        ("cpuscarce", tuning.cpu_only_scarce, default.cpu_only_scarce),
-        (
-            "hold",
-            u32::from(tuning.hold_host),
-            u32::from(default.hold_host),
-        ),
-    ];
-    for (key, value, default) in numbers {
-        push_changed(&mut knobs, key, value, default);
-    }
-    let words = [
-        ("hostby", tuning.host_by.word(), default.host_by.word()),
-        ("scarcity", tuning.scarcity.word(), default.scarcity.word()),
-        ("tie", tuning.tie_break.word(), default.tie_break.word()),
-        ("cpuonly", tuning.cpu_only.word(), default.cpu_only.word()),
-    ];
-    for (key, value, default) in words {
-        push_changed(&mut knobs, key, value, default);
-    }
-    knobs
-}
-
-/// Adds `key=value` to `knobs` where `value` is not the default.
-fn push_changed<T: PartialEq + std::fmt::Display>(
-    knobs: &mut Vec<String>,
-    key: &str,
-    value: T,
-    default: T,
-) {
-    if value != default {
-        knobs.push(format!("{key}={value}"));
-    }
+    tuning
+        .changed_knobs()
+        .into_iter()
+        .map(|(key, value)| format!("{key}={value}"))
+        .collect()
 }
 
 /// Our own policies (the ones `all` adds to the reference six).
@@ -519,8 +368,9 @@ impl Scorer {
             ..engine
         }
         .with_typical(typical.clone());
-        let census = (engine.weighs_scarcity() && engine.fgd_plus.scarcity != Scarcity::Empty)
-            .then(|| ScarcityCensus::of(&engine.typical, engine.fgd_plus.scarcity, nodes));
+        let census = (engine.weighs_scarcity()
+            && engine.fgd_plus.scarcity.measured != Scarcity::Empty)
+            .then(|| ScarcityCensus::of(&engine.typical, engine.fgd_plus.scarcity.measured, nodes));
         let mut scorer = Self {
             policy,
             engine,
@@ -820,10 +670,10 @@ impl std::fmt::Debug for Referee {
 }
 
 impl Referee {
-    /// The policy `scoring` (with its default tuning) on the prepared cluster, still empty.
-    pub fn new(prepared: &Prepared, scoring: ScoringPolicy) -> Self {
+    /// `policy` (an engine policy, with its tuning) on the prepared cluster, still empty.
+    pub fn new(prepared: &Prepared, policy: SimPolicy) -> Self {
         Self {
-            answers: NodeAnswers::new(SimPolicy::engine(scoring), prepared),
+            answers: NodeAnswers::new(policy, prepared),
         }
     }
 
@@ -1243,7 +1093,7 @@ mod tests {
         let prepared = Prepared::new(&cluster, &workload);
         let mut nodes = prepared.nodes().to_vec();
         let mut live = Live::of(&prepared, &nodes);
-        let mut referee = Referee::new(&prepared, ScoringPolicy::Binpack);
+        let mut referee = Referee::new(&prepared, SimPolicy::engine(ScoringPolicy::Binpack));
         // Every node's rank for pod `pod` (t0, t1, v).
         let ranks = |referee: &mut Referee, nodes: &[NodeState], live: &Live, pod: usize| {
             (0..3)

@@ -60,17 +60,20 @@ fn the_built_in_example_runs_under_every_policy() {
 
 #[test]
 fn scarcity_measured_now_is_a_knob_of_fgd_plus() {
-    let now = SimPolicy::parse("fgd-plus:scarcity=now").unwrap();
+    let now = SimPolicy::parse("fgd-plus:scarcity.measured=now").unwrap();
     assert_eq!(now.name(), "fgd-plus", "now is the default");
     assert_eq!(now, SimPolicy::parse("fgd-plus").unwrap());
     assert_eq!(
-        SimPolicy::parse("fgd-plus:scarcity=empty").unwrap().name(),
-        "fgd-plus:scarcity=empty"
+        SimPolicy::parse("fgd-plus:scarcity.measured=empty")
+            .unwrap()
+            .name(),
+        "fgd-plus:scarcity.measured=empty"
     );
-    let shape = SimPolicy::parse("fgd-plus:scarcity=shape").unwrap();
-    assert_eq!(shape.name(), "fgd-plus:scarcity=shape");
+    let shape = SimPolicy::parse("fgd-plus:scarcity.measured=shape").unwrap();
+    assert_eq!(shape.name(), "fgd-plus:scarcity.measured=shape");
     assert_ne!(shape, now);
-    assert!(SimPolicy::parse("fgd-plus:scarcity=later").is_none());
+    let error = SimPolicy::parse("fgd-plus:scarcity.measured=later").unwrap_err();
+    assert!(error.contains("now, shape or empty"), "{error}");
     // The census kept per placement replays like any other run.
     let prepared = example();
     let a = run(&prepared, now, 7, 1.3, true, &|_| {});
@@ -79,90 +82,61 @@ fn scarcity_measured_now_is_a_knob_of_fgd_plus() {
     assert!(a.last.used_milli > 0);
 }
 
-/// A numeric knob of fgd-plus: `key=default` is the plain policy, `key=other` differs and
-/// round-trips through its name, and `key=garbage` is refused.
-fn assert_numeric_knob(key: &str, default_value: u32, other: u32, garbage: &str) {
+/// Every knob of fgd-plus, by the key `policy.fgdPlus` names it by: `key=default` is the plain
+/// policy, another value differs and round-trips through the run's name, and garbage is refused
+/// with an error naming the knob.
+#[test]
+fn every_knob_of_fgd_plus_is_set_by_its_configuration_key() {
+    use gpu_engine::policy::fgd_plus::Tuning;
     let default = SimPolicy::parse("fgd-plus").unwrap();
-    assert_eq!(
-        SimPolicy::parse(&format!("fgd-plus:{key}={default_value}")).unwrap(),
-        default
-    );
-    let changed = SimPolicy::parse(&format!("fgd-plus:{key}={other}")).unwrap();
-    assert_ne!(changed, default);
-    assert_eq!(changed.name(), format!("fgd-plus:{key}={other}"));
-    assert_eq!(SimPolicy::parse(&changed.name()).unwrap(), changed);
-    assert!(SimPolicy::parse(&format!("fgd-plus:{key}={garbage}")).is_none());
-}
-
-#[test]
-fn the_host_slack_is_a_knob_of_fgd_plus() {
-    assert_numeric_knob("hostslack", 10, 0, "some");
-}
-
-#[test]
-fn the_idle_node_host_credit_is_a_knob_of_fgd_plus() {
-    assert_numeric_knob("idlehost", 80, 100, "half");
-    assert_numeric_knob("creditcover", 100, 0, "full");
-}
-
-#[test]
-fn how_cpu_only_pods_are_scored_is_a_knob_of_fgd_plus() {
-    let default = SimPolicy::parse("fgd-plus").unwrap();
-    assert_eq!(SimPolicy::parse("fgd-plus:cpuonly=plus").unwrap(), default);
-    for value in ["nohost", "fgd"] {
-        let changed = SimPolicy::parse(&format!("fgd-plus:cpuonly={value}")).unwrap();
-        assert_ne!(changed, default);
-        assert_eq!(changed.name(), format!("fgd-plus:cpuonly={value}"));
+    for (key, value) in Tuning::default().knobs() {
+        assert_eq!(
+            SimPolicy::parse(&format!("fgd-plus:{key}={value}")).unwrap(),
+            default,
+            "{key}={value}"
+        );
+        let other = match value.as_str() {
+            "true" => "false".to_owned(),
+            "now" => "empty".to_owned(),
+            number => (number.parse::<u32>().unwrap() + 7).to_string(),
+        };
+        let changed = SimPolicy::parse(&format!("fgd-plus:{key}={other}")).unwrap();
+        assert_ne!(changed, default, "{key}");
+        assert_eq!(changed.name(), format!("fgd-plus:{key}={other}"));
         assert_eq!(SimPolicy::parse(&changed.name()).unwrap(), changed);
+        let error = SimPolicy::parse(&format!("fgd-plus:{key}=garbage")).unwrap_err();
+        assert!(error.contains(key), "{error}");
     }
-    assert!(SimPolicy::parse("fgd-plus:cpuonly=none").is_none());
-    assert_numeric_knob("cpuscarce", 5, 0, "little");
+    let error = SimPolicy::parse("fgd-plus:tie=none").unwrap_err();
+    assert!(error.contains("unknown fgd-plus knob \"tie\""), "{error}");
+    assert!(SimPolicy::parse("binpack:lookahead=0").is_err());
 }
 
 #[test]
 fn holding_gpu_nodes_host_for_their_gpus_is_a_knob_of_fgd_plus() {
-    assert_numeric_knob("hold", 1, 0, "2");
     // Both replay the built-in example to the end (the engine tests pin what the hold refuses).
     let prepared = example();
     let policy = |name: &str| SimPolicy::parse(name).unwrap();
     let held = run(&prepared, policy("fgd-plus"), 7, 1.3, true, &|_| {});
-    let unheld = run(&prepared, policy("fgd-plus:hold=0"), 7, 1.3, true, &|_| {});
+    let unheld = run(
+        &prepared,
+        policy("fgd-plus:holdHostForGpus=false"),
+        7,
+        1.3,
+        true,
+        &|_| {},
+    );
     assert!(held.last.used_milli > 0 && unheld.last.used_milli > 0);
 }
 
 #[test]
-fn the_knobs_that_take_a_word_round_trip_through_the_name() {
-    let default = SimPolicy::parse("fgd-plus").unwrap();
-    for knob in [
-        "hostby=class",
-        "hostby=constrained",
-        "tie=none",
-        "tie=pack",
-        "scarcity=empty",
-        "cpuonly=fgd",
-    ] {
-        let changed = SimPolicy::parse(&format!("fgd-plus:{knob}")).unwrap();
-        assert_ne!(changed, default, "{knob}");
-        assert_eq!(changed.name(), format!("fgd-plus:{knob}"));
-    }
-    let all = SimPolicy::parse("fgd-plus:tie=pack+hostby=class+cpuonly=nohost").unwrap();
-    assert_eq!(all.name(), "fgd-plus:hostby=class+tie=pack+cpuonly=nohost");
+fn several_knobs_round_trip_through_the_name_in_key_order() {
+    let all = SimPolicy::parse("fgd-plus:holdHostForGpus=false+host.weight=0+lookahead=0").unwrap();
+    assert_eq!(
+        all.name(),
+        "fgd-plus:lookahead=0+host.weight=0+holdHostForGpus=false"
+    );
     assert_eq!(SimPolicy::parse(&all.name()).unwrap(), all);
-    for default_word in ["hostby=mean", "tie=used", "scarcity=now", "cpuonly=plus"] {
-        assert_eq!(
-            SimPolicy::parse(&format!("fgd-plus:{default_word}")).unwrap(),
-            default
-        );
-    }
-    assert!(SimPolicy::parse("fgd-plus:hostby=median").is_none());
-    assert!(SimPolicy::parse("fgd-plus:tie=random").is_none());
-}
-
-#[test]
-fn the_idle_node_guard_is_three_knobs_of_fgd_plus() {
-    assert_numeric_knob("idlefloor", 25, 0, "quarter");
-    assert_numeric_knob("guardpen", 4000, 100, "much");
-    assert_numeric_knob("guardrise", 1600, 100, "x16");
 }
 
 #[test]

@@ -499,110 +499,6 @@ impl TypicalPods {
         // FGD leaves memory out: as if the node's memory never ran short.
         self.fragmentation_with_memory(cpu_free, MemMiB(u64::MAX), free_milli, access)
     }
-
-    /// Host stranding measured per class: for each typical GPU class, the free GPU capacity it
-    /// could use on the node (its models only) that the node's free CPU or memory could not
-    /// feed at that class's own CPU and memory per GPU, averaged with the classes' GPU demand
-    /// as weights (milli-GPU). With one class that accepts any model it equals
-    /// `fgd_plus::host_stranded`. With `pool_unconstrained`, the classes that accept any model
-    /// are measured together, as one class with their mean CPU and memory per GPU, and only the
-    /// model-constrained ones one by one.
-    pub fn host_stranded_by_class(
-        &self,
-        cpu_free: CpuMilli,
-        mem_free: MemMiB,
-        free_milli: &[u32],
-        access: &[u64],
-        pool_unconstrained: bool,
-    ) -> f64 {
-        let mut stranded = 0.0;
-        let mut weights = 0.0;
-        // The pooled unconstrained classes: Σ weight × (CPU, memory, GPUs).
-        let (mut cpu, mut mem, mut pooled) = (0.0, 0.0, 0.0);
-        for (pod, &mask) in self.pods.iter().zip(access) {
-            if pod.milli == 0 || pod.gpus == 0 {
-                continue;
-            }
-            let gpus = pod.demand() / 1000.0;
-            let weight = pod.weight * gpus;
-            if pool_unconstrained && pod.models.is_empty() {
-                cpu += pod.weight * pod.cpu.0 as f64;
-                mem += pod.weight * pod.memory.0 as f64;
-                pooled += weight;
-                continue;
-            }
-            let usable: f64 = free_milli
-                .iter()
-                .enumerate()
-                .filter(|&(position, _)| position < 64 && mask & (1u64 << position) != 0)
-                .map(|(_, &free)| f64::from(free))
-                .sum();
-            let fed = |free: u64, need: u64| {
-                if need > 0 {
-                    1000.0 * free as f64 * gpus / need as f64
-                } else {
-                    f64::INFINITY
-                }
-            };
-            let fed = fed(cpu_free.0, pod.cpu.0).min(fed(mem_free.0, pod.memory.0));
-            stranded += weight * (usable - fed).max(0.0);
-            weights += weight;
-        }
-        if pooled > 0.0 {
-            let all: f64 = free_milli.iter().map(|&free| f64::from(free)).sum();
-            let fed = |free: u64, need: f64| {
-                if need > 0.0 {
-                    1000.0 * free as f64 * pooled / need
-                } else {
-                    f64::INFINITY
-                }
-            };
-            let fed = fed(cpu_free.0, cpu).min(fed(mem_free.0, mem));
-            stranded += pooled * (all - fed).max(0.0);
-            weights += pooled;
-        }
-        if weights > 0.0 {
-            stranded / weights
-        } else {
-            0.0
-        }
-    }
-
-    /// The total weight of the classes that accept only some GPU models.
-    pub fn constrained_weight(&self) -> f64 {
-        self.pods
-            .iter()
-            .filter(|pod| !pod.models.is_empty())
-            .map(|pod| pod.weight)
-            .sum()
-    }
-
-    /// Like [`TypicalPods::fragmentation`], with each class's weight multiplied by `scale` and
-    /// the result renormalised: the expectation under a reweighted distribution, in milli-GPU.
-    /// Zero when every scaled weight is zero.
-    pub fn fragmentation_scaled(
-        &self,
-        cpu_free: CpuMilli,
-        free_milli: &[u32],
-        access: &[u64],
-        scale: impl Fn(&TypicalPod) -> f64,
-    ) -> f64 {
-        let total: u64 = free_milli.iter().map(|&free| u64::from(free)).sum();
-        let mut expected = 0.0;
-        let mut weights = 0.0;
-        for (pod, &mask) in self.pods.iter().zip(access) {
-            let weight = pod.weight * scale(pod);
-            if weight > 0.0 {
-                expected += weight * lost(pod, cpu_free, free_milli, mask, total) as f64;
-                weights += weight;
-            }
-        }
-        if weights > 0.0 {
-            expected / weights
-        } else {
-            0.0
-        }
-    }
 }
 
 /// The free GPU capacity (milli-GPU) of a node that one typical pod could not use: all of it when
@@ -682,6 +578,25 @@ pub enum Scarcity {
     /// [`Scarcity::Now`] for the classes that accept any model only; those that name models
     /// keep the empty measure (the default before 2026-11-28).
     Shape,
+}
+
+impl Scarcity {
+    /// Every measure, in the order `policy.fgdPlus.scarcity.measured` documents them.
+    pub const ALL: [Self; 3] = [Self::Now, Self::Shape, Self::Empty];
+
+    /// The measure's name, as `policy.fgdPlus.scarcity.measured` and `simulate` write it.
+    pub fn word(self) -> &'static str {
+        match self {
+            Self::Now => "now",
+            Self::Shape => "shape",
+            Self::Empty => "empty",
+        }
+    }
+
+    /// The measure `word` names.
+    pub fn from_word(word: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|measure| measure.word() == word)
+    }
 }
 
 /// The host CPU (milli-cores) and memory (MiB) `classes` ask per GPU they ask, by weight; CPU-only

@@ -19,91 +19,207 @@ use crate::state::{GpuUsage, NodeState};
 use crate::topology::{bit, positions};
 
 use super::binpack;
-use super::fgd::{self, BIG_CLASS_GPUS, FgdCache, NodeMeasure, Scarcity, TypicalPod, TypicalPods};
+use super::fgd::{self, BIG_CLASS_GPUS, FgdCache, NodeMeasure, Scarcity, TypicalPods};
 use super::pick::{Picked, ShareAsk, free_milli, free_milli_of};
 
-/// The knobs of the policy; [`Tuning::default`] is the measured best on the openb traces.
+/// FGD+'s knobs, one group per term that FGD+ adds to FGD's measure (docs/policies.md, "FGD+ on
+/// one page"). [`Tuning::default`] is the measured best on the openb traces, frozen: why each
+/// value, and which modes lost and were removed, is in
+/// docs/decisions/0014-fgd-plus-frozen-into-named-terms.md. The extender reads every knob from
+/// `policy.fgdPlus` and `gpu-lab simulate` from `fgd-plus:KEY=VALUE+...`, by the same keys
+/// ([`Tuning::KEYS`]), so a tuning found in the lab runs unchanged in a cluster.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Tuning {
-    /// Weight typical pods by their GPU demand (count × GPUs × milli) instead of by count.
-    pub demand_weighted: bool,
-    /// Weight (hundredths) of host stranding (see [`host_stranded`]); 0 turns it off.
-    pub host_weight: u32,
-    /// Weight (hundredths) of the look-ahead sliver value; 0 turns it off.
+    /// The sliver look-ahead's weight (hundredths): each GPU's free sliver valued by what it
+    /// will finally leave behind as pods keep arriving ([`TypicalPods::sliver_value`]); it
+    /// steers the choice of GPU inside a node too. 0 turns it off.
     pub lookahead: u32,
-    /// Extra fragmentation (milli-GPU) charged for placing a GPU pod on a node whose GPUs are
-    /// all idle: keeps whole nodes for the pods that need them.
-    pub idle_node_penalty: u32,
-    /// Round scores down to multiples of this many hundredths of a point before comparing
-    /// (100 = FGD's integer truncation; 0 = exact).
-    pub quantum: u32,
-    /// How placements of equal (rounded) score are ordered.
-    pub tie_break: TieBreak,
-    /// Extra weight (hundredths) on the model-constrained typical pods' part of FGD's measure,
-    /// so that a placement that takes GPUs a constrained pod could use is charged more; 0 turns
-    /// it off.
-    pub reserve: u32,
-    /// How host stranding is measured: against the mean typical pod, or per class.
-    pub host_by: HostBy,
-    /// Host slack ([`TypicalPods::host_slack`], hundredths) from which the host term has its
-    /// whole weight; below it the weight shrinks in proportion, to none without slack. 0 gives
-    /// the term its whole weight on every cluster.
-    pub host_slack: u32,
-    /// Weight (hundredths) of the fragmentation of the scarce classes that name GPU models
-    /// ([`TypicalPods::scarce_fragmentation`]); 0 turns it off.
-    pub scarce: u32,
-    /// Weight (hundredths) of the fragmentation of the scarce classes that accept any model,
-    /// scarce by their shape (GPU count, CPU, memory); 0 turns it off.
-    pub scarce_shape: u32,
+    /// Scarcity: the fragmentation of the classes few nodes can run, weighed more.
+    pub scarcity: ScarcityTerm,
+    /// Host stranding: free GPU that the node's free CPU or memory could not feed.
+    pub host: HostTerm,
+    /// The idle-node guard: what opening a node whose GPUs are all idle costs.
+    pub idle_nodes: IdleNodeGuard,
+    /// The host hold: a pod that asks no GPU is refused an idle node of [`BIG_CLASS_GPUS`] GPUs
+    /// or more, and any GPU node where it would leave the free GPUs without the CPU or memory
+    /// they need ([`holds_host`]).
+    pub hold_host: bool,
+}
+
+/// The scarcity term: the scarce classes' fragmentation ([`TypicalPods::scarce_fragmentation`])
+/// added to FGD's measure with these weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ScarcityTerm {
+    /// Weight (hundredths) of the scarce classes that name GPU models; 0 turns it off.
+    pub models: u32,
+    /// Weight (hundredths) of the scarce classes that accept any model, scarce by their shape
+    /// (GPU count, CPU, memory); 0 turns it off.
+    pub shapes: u32,
     /// Whether a class's scarcity is measured on the nodes as if empty or as they are now
-    /// ([`Scarcity`]); only read where scarcity is weighed.
-    pub scarcity: Scarcity,
+    /// ([`Scarcity`]).
+    pub measured: Scarcity,
+}
+
+/// The host-stranding term ([`host_stranded`]), added to FGD's measure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HostTerm {
+    /// Weight (hundredths); 0 turns it off.
+    pub weight: u32,
+    /// Host slack ([`TypicalPods::host_slack`], hundredths) from which the term has its whole
+    /// weight; below it the weight shrinks in proportion, to none without slack. 0 gives the
+    /// term its whole weight on every cluster.
+    pub slack: u32,
+}
+
+/// The idle-node guard: charges for opening a node whose GPUs are all idle, and how much of the
+/// host term's credit such a placement earns, by how well the idle nodes cover the big pods
+/// ([`TypicalPods::idle_cover`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct IdleNodeGuard {
+    /// Extra fragmentation (milli-GPU) charged for placing a GPU pod on an idle node: keeps
+    /// whole nodes for the pods that need them.
+    pub penalty: u32,
     /// Share (hundredths) of the host term's reduction of stranding credited to a GPU pod that
     /// opens an idle node; a rise in stranding is always charged whole. 100 credits it whole.
-    /// Below the idle cover [`Tuning::credit_cover`] only part of it is credited
+    /// Below the idle cover [`IdleNodeGuard::credit_cover`] only part of it is credited
     /// ([`Tuning::idle_credit_at`]).
-    pub idle_host_credit: u32,
-    /// Idle cover ([`TypicalPods::idle_cover`], hundredths) from which a GPU pod opening an
-    /// idle node earns the whole [`Tuning::idle_host_credit`]; below it the credit shrinks in
-    /// proportion, to none at the guard's [`Tuning::idle_floor`]. 0 credits it whole at every
-    /// cover.
+    pub credit: u32,
+    /// Idle cover (hundredths) from which a GPU pod opening an idle node earns the whole
+    /// [`IdleNodeGuard::credit`]; below it the credit shrinks in proportion, to none at
+    /// [`IdleNodeGuard::floor`]. 0 credits it whole at every cover.
     pub credit_cover: u32,
-    /// Idle cover ([`TypicalPods::idle_cover`], hundredths) below which opening an idle node
-    /// is guarded: charged [`Tuning::guard_penalty`] more, and a rise of host stranding there
-    /// [`Tuning::guard_rise`] times. 0 turns the guard off.
-    pub idle_floor: u32,
+    /// Idle cover (hundredths) below which opening an idle node is guarded: charged
+    /// [`IdleNodeGuard::guard_penalty`] more, and a rise of host stranding there
+    /// [`IdleNodeGuard::guard_rise`] times. 0 turns the guard off.
+    pub floor: u32,
     /// Extra fragmentation (milli-GPU) charged for opening an idle node while guarded, scaled
     /// by the host slack as the host term is ([`Tuning::slack_share`]).
     pub guard_penalty: u32,
     /// Multiplier (hundredths) on a rise of host stranding on an idle node opened while
     /// guarded; 100 charges it as anywhere else.
     pub guard_rise: u32,
-    /// How a pod that asks no GPU is scored ([`CpuOnlyScore`]).
-    pub cpu_only: CpuOnlyScore,
-    /// Share (hundredths) of the scarce classes' term ([`Tuning::scarce`],
-    /// [`Tuning::scarce_shape`]) that a pod asking no GPU is charged under
-    /// [`CpuOnlyScore::Fgd`].
-    pub cpu_only_scarce: u32,
-    /// Whether a pod that asks no GPU is refused an idle node of [`BIG_CLASS_GPUS`] GPUs or
-    /// more, and any GPU node where it would leave the free GPUs without the CPU or memory they
-    /// need ([`holds_host`]).
-    pub hold_host: bool,
+}
+
+/// Why a knob could not be set ([`Tuning::set`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum KnobError {
+    #[error("unknown fgd-plus knob {key:?}; the knobs are {}", Tuning::KEYS.join(", "))]
+    Unknown { key: String },
+    #[error("fgd-plus knob {key}: {value:?} is not {expected}")]
+    Value {
+        key: &'static str,
+        value: String,
+        expected: &'static str,
+    },
 }
 
 impl Tuning {
+    /// Every knob's key, as `policy.fgdPlus` names it (below that section) and `simulate` takes
+    /// it, in the order the terms are described.
+    pub const KEYS: [&'static str; 13] = [
+        "lookahead",
+        "scarcity.models",
+        "scarcity.shapes",
+        "scarcity.measured",
+        "host.weight",
+        "host.slack",
+        "idleNodes.penalty",
+        "idleNodes.credit",
+        "idleNodes.creditCover",
+        "idleNodes.floor",
+        "idleNodes.guardPenalty",
+        "idleNodes.guardRise",
+        "holdHostForGpus",
+    ];
+
+    /// Sets the knob `key` ([`Tuning::KEYS`]) from its text: a whole number, `true`/`false` for
+    /// the hold, and `now`/`shape`/`empty` for how scarcity is measured.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), KnobError> {
+        let Some(&key) = Self::KEYS.iter().find(|known| **known == key) else {
+            return Err(KnobError::Unknown {
+                key: key.to_owned(),
+            });
+        };
+        let wrong = |expected| KnobError::Value {
+            key,
+            value: value.to_owned(),
+            expected,
+        };
+        let number = || value.parse::<u32>().map_err(|_| wrong("a whole number"));
+        match key {
+            "scarcity.measured" => {
+                self.scarcity.measured =
+                    Scarcity::from_word(value).ok_or_else(|| wrong("now, shape or empty"))?;
+            }
+            "holdHostForGpus" => {
+                self.hold_host = value.parse().map_err(|_| wrong("true or false"))?;
+            }
+            _ => *self.number_mut(key).ok_or_else(|| wrong("a knob"))? = number()?,
+        }
+        Ok(())
+    }
+
+    /// Every knob as `(key, value)`, in [`Tuning::KEYS`] order, in the text [`Tuning::set`]
+    /// reads.
+    pub fn knobs(&self) -> Vec<(&'static str, String)> {
+        let mut copy = *self;
+        Self::KEYS
+            .iter()
+            .map(|&key| {
+                let value = match key {
+                    "scarcity.measured" => self.scarcity.measured.word().to_owned(),
+                    "holdHostForGpus" => self.hold_host.to_string(),
+                    _ => copy
+                        .number_mut(key)
+                        .map_or_else(String::new, |n| n.to_string()),
+                };
+                (key, value)
+            })
+            .collect()
+    }
+
+    /// The knobs that differ from [`Tuning::default`], as `(key, value)`.
+    pub fn changed_knobs(&self) -> Vec<(&'static str, String)> {
+        let default = Self::default().knobs();
+        self.knobs()
+            .into_iter()
+            .zip(default)
+            .filter(|(mine, theirs)| mine != theirs)
+            .map(|(mine, _)| mine)
+            .collect()
+    }
+
+    /// The numeric knob `key`, if it is one.
+    fn number_mut(&mut self, key: &str) -> Option<&mut u32> {
+        Some(match key {
+            "lookahead" => &mut self.lookahead,
+            "scarcity.models" => &mut self.scarcity.models,
+            "scarcity.shapes" => &mut self.scarcity.shapes,
+            "host.weight" => &mut self.host.weight,
+            "host.slack" => &mut self.host.slack,
+            "idleNodes.penalty" => &mut self.idle_nodes.penalty,
+            "idleNodes.credit" => &mut self.idle_nodes.credit,
+            "idleNodes.creditCover" => &mut self.idle_nodes.credit_cover,
+            "idleNodes.floor" => &mut self.idle_nodes.floor,
+            "idleNodes.guardPenalty" => &mut self.idle_nodes.guard_penalty,
+            "idleNodes.guardRise" => &mut self.idle_nodes.guard_rise,
+            _ => return None,
+        })
+    }
+
     /// The host term's weight (hundredths) on a cluster with host slack `slack`
     /// ([`TypicalPods::host_slack`]; `None`, not measured: the whole weight).
     pub fn host_weight_at(&self, slack: Option<f64>) -> f64 {
-        f64::from(self.host_weight) * self.slack_share(slack)
+        f64::from(self.host.weight) * self.slack_share(slack)
     }
 
     /// The share (0..=1) of their whole weight that the host term and the idle-node guard's
-    /// charge have on a cluster with host slack `slack`: 1 from `host_slack` up, in proportion
-    /// below it; 1 when the slack is not measured or `host_slack` is 0.
+    /// charge have on a cluster with host slack `slack`: 1 from `host.slack` up, in proportion
+    /// below it; 1 when the slack is not measured or `host.slack` is 0.
     pub fn slack_share(&self, slack: Option<f64>) -> f64 {
         match slack {
-            Some(slack) if self.host_slack > 0 => {
-                (100.0 * slack / f64::from(self.host_slack)).clamp(0.0, 1.0)
+            Some(slack) if self.host.slack > 0 => {
+                (100.0 * slack / f64::from(self.host.slack)).clamp(0.0, 1.0)
             }
             _ => 1.0,
         }
@@ -111,16 +227,17 @@ impl Tuning {
 
     /// The share (0..=1) of the host term's reduction of stranding credited to a GPU pod that
     /// opens an idle node, at idle cover `cover` ([`TypicalPods::idle_cover`]; `None`, no big
-    /// class to keep idle nodes for: the whole [`Tuning::idle_host_credit`]).
+    /// class to keep idle nodes for: the whole [`IdleNodeGuard::credit`]).
     pub fn idle_credit_at(&self, cover: Option<u32>) -> f64 {
-        let whole = f64::from(self.idle_host_credit) / 100.0;
+        let idle = &self.idle_nodes;
+        let whole = f64::from(idle.credit) / 100.0;
         match cover {
-            Some(cover) if self.credit_cover > 0 && cover < self.credit_cover => {
-                if cover <= self.idle_floor {
+            Some(cover) if idle.credit_cover > 0 && cover < idle.credit_cover => {
+                if cover <= idle.floor {
                     0.0
                 } else {
-                    whole * f64::from(cover - self.idle_floor)
-                        / f64::from(self.credit_cover - self.idle_floor)
+                    whole * f64::from(cover - idle.floor)
+                        / f64::from(idle.credit_cover - idle.floor)
                 }
             }
             _ => whole,
@@ -129,157 +246,40 @@ impl Tuning {
 
     /// Whether either kind of scarce class is weighed.
     pub fn weighs_scarcity(&self) -> bool {
-        self.scarce > 0 || self.scarce_shape > 0
+        self.scarcity.models > 0 || self.scarcity.shapes > 0
     }
 }
 
 impl Default for Tuning {
+    /// The frozen values; docs/decisions/0014-fgd-plus-frozen-into-named-terms.md gives the
+    /// measurement behind each.
     fn default() -> Self {
         Self {
-            demand_weighted: false,
-            // 9, not the 10 of the first sweeps: at 10 the host term charged CPU-only pods so
-            // heavily on the CPU-scarce `cpu25` workload that they took the CPU of 8-GPU
-            // nodes, and `fgd-plus` fell below FGD at 81-85% arrival. At 9 it is >= FGD at
-            // every arrival on 30 of 30 workloads (seeds 42..51) and 29 of 30 (52..61), within
-            // 0.03 of 10 at 130% on all but one (docs/policies.md, "Host weight 9"); the model
-            // weight below removes the one left.
-            host_weight: 900,
             lookahead: 1600,
-            // 100, not the 500 of the first sweeps (within seed noise of each other on the
-            // five shared traces): behind kube-scheduler's adaptive window, which the shipped
-            // scheduler configuration gives the extender, 500 put `fgd-plus` below FGD on the
-            // CPU-scarce `s50cpu20` from 91% arrival (-0.17); 0 fixed that but fell below FGD
-            // on `only-G3` without the window. At 100 it is >= FGD at every arrival 50..130%
-            // on all 46 workloads measured without the window and on 45 behind it, where
-            // `s50cpu20` is -0.03 at 90% (docs/policies.md, "Idle-node charge 100").
-            idle_node_penalty: 100,
-            quantum: 0,
-            tie_break: TieBreak::UsedNodes,
-            reserve: 0,
-            host_by: HostBy::Mean,
-            // The host term steers CPU-heavy pods to the CPU that exceeds what the GPUs beside
-            // it need. On a cluster with almost none of that (the trace's nodes without the
-            // 104-core T4 nodes: host slack 0.02, against 0.36 on the whole trace and 0.11 to
-            // 0.23 with CPU scaled down to 0.5-0.75) the only spare CPU is on idle 8-GPU nodes;
-            // the whole weight opened them, and `fgd-plus` fell up to 0.93 below FGD at 74-90%
-            // arrival. In proportion up to a slack of 0.1 it is >= FGD at every arrival there
-            // (seeds 42..51), and every cluster measured with more slack is scored exactly as
-            // before (docs/policies.md, "Host slack").
-            host_slack: 10,
-            // 10, not the 5 of the first sweeps: at 5 the T4-only workload fell 0.03 below
-            // FGD at 93% arrival on seeds 52..61 (its T4-only pods outgrow the T4 GPUs from
-            // about 80%). At 10 it is >= FGD at every arrival bin on all 30 workloads and
-            // both seed ranges, for up to 0.29 points of the model-constrained workloads'
-            // gain at 130% (docs/policies.md, "Model weight 10").
-            scarce: 1000,
-            // 60, not the 20 of the first sweeps: at 20, on CPU-scarce workloads built later
-            // (CPU-only pods' CPU tripled; shares at 50% of GPU demand with CPU-only CPU
-            // doubled) CPU-only and small pods took the hosts the CPU-heavy multi-GPU pods
-            // need, and `fgd-plus` fell up to 0.09 below FGD at 76-89% arrival. At 60 it is >=
-            // FGD at every arrival bin on all 46 workloads measured, for up to 0.14 points of
-            // the CPU-scarce ones' gain at 130% (docs/policies.md, "Shape weight 60").
-            scarce_shape: 6000,
-            // Every scarce class measured as its nodes fill, those that name models too since
-            // 2026-11-28: measured as if empty, a model holding much of the cluster (T4 without
-            // the G2 nodes) was barely protected and `fgd-plus` fell 0.94 below FGD at 96%
-            // arrival there; `Scarcity::Shape` is the earlier measure (docs/policies.md, "Model
-            // classes measured now too").
-            scarcity: Scarcity::Now,
-            // 80, not the whole credit of before: on the trace's nodes with 70% of their
-            // memory, low-memory pods opened every 8-GPU node to even out its memory per GPU,
-            // none was left idle by 66% arrival, and `fgd-plus` fell 1.15 below FGD at 87% on
-            // `multigpu20` (its 8-GPU pods had nowhere to go). At 80 (and at 50) it is at or
-            // above FGD at every bin there; 50 cost up to 0.27 points at 130% on the
-            // model-constrained workloads, 80 up to 0.19 (docs/policies.md, "Idle nodes
-            // credited 80%").
-            idle_host_credit: 80,
-            // Where pods leave, the credit still paid one- and two-GPU pods for opening the
-            // idle nodes that came back, before the guard's floor was reached: on the trace's nodes
-            // with 70% of their memory `fgd-plus` fell 1.49 below FGD at 108% arrival on the
-            // multi-GPU-heavy workload stretched for departures, where FGD turned no pod away.
-            // Shrinking the credit as the idle nodes cover fewer big pods, to none at the
-            // floor, puts it at FGD there and moves the 42 workloads without departures and
-            // the 39 stretched ones by -0.04 to +0.04 at 130%; without the T4 nodes the
-            // stretched multi-GPU workload keeps up to 0.84 less of its gain (docs/policies.md,
-            // "Idle credit shrinks with the cover").
-            credit_cover: 100,
-            // Where pods leave and the cluster stays full for long, the host term handed every
-            // idle node that came back to a CPU-heavy pod of one or two GPUs (an idle node's
-            // CPU feeds such a pod's GPUs best), and when a run of 4-GPU pods of 60 cores came
-            // there was none: `fgd-plus` fell up to 1.43 below FGD at 115% arrival on the
-            // multi-GPU-heavy workloads stretched for departures. Guarded once the idle GPUs
-            // cover under a quarter of the big pods' share of the demand, it is at or above FGD
-            // at every arrival on all 34 stretched workloads measured and on five more stretched
-            // with a seed no knob was chosen on, for up to 0.74 of a workload's gain at 130% on
-            // the trace's cluster (0.68 on a held-out one); on the 42 workloads without
-            // departures it moves the value at 130% by -0.05 to +0.01 and puts none below FGD
-            // (docs/policies.md, "Idle nodes guarded").
-            idle_floor: 25,
-            guard_penalty: 4000,
-            guard_rise: 1600,
-            // A pod that asks no GPU is scored as a GPU pod. Scored by FGD's measure and a
-            // twentieth of the scarce classes' term instead (`CpuOnlyScore::Fgd`), every
-            // workload without departures on the trace's nodes is at or above FGD at every
-            // arrival, with up to 1.41 points more at 130% on the CPU-heavy ones, and the dips
-            // with departures on the clusters without the T4 nodes shrink by half or more;
-            // but with departures the host term's steering of CPU-only pods carries much of the
-            // gain on clusters short of CPU or memory (up to 3.1 points less at 130%),
-            // `s50cpu20` on CPU at 75% ends 1.24 below FGD, and without departures 10 more of
-            // the 115 held-out cluster and trace pairs fall below FGD somewhere
-            // (docs/policies.md, "CPU-only pods on the idle nodes").
-            cpu_only: CpuOnlyScore::Plus,
-            cpu_only_scarce: 5,
-            // On the trace's cluster it holds no pod except on the CPU-heavy workloads (up to
-            // 11.4 points more at 130% arrival there). On the held-out clusters it took 11 of
-            // the 14 cells below FGD somewhere to at or above FGD at every bin (the three left:
-            // `mem50` and the two without G2 nodes, as before), and all 18 with departures,
-            // for 2 to 15 points more at 130% where CPU or memory is short, at the price of
-            // CPU-only pods turned away from low load on there (docs/policies.md, "Host held
-            // for the GPUs"). `policy.holdHostForGpus: false` turns it off where CPU-only pods
-            // must not wait.
+            scarcity: ScarcityTerm {
+                models: 1000,
+                shapes: 6000,
+                measured: Scarcity::Now,
+            },
+            host: HostTerm {
+                weight: 900,
+                slack: 10,
+            },
+            idle_nodes: IdleNodeGuard {
+                penalty: 100,
+                credit: 80,
+                credit_cover: 100,
+                floor: 25,
+                guard_penalty: 4000,
+                guard_rise: 1600,
+            },
             hold_host: true,
         }
     }
 }
 
-/// How host stranding ([`host_stranded`]) is measured.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum HostBy {
-    /// Against the mean typical GPU pod's CPU and memory per GPU, over all free GPUs.
-    Mean,
-    /// Per typical class, against the GPUs of the models it accepts and its own CPU and
-    /// memory per GPU ([`TypicalPods::host_stranded_by_class`]).
-    Class,
-    /// The classes that accept any model pooled as the mean pod, model-constrained classes
-    /// one by one against their own models' GPUs.
-    Constrained,
-}
-
-/// How FGD+ scores a pod that asks no GPU ([`Tuning::cpu_only`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum CpuOnlyScore {
-    /// As a GPU pod: every term, and the tie-break.
-    Plus,
-    /// As a GPU pod without the host term.
-    NoHost,
-    /// By FGD's expected fragmentation (with memory) and [`Tuning::cpu_only_scarce`] of the
-    /// scarce classes' term; no host term and no tie-break.
-    Fgd,
-}
-
-/// The order among placements whose (rounded) scores are equal.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum TieBreak {
-    /// No preference: kube-scheduler (or the simulator's node order) decides.
-    None,
-    /// The node left fullest (GPU and CPU, like best fit).
-    Pack,
-    /// Nodes already running GPU pods before idle ones.
-    UsedNodes,
-}
-
-/// The part of the measure that depends on individual GPUs (FGD's expectation, optionally
-/// demand-weighted, plus the weighted sliver look-ahead): what the choice of GPU minimises.
+/// The part of the measure that depends on individual GPUs (FGD's expectation with memory, the
+/// weighted sliver look-ahead and the scarce classes' term): what the choice of GPU minimises.
 pub fn fragmentation(
     typical: &TypicalPods,
     tuning: &Tuning,
@@ -288,27 +288,10 @@ pub fn fragmentation(
     free_milli: &[u32],
     access: &[u64],
 ) -> f64 {
-    let expected = if tuning.demand_weighted {
-        typical.fragmentation_scaled(cpu_free, free_milli, access, TypicalPod::demand)
-    } else {
-        typical.fragmentation_with_memory(cpu_free, mem_free, free_milli, access)
-    };
+    let expected = typical.fragmentation_with_memory(cpu_free, mem_free, free_milli, access);
     let look = if tuning.lookahead > 0 {
         let values: f64 = free_milli.iter().map(|&f| typical.sliver_value(f)).sum();
         f64::from(tuning.lookahead) / 100.0 * values
-    } else {
-        0.0
-    };
-    let reserve = if tuning.reserve > 0 {
-        let weight = typical.constrained_weight();
-        if weight > 0.0 {
-            let constrained = typical.fragmentation_scaled(cpu_free, free_milli, access, |pod| {
-                if pod.models.is_empty() { 0.0 } else { 1.0 }
-            });
-            f64::from(tuning.reserve) / 100.0 * weight * constrained
-        } else {
-            0.0
-        }
     } else {
         0.0
     };
@@ -318,18 +301,18 @@ pub fn fragmentation(
             mem_free,
             free_milli,
             access,
-            f64::from(tuning.scarce) / 100.0,
-            f64::from(tuning.scarce_shape) / 100.0,
+            f64::from(tuning.scarcity.models) / 100.0,
+            f64::from(tuning.scarcity.shapes) / 100.0,
         )
     } else {
         0.0
     };
-    expected + look + reserve + scarce
+    expected + look + scarce
 }
 
 /// FGD+'s GPU choice for a share: one GPU at a time, the one whose use leaves the least
-/// [`fragmentation`] (lowest position on ties; with a quantum, FGD's integer scores are
-/// compared instead). `cache` holds the node's access masks across calls.
+/// [`fragmentation`] (lowest position on ties). `cache` holds the node's access masks across
+/// calls.
 pub(crate) fn pick(
     node: &NodeState,
     usage: &[GpuUsage],
@@ -375,13 +358,8 @@ pub(crate) fn pick(
                     &trial,
                     access,
                 );
-            let value = if tuning.quantum > 0 {
-                fgd::reference_score(reduction)
-            } else {
-                reduction
-            };
-            if best.is_none_or(|(_, best_value)| value > best_value) {
-                best = Some((position, value));
+            if best.is_none_or(|(_, best_value)| reduction > best_value) {
+                best = Some((position, reduction));
             }
         }
         let Some((position, _)) = best else {
@@ -525,34 +503,13 @@ pub(crate) fn measure_node(
 ) -> NodeMeasure {
     let (cpu, memory) = (node.cpu_free(), node.mem_free());
     let host_stranded = if tuning.host_weight_at(typical.host_slack()) > 0.0 {
-        host_stranded_of(typical, tuning, cpu, memory, free, access)
+        host_stranded(typical, cpu, memory, free)
     } else {
         0.0
     };
     NodeMeasure {
         fragmentation: fragmentation(typical, tuning, cpu, memory, free, access),
         host_stranded,
-    }
-}
-
-/// The host-stranded capacity the tuning's host term counts (`host_by`).
-fn host_stranded_of(
-    typical: &TypicalPods,
-    tuning: &Tuning,
-    cpu_free: CpuMilli,
-    mem_free: MemMiB,
-    free: &[u32],
-    access: &[u64],
-) -> f64 {
-    match tuning.host_by {
-        HostBy::Mean => host_stranded(typical, cpu_free, mem_free, free),
-        by => typical.host_stranded_by_class(
-            cpu_free,
-            mem_free,
-            free,
-            access,
-            by == HostBy::Constrained,
-        ),
     }
 }
 
@@ -568,38 +525,25 @@ pub(crate) fn score_measured(
 ) -> f64 {
     let cpu_after = CpuMilli(node.cpu_free().0.saturating_sub(taking.cpu.0));
     let mem_after = MemMiB(node.mem_free().0.saturating_sub(taking.memory.0));
-    let cpu_only = (!taking.gpus).then_some(tuning.cpu_only);
     let mut reduction =
         measure.fragmentation - fragmentation(typical, tuning, cpu_after, mem_after, after, access);
-    if cpu_only == Some(CpuOnlyScore::Fgd) {
-        // The pod leaves the GPUs as they are (`after` is the node's free capacity before too),
-        // so the look-ahead does not move and what FGD+'s measure adds to FGD's is the scarce
-        // classes' term (and the reserve's, where it is on).
-        let expected = |cpu, memory| typical.fragmentation_with_memory(cpu, memory, after, access);
-        let expected = expected(node.cpu_free(), node.mem_free()) - expected(cpu_after, mem_after);
-        let share = f64::from(tuning.cpu_only_scarce) / 100.0;
-        return score_of_reduction(tuning, expected + share * (reduction - expected));
-    }
-    let host_weight = if cpu_only == Some(CpuOnlyScore::NoHost) {
-        0.0
-    } else {
-        tuning.host_weight_at(typical.host_slack())
-    };
+    let host_weight = tuning.host_weight_at(typical.host_slack());
     let node_idle = node.gpus_idle();
     let opens_idle_node = taking.gpus && node_idle;
     let guarded = opens_idle_node
         && typical
             .idle_cover()
-            .is_some_and(|cover| cover < tuning.idle_floor);
+            .is_some_and(|cover| cover < tuning.idle_nodes.floor);
     if guarded {
         // In proportion to the host slack, as the host term it counters: on the trace's
         // nodes without the T4 ones (slack 0.02) the whole charge put `default` and
         // `gpushare40` with departures 0.14 and 0.07 further below FGD, against 0.11 and 0.04
         // scaled (docs/policies.md, "Idle nodes guarded").
-        reduction -= f64::from(tuning.guard_penalty) * tuning.slack_share(typical.host_slack());
+        reduction -=
+            f64::from(tuning.idle_nodes.guard_penalty) * tuning.slack_share(typical.host_slack());
     }
     if host_weight > 0.0 {
-        let stranded_after = host_stranded_of(typical, tuning, cpu_after, mem_after, after, access);
+        let stranded_after = host_stranded(typical, cpu_after, mem_after, after);
         let mut host = measure.host_stranded - stranded_after;
         if opens_idle_node && host > 0.0 {
             // An idle node's stranding is a possibility, not yet a loss: a whole-node pod may
@@ -608,55 +552,24 @@ pub(crate) fn score_measured(
             host *= tuning.idle_credit_at(typical.idle_cover());
         }
         if guarded && host < 0.0 {
-            host *= f64::from(tuning.guard_rise) / 100.0;
+            host *= f64::from(tuning.idle_nodes.guard_rise) / 100.0;
         }
         reduction += host_weight / 100.0 * host;
     }
     if opens_idle_node {
-        reduction -= f64::from(tuning.idle_node_penalty);
+        reduction -= f64::from(tuning.idle_nodes.penalty);
     }
-    let score = score_of_reduction(tuning, reduction);
-    let order = match tuning.tie_break {
-        TieBreak::None => 0.0,
-        TieBreak::Pack => fullness(node, cpu_after, after),
-        TieBreak::UsedNodes if node_idle => 0.0,
-        TieBreak::UsedNodes => 1.0,
-    };
+    let score = fgd::wide_score_from_reduction(reduction);
+    // Among equal scores, nodes already running GPU pods before idle ones.
+    let order = if node_idle { 0.0 } else { 1.0 };
     score + TIE_BREAK * order
-}
-
-/// The score (0..=100, 50 = no change) of a reduction of the measure, before the tie-break.
-fn score_of_reduction(tuning: &Tuning, reduction: f64) -> f64 {
-    if tuning.quantum > 0 {
-        // Quantised like FGD's integer scores: on FGD's own curve.
-        let step = f64::from(tuning.quantum) / 100.0;
-        (fgd::score_from_reduction(reduction) / step).floor() * step
-    } else {
-        fgd::wide_score_from_reduction(reduction)
-    }
-}
-
-/// How full the node is left, on 0..=1: half GPU, half CPU, like the reference's best fit.
-fn fullness(node: &NodeState, cpu_after: CpuMilli, after: &[u32]) -> f64 {
-    let gpu_capacity = after.len() as f64 * 1000.0;
-    let gpu_free: f64 = after.iter().map(|&f| f64::from(f)).sum();
-    let gpu = if gpu_capacity > 0.0 {
-        1.0 - gpu_free / gpu_capacity
-    } else {
-        1.0
-    };
-    let cpu = if node.spec.cpu.0 > 0 {
-        1.0 - cpu_after.0 as f64 / node.spec.cpu.0 as f64
-    } else {
-        1.0
-    };
-    (gpu + cpu) / 2.0
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::fit::RejectReason;
+    use crate::policy::fgd::TypicalPod;
     use crate::{GpuDemand, GpuMode, NodeSpec, Policy, ScoringPolicy};
 
     fn class(cpu: u64, memory: u64, gpus: u16, milli: u32, weight: f64) -> TypicalPod {
@@ -717,32 +630,6 @@ mod tests {
     }
 
     #[test]
-    fn demand_weighting_makes_big_pods_count_for_their_gpus() {
-        // 90% of pods are 100-milli shares, 10% take 8 whole GPUs.
-        let typical = TypicalPods::new(vec![class(0, 0, 1, 100, 9.0), class(0, 0, 8, 1000, 1.0)]);
-        let tuning = Tuning {
-            demand_weighted: true,
-            lookahead: 0,
-            ..Tuning::default()
-        };
-        let access = [0xFF, 0xFF];
-        // One GPU half used: the 8-GPU pod can no longer run, all 7500 is lost to it.
-        let free = [500, 1000, 1000, 1000, 1000, 1000, 1000, 1000];
-        let counted = typical.fragmentation(CpuMilli(64_000), &free, &access);
-        let weighted = fragmentation(
-            &typical,
-            &tuning,
-            CpuMilli(64_000),
-            MemMiB(1 << 20),
-            &free,
-            &access,
-        );
-        assert!((counted - 0.1 * 7500.0).abs() < 1e-9);
-        // Weights 9 × 100 = 900 and 1 × 8000 = 8000: 8000/8900 of 7500.
-        assert!((weighted - 7500.0 * 8000.0 / 8900.0).abs() < 1e-6);
-    }
-
-    #[test]
     fn host_stranding_counts_gpus_the_cpu_cannot_feed() {
         // Typical GPU pod: one whole GPU with 12 cores and 64 GiB.
         let typical = TypicalPods::new(vec![class(12_000, 65_536, 1, 1000, 1.0)]);
@@ -764,7 +651,7 @@ mod tests {
     #[test]
     fn the_host_weight_grows_with_the_host_slack() {
         let tuning = Tuning::default();
-        let whole = f64::from(tuning.host_weight);
+        let whole = f64::from(tuning.host.weight);
         assert_eq!(
             tuning.host_weight_at(None),
             whole,
@@ -775,7 +662,10 @@ mod tests {
         assert!((tuning.host_weight_at(Some(0.1)) - whole).abs() < 1e-9);
         assert_eq!(tuning.host_weight_at(Some(0.36)), whole);
         let unscaled = Tuning {
-            host_slack: 0,
+            host: HostTerm {
+                slack: 0,
+                ..tuning.host
+            },
             ..tuning
         };
         assert_eq!(unscaled.host_weight_at(Some(0.0)), whole);
@@ -788,7 +678,10 @@ mod tests {
         let score = |typical: &TypicalPods, host_weight: u32| {
             let policy = Policy {
                 fgd_plus: Tuning {
-                    host_weight,
+                    host: HostTerm {
+                        weight: host_weight,
+                        ..Tuning::default().host
+                    },
                     // Measured as scored: the hold would refuse the tight node.
                     hold_host: false,
                     ..Tuning::default()
@@ -836,159 +729,47 @@ mod tests {
     }
 
     #[test]
-    fn scored_by_fgd_s_measure_a_cpu_only_pod_pays_a_share_of_the_scarce_term_and_no_host_term() {
+    fn a_cpu_only_pod_is_charged_for_the_cpu_the_gpus_beside_it_need() {
         let typical =
             gpu_and_cpu_only_pods().with_cluster(&[two_gpu_node(128_000), two_gpu_node(24_000)]);
         // 16 of the node's 24 cores: the 8 left feed no 12-core GPU pod.
         let pod = PodRequest::single(CpuMilli(16_000), MemMiB(1024), GpuDemand::None);
         let node = two_gpu_node(24_000);
         let score = |tuning: Tuning| score_with(&typical, tuning, &node, &pod);
-        // Scored as a GPU pod (the default), the host term charges the CPU taken from the GPUs
-        // beside it. (The hold would refuse this node outright: how the pod is scored where the
-        // hold is off is what is measured here.)
-        let as_gpu_pod = Tuning {
+        // Scored as a GPU pod, the host term charges the CPU taken from the GPUs beside it.
+        // (The hold would refuse this node outright: how the pod is scored where the hold is
+        // off is what is measured here.)
+        let unheld = Tuning {
             hold_host: false,
             ..Tuning::default()
         };
-        assert!(
-            score(as_gpu_pod)
-                < score(Tuning {
-                    host_weight: 0,
-                    ..as_gpu_pod
-                })
-        );
-        // By FGD's measure, the host term has no part in it, whatever its weight.
-        let by_fgd = Tuning {
-            cpu_only: CpuOnlyScore::Fgd,
-            ..as_gpu_pod
+        let no_host_term = Tuning {
+            host: HostTerm {
+                weight: 0,
+                ..unheld.host
+            },
+            ..unheld
         };
-        assert_eq!(
-            score(by_fgd),
-            score(Tuning {
-                host_weight: 0,
-                ..by_fgd
-            })
-        );
-        // Without the scarce share it is FGD's expected fragmentation, with memory: both free
-        // GPUs are lost to the GPU class.
-        let access = typical.access_masks(&node);
-        let free = [1000, 1000];
-        let expected = |cpu: u64, memory: u64| {
-            typical.fragmentation_with_memory(CpuMilli(cpu), MemMiB(memory), &free, &access)
-        };
-        let reduction = expected(24_000, 1 << 30) - expected(8_000, (1 << 30) - 1024);
-        assert!(reduction < 0.0);
-        let fgd_only = Tuning {
-            cpu_only_scarce: 0,
-            ..by_fgd
-        };
-        assert_eq!(score(fgd_only), fgd::wide_score_from_reduction(reduction));
-
-        // A two-GPU class of 100 cores only the 128-core node runs: scarce by its shape. A
-        // CPU-only pod of 40 cores there leaves it none, and pays the share of its term.
-        let scarce = TypicalPods::new(vec![
-            class(12_000, 0, 1, 1000, 1.0),
-            class(8_000, 0, 0, 0, 1.0),
-            class(100_000, 0, 2, 1000, 1.0),
-        ])
-        .with_cluster(&[two_gpu_node(128_000), two_gpu_node(24_000)]);
-        let big = PodRequest::single(CpuMilli(40_000), MemMiB(1024), GpuDemand::None);
-        let rich = two_gpu_node(128_000);
-        let score = |share: u32| {
-            let tuning = Tuning {
-                cpu_only_scarce: share,
-                ..by_fgd
-            };
-            score_with(&scarce, tuning, &rich, &big)
-        };
-        assert!(score(5) < score(0), "{} vs {}", score(5), score(0));
-        assert!(score(100) < score(5));
-
-        // No tie-break by FGD's measure: on a used node the used-nodes order adds nothing.
-        let mut used = two_gpu_node(128_000);
-        let first = PodRequest::single(CpuMilli(0), MemMiB(0), GpuDemand::Whole { count: 1 });
-        used.add(&crate::fit(&used, &first, &Policy::scoring(ScoringPolicy::FgdPlus)).unwrap());
-        let tied = |tuning: Tuning, tie_break: TieBreak| {
-            score_with(
-                &typical,
-                Tuning {
-                    tie_break,
-                    ..tuning
-                },
-                &used,
-                &pod,
-            )
-        };
-        assert!(tied(as_gpu_pod, TieBreak::UsedNodes) > tied(as_gpu_pod, TieBreak::None));
-        assert_eq!(
-            tied(by_fgd, TieBreak::UsedNodes),
-            tied(by_fgd, TieBreak::None)
-        );
+        assert!(score(unheld) < score(no_host_term));
     }
 
     #[test]
-    fn the_reserve_charges_taking_gpus_a_constrained_pod_needs() {
-        // Half the pods take any GPU, half only V100s.
-        let mut v100_only = class(1000, 0, 1, 1000, 1.0);
-        v100_only.models = vec![crate::ModelPattern::parse("V100").unwrap()];
-        let typical = TypicalPods::new(vec![class(1000, 0, 1, 1000, 1.0), v100_only]);
-        let node = |model: &str| {
-            let mut node = idle_node(2, model, 64_000);
-            // One GPU already in use, so that the idle-node charge plays no part.
-            let first = PodRequest::single(CpuMilli(0), MemMiB(0), GpuDemand::Whole { count: 1 });
-            let policy = Policy::scoring(ScoringPolicy::FgdPlus);
-            node.add(&crate::fit(&node, &first, &policy).unwrap());
-            node
-        };
-        let anywhere = PodRequest::single(CpuMilli(1000), MemMiB(0), GpuDemand::Whole { count: 1 });
-        let margin = |reserve: u32| {
-            let policy = Policy {
-                fgd_plus: Tuning {
-                    reserve,
-                    ..Tuning::default()
-                },
-                ..Policy::scoring(ScoringPolicy::FgdPlus).with_typical(typical.clone())
-            };
-            let elsewhere = policy.evaluate(&node("T4"), &anywhere).unwrap().score;
-            let on_v100 = policy.evaluate(&node("V100"), &anywhere).unwrap().score;
-            elsewhere - on_v100
-        };
-        // FGD's own measure already prefers leaving the V100 free; the reserve widens that.
-        assert!(margin(0) > 0.0, "{}", margin(0));
+    fn among_equal_scores_a_node_already_running_gpu_pods_comes_first() {
+        let typical = TypicalPods::new(vec![class(0, 0, 1, 1000, 1.0)]);
+        let policy = Policy::scoring(ScoringPolicy::FgdPlus).with_typical(typical);
+        let pod = PodRequest::single(CpuMilli(0), MemMiB(0), GpuDemand::None);
+        let idle = two_gpu_node(128_000);
+        let mut used = two_gpu_node(128_000);
+        let first = PodRequest::single(CpuMilli(0), MemMiB(0), GpuDemand::Whole { count: 1 });
+        used.add(&crate::fit(&used, &first, &policy).unwrap());
+        let idle_score = policy.evaluate(&idle, &pod).unwrap().score;
+        let used_score = policy.evaluate(&used, &pod).unwrap().score;
+        // A pod that takes nothing changes neither node's measure: only the order differs.
         assert!(
-            margin(1000) > margin(0),
-            "{} vs {}",
-            margin(1000),
-            margin(0)
-        );
-        // Without constrained classes the reserve changes nothing.
-        let plain = TypicalPods::new(vec![class(1000, 0, 1, 1000, 1.0)]);
-        let free = [1000, 0];
-        let with = Tuning {
-            reserve: 1000,
-            ..Tuning::default()
-        };
-        let access = [0b11];
-        assert_eq!(
-            fragmentation(
-                &plain,
-                &with,
-                CpuMilli(1000),
-                MemMiB(1 << 20),
-                &free,
-                &access
-            ),
-            fragmentation(
-                &plain,
-                &Tuning::default(),
-                CpuMilli(1000),
-                MemMiB(1 << 20),
-                &free,
-                &access
-            )
+            (used_score - idle_score - TIE_BREAK).abs() < 1e-12,
+            "{used_score} {idle_score}"
         );
     }
-
     #[test]
     fn a_class_scarce_by_model_is_scaled_by_the_model_weight_only() {
         // One V100 node among four 8-GPU nodes: a V100-only pod runs on a quarter of the GPUs.
@@ -1101,8 +882,11 @@ mod tests {
         let margin = |scarce_weight: u32| {
             let policy = Policy {
                 fgd_plus: Tuning {
-                    scarce: scarce_weight,
-                    scarce_shape: scarce_weight,
+                    scarcity: ScarcityTerm {
+                        models: scarce_weight,
+                        shapes: scarce_weight,
+                        ..Tuning::default().scarcity
+                    },
                     ..Tuning::default()
                 },
                 ..Policy::scoring(ScoringPolicy::FgdPlus).with_typical(scarce.clone())
@@ -1232,46 +1016,6 @@ mod tests {
     }
 
     #[test]
-    fn host_stranding_by_class_sees_each_class_s_own_models_and_ratio() {
-        let free = [1000, 1000, 1000, 1000];
-        let any = TypicalPods::new(vec![class(12_000, 65_536, 1, 1000, 1.0)]);
-        let all = [0b1111];
-        // One class that takes any model: the same as the mean pod, pooled or not.
-        for pool in [false, true] {
-            let by_class =
-                any.host_stranded_by_class(CpuMilli(24_000), MemMiB(1 << 30), &free, &all, pool);
-            let mean = host_stranded(&any, CpuMilli(24_000), MemMiB(1 << 30), &free);
-            assert!((by_class - mean).abs() < 1e-9, "{by_class} vs {mean}");
-        }
-        // Two classes of equal GPU demand: a light one (4 cores per GPU) and a V100-only heavy
-        // one (24 cores per GPU), on a node whose model the heavy one does not accept.
-        let mut heavy = class(24_000, 0, 1, 1000, 1.0);
-        heavy.models = vec![crate::ModelPattern::parse("V100").unwrap()];
-        let typical = TypicalPods::new(vec![class(4_000, 0, 1, 1000, 1.0), heavy]);
-        let not_v100 = [0b1111, 0];
-        // 16 cores feed all 4 GPUs for the light class; the heavy one cannot use them anyway.
-        let stranded = typical.host_stranded_by_class(
-            CpuMilli(16_000),
-            MemMiB(1 << 30),
-            &free,
-            &not_v100,
-            false,
-        );
-        assert_eq!(stranded, 0.0);
-        // On a V100 node the heavy class is fed for 16/24 of a GPU: 3333 of its 4000 stranded,
-        // half the weight.
-        let v100 = [0b1111, 0b1111];
-        let stranded =
-            typical.host_stranded_by_class(CpuMilli(16_000), MemMiB(1 << 30), &free, &v100, true);
-        assert!(
-            (stranded - (4000.0 - 16_000.0 / 24.0) / 2.0).abs() < 1e-6,
-            "{stranded}"
-        );
-        // The mean pod (14 cores per GPU) sees stranding on either node: it is model-blind.
-        assert!(host_stranded(&typical, CpuMilli(16_000), MemMiB(1 << 30), &free) > 0.0);
-    }
-
-    #[test]
     fn opening_an_idle_node_earns_a_share_of_the_host_credit_and_pays_a_rise_whole() {
         // Typical pod: one GPU and 64 GiB. An 8-GPU node with 256 GiB feeds only 4 of them.
         let typical = TypicalPods::new(vec![class(0, 65_536, 1, 1000, 1.0)]);
@@ -1294,8 +1038,11 @@ mod tests {
         };
         let score = |node: &NodeState, memory: u64, credit: u32| {
             let tuning = Tuning {
-                idle_host_credit: credit,
-                idle_node_penalty: 0,
+                idle_nodes: IdleNodeGuard {
+                    credit,
+                    penalty: 0,
+                    ..Tuning::default().idle_nodes
+                },
                 ..Tuning::default()
             };
             let pod =
@@ -1317,27 +1064,39 @@ mod tests {
     #[test]
     fn the_idle_credit_shrinks_with_the_cover_to_none_at_the_floor() {
         let tuning = Tuning::default();
-        assert_eq!((tuning.idle_floor, tuning.credit_cover), (25, 100));
-        let whole = f64::from(tuning.idle_host_credit) / 100.0;
+        assert_eq!(
+            (tuning.idle_nodes.floor, tuning.idle_nodes.credit_cover),
+            (25, 100)
+        );
+        let whole = f64::from(tuning.idle_nodes.credit) / 100.0;
         assert_eq!(tuning.idle_credit_at(None), whole);
         assert_eq!(tuning.idle_credit_at(Some(100)), whole);
         assert!((tuning.idle_credit_at(Some(70)) - whole * 0.6).abs() < 1e-12);
         assert_eq!(tuning.idle_credit_at(Some(25)), 0.0);
         assert_eq!(tuning.idle_credit_at(Some(10)), 0.0);
         let always_whole = Tuning {
-            credit_cover: 0,
+            idle_nodes: IdleNodeGuard {
+                credit_cover: 0,
+                ..tuning.idle_nodes
+            },
             ..tuning
         };
         assert_eq!(always_whole.idle_credit_at(Some(0)), whole);
         // Without the guard's floor the credit shrinks from the cover down to none at 0.
         let unguarded = Tuning {
-            idle_floor: 0,
+            idle_nodes: IdleNodeGuard {
+                floor: 0,
+                ..tuning.idle_nodes
+            },
             ..tuning
         };
         assert!((unguarded.idle_credit_at(Some(50)) - whole * 0.5).abs() < 1e-12);
         // A cover at or below the floor: whole from it, none below.
         let step = Tuning {
-            credit_cover: 20,
+            idle_nodes: IdleNodeGuard {
+                credit_cover: 20,
+                ..tuning.idle_nodes
+            },
             ..tuning
         };
         assert_eq!(step.idle_credit_at(Some(20)), whole);
@@ -1388,7 +1147,10 @@ mod tests {
         };
         let ramped = Tuning::default();
         let always_whole = Tuning {
-            credit_cover: 0,
+            idle_nodes: IdleNodeGuard {
+                credit_cover: 0,
+                ..ramped.idle_nodes
+            },
             ..ramped
         };
         // The memory-less pod lowers the idle node's stranding: credited less at 0.7.
@@ -1441,11 +1203,17 @@ mod tests {
         };
         let guarded = Tuning::default();
         let penalty_only = Tuning {
-            guard_rise: 100,
+            idle_nodes: IdleNodeGuard {
+                guard_rise: 100,
+                ..guarded.idle_nodes
+            },
             ..guarded
         };
         let off = Tuning {
-            idle_floor: 0,
+            idle_nodes: IdleNodeGuard {
+                floor: 0,
+                ..guarded.idle_nodes
+            },
             ..guarded
         };
         let idle = node();
@@ -1484,7 +1252,10 @@ mod tests {
         let charged = policy.evaluate(&node, &pod).unwrap().score;
         let free = Policy {
             fgd_plus: Tuning {
-                idle_node_penalty: 0,
+                idle_nodes: IdleNodeGuard {
+                    penalty: 0,
+                    ..Tuning::default().idle_nodes
+                },
                 ..Tuning::default()
             },
             ..policy.clone()

@@ -20,7 +20,7 @@ use super::run::{
 use super::throughput::run_throughput;
 use gpu_engine::ScoringPolicy;
 use gpu_sim::cli::{parse_seeds, write_outputs};
-use gpu_sim::{Cluster, Prepared, RunResult, SimPolicy, Workload};
+use gpu_sim::{Cluster, Prepared, RunResult, Workload};
 
 /// The `replay` command.
 pub async fn run_cli(args: ReplayArgs) -> Result<()> {
@@ -81,9 +81,10 @@ pub async fn run_cli(args: ReplayArgs) -> Result<()> {
                 );
                 eprintln!("{}", choices_line(&replayed.choices));
                 if args.compare {
+                    // The policy the extender ran, its FGD+ knobs as configured.
                     simulated.push(gpu_sim::replay::run(
                         &prepared,
-                        SimPolicy::engine(scoring),
+                        replayed.result.policy,
                         seed,
                         args.tune,
                         true,
@@ -414,7 +415,7 @@ mod tests {
         policies.map(|scoring| {
             gpu_sim::replay::run(
                 &prepared,
-                SimPolicy::engine(scoring),
+                gpu_sim::SimPolicy::engine(scoring),
                 42,
                 1.3,
                 false,

@@ -410,6 +410,13 @@ mod tests {
         assert!(unknown.contains("requeue.nope"), "{unknown}");
         let malformed = set(&["requeue.enabled"]).unwrap_err().to_string();
         assert!(malformed.contains("KEY=VALUE"), "{malformed}");
+        // FGD+'s knobs reach the extender by the keys `simulate` takes, and the policy the
+        // replay measures against (`ReplayPlan::policy`) reads them from the same config.
+        let tuned = set(&["policy.fgdPlus.host.weight=0", "policy.fgdPlus.lookahead=0"]).unwrap();
+        let mut expected = gpu_engine::policy::fgd_plus::Tuning::default();
+        expected.set("host.weight", "0").unwrap();
+        expected.set("lookahead", "0").unwrap();
+        assert_eq!(tuned.engine_policy().fgd_plus, expected);
     }
 
     #[test]

@@ -53,6 +53,18 @@ pub struct ReplayPlan<'a> {
     pub decision_timeout: Duration,
 }
 
+impl ReplayPlan<'_> {
+    /// The policy as `simulate` runs it: the extender's scoring with the FGD+ knobs its
+    /// configuration sets (`policy.fgdPlus`, `--extender-set` included), so that the referee and
+    /// `--compare` measure the loop against the policy the extender runs.
+    pub fn policy(&self) -> SimPolicy {
+        SimPolicy::Engine {
+            scoring: self.scoring,
+            tuning: self.config.engine_policy().fgd_plus,
+        }
+    }
+}
+
 /// What kube-scheduler decided for one pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {
@@ -276,13 +288,13 @@ struct Mirror<'p> {
 }
 
 impl<'p> Mirror<'p> {
-    /// The prepared cluster, empty, under the policy `scoring`.
-    fn new(prepared: &'p Prepared, scoring: ScoringPolicy) -> Self {
+    /// The prepared cluster, empty, under `policy`.
+    fn new(prepared: &'p Prepared, policy: SimPolicy) -> Self {
         let nodes = prepared.nodes().to_vec();
         Self {
             prepared,
             live: Live::of(prepared, &nodes),
-            referee: Referee::new(prepared, scoring),
+            referee: Referee::new(prepared, policy),
             nodes,
         }
     }
@@ -404,7 +416,7 @@ pub async fn replay_pods(
         .enumerate()
         .map(|(i, name)| (name.as_str(), i))
         .collect();
-    let mut mirror = Mirror::new(prepared, plan.scoring);
+    let mut mirror = Mirror::new(prepared, plan.policy());
     let mut choices = ChoiceTally::default();
     let capacity = prepared.capacity_milli();
     let pods_api: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
@@ -550,7 +562,7 @@ pub async fn replay_pods(
     Ok(Replayed {
         result: RunResult {
             trace: prepared.trace.clone(),
-            policy: SimPolicy::engine(plan.scoring),
+            policy: plan.policy(),
             seed: plan.seed,
             pods: arrivals.order.len(),
             added: arrivals.added,
