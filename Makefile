@@ -51,12 +51,12 @@ test-e2e:
 	@if [[ "$$GPU_EXTENDER_E2E" == skip ]]; then \
 		echo "make: end-to-end tier SKIPPED (GPU_EXTENDER_E2E=skip)"; \
 	else \
-		set -x; GPU_EXTENDER_K8S_BIN="$${GPU_EXTENDER_K8S_BIN:-$$(scripts/k8s-bins.sh | tail -n1)}" \
+		set -x; $(CARGO) build --locked -p gpu-lab --bin gpu-lab && \
+		GPU_EXTENDER_K8S_BIN="$${GPU_EXTENDER_K8S_BIN:-$$(scripts/k8s-bins.sh | tail -n1)}" \
 			GPU_EXTENDER_AUTOSCALER_BIN="$${GPU_EXTENDER_AUTOSCALER_BIN:-$$(scripts/autoscaler-bins.sh | tail -n1)}" \
 			GPU_EXTENDER_CHROMIUM="$${GPU_EXTENDER_CHROMIUM:-$$(scripts/chromium.sh | tail -n1)}" \
 			GPU_EXTENDER_HELM="$${GPU_EXTENDER_HELM:-$$(scripts/helm.sh | tail -n1)/helm}" \
 			GPU_EXTENDER_KARMADA_CLIENT="$${GPU_EXTENDER_KARMADA_CLIENT:-$$(scripts/karmada-client.sh | tail -n1)}" \
-			$(CARGO) build --locked -p gpu-lab --bin gpu-lab && \
 			$(CARGO) test --locked -p gpu-extender --test e2e --test deploy_manifests -- --ignored \
 			--skip failover::failover_takeover_distribution --skip karmada_full::; \
 	fi

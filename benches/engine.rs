@@ -24,7 +24,7 @@ use std::time::Instant;
 
 use criterion::measurement::{Measurement, ValueFormatter};
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use gpu_engine::policy::fgd::Scarcity;
+use gpu_engine::policy::typical::Scarcity;
 use gpu_engine::{
     AlikeScores, Change, CpuMilli, GpuDemand, GpuMode, GpuPlacement, Link, LinkMatrix, MemMiB,
     ModelPattern, NodeSpec, NodeState, PodAllocation, PodKey, PodRequest, Policy, RejectReason,

@@ -32,8 +32,8 @@ use serde::{Deserialize, Serialize};
 use serde_yaml_ng::{Mapping, Value};
 use thiserror::Error;
 
-use gpu_engine::policy::fgd::Scarcity;
 use gpu_engine::policy::fgd_plus;
+use gpu_engine::policy::typical::Scarcity;
 use gpu_engine::{ModelPattern, Policy, ScoringPolicy, ShareRules, TypicalPod, TypicalPods};
 
 /// The prefix of every environment variable this module reads.

@@ -17,7 +17,7 @@ use arc_swap::ArcSwap;
 use tracing::info;
 
 use super::cluster::ClusterState;
-use gpu_engine::policy::fgd::{Scarcity, ScarcityCensus};
+use gpu_engine::policy::typical::{Scarcity, ScarcityCensus};
 use gpu_engine::{Policy, TypicalPods, learn_typical};
 
 /// Pods the table must hold before a learned distribution replaces the configured one.

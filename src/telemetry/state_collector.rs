@@ -669,8 +669,8 @@ mod tests {
 
     #[test]
     fn the_host_term_s_weight_in_force_is_exported() {
-        use gpu_engine::policy::fgd::{TypicalPod, TypicalPods};
         use gpu_engine::policy::fgd_plus::Tuning;
+        use gpu_engine::policy::typical::{TypicalPod, TypicalPods};
         use gpu_engine::{CpuMilli, MemMiB, NodeSpec, ScoringPolicy};
         let node = |name: &str, cpu: u64| {
             NodeSpec::uniform(name, GpuMode::CoreMem, 2, "T4", MemMiB(0)).with_host(

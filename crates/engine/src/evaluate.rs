@@ -322,7 +322,7 @@ mod tests {
     fn one_cache_across_pod_classes_scores_as_fresh_evaluations_do() {
         use crate::ScoringPolicy;
         use crate::model::ComputeMilli;
-        use crate::policy::fgd::{TypicalPod, TypicalPods};
+        use crate::policy::typical::{TypicalPod, TypicalPods};
         let node_of = |name: &str, memory_gib: u64| {
             NodeState::new(
                 NodeSpec::uniform(name, GpuMode::CoreMem, 8, "T4", MemMiB(16 << 10)).with_host(

@@ -34,8 +34,8 @@ pub use model::{
     ComputeMilli, CpuMilli, Gpu, GpuIndex, GpuMode, GpuPlacement, Link, LinkMatrix, MemMiB,
     NodeName, NodeSpec, PodKey, WHOLE_GPU_COMPUTE,
 };
-pub use policy::fgd::{TypicalPod, TypicalPods};
 pub use policy::learn::{TYPICAL_COVERAGE, learn_typical, typical_from_classes};
+pub use policy::typical::{TypicalPod, TypicalPods};
 pub use policy::{Evaluation, Policy, ScoringPolicy, ShareChoice};
 pub use request::{
     ContainerRequest, GpuConstraints, GpuDemand, ModelPattern, PodRequest, RequestError,

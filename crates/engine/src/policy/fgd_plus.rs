@@ -19,8 +19,9 @@ use crate::state::{GpuUsage, NodeState};
 use crate::topology::{bit, positions};
 
 use super::binpack;
-use super::fgd::{self, BIG_CLASS_GPUS, FgdCache, NodeMeasure, Scarcity, TypicalPods};
+use super::fgd::{self, FgdCache, NodeMeasure};
 use super::pick::{Picked, ShareAsk, free_milli, free_milli_of};
+use super::typical::{BIG_CLASS_GPUS, Scarcity, TypicalPods};
 
 /// FGD+'s knobs, one group per term that FGD+ adds to FGD's measure (docs/policies.md, "FGD+ on
 /// one page"). [`Tuning::default`] is the measured best on the openb traces, frozen: why each
@@ -569,7 +570,7 @@ pub(crate) fn score_measured(
 mod tests {
     use super::*;
     use crate::fit::RejectReason;
-    use crate::policy::fgd::TypicalPod;
+    use crate::policy::typical::TypicalPod;
     use crate::{GpuDemand, GpuMode, NodeSpec, Policy, ScoringPolicy};
 
     fn class(cpu: u64, memory: u64, gpus: u16, milli: u32, weight: f64) -> TypicalPod {

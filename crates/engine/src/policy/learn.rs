@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 
-use super::fgd::{TypicalPod, TypicalPods};
+use super::typical::{TypicalPod, TypicalPods};
 use crate::model::{CpuMilli, MemMiB};
 use crate::table::Table;
 

@@ -9,17 +9,19 @@ pub mod pick;
 pub mod reference;
 pub mod spread;
 pub mod topology;
+pub mod typical;
 
 use super::allocation::PodAllocation;
 use super::model::{ComputeMilli, CpuMilli, GpuPlacement, MemMiB};
 use super::request::PodRequest;
 use super::state::{GpuUsage, NodeState, PerGpu};
 use super::topology::positions;
-use fgd::{FgdCache, FreeChange, TypicalPods};
+use fgd::{FgdCache, FreeChange};
 use fgd_plus::Taking;
 pub(crate) use pick::Picked;
 pub use pick::{ShareAsk, free_milli, usage_after};
 use pick::{add_allocation, changes_between, free_milli_of};
+use typical::TypicalPods;
 
 /// How nodes are ranked for a pod.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -365,7 +367,7 @@ fn fgd_pick(
 /// with the host hold ([`fgd_plus::Tuning::hold_host`]) on, as by default, and off.
 #[cfg(any(test, feature = "fixtures"))]
 pub fn fgd_plus_held_and_unheld(cpu: CpuMilli) -> (Policy, Policy) {
-    let typical = TypicalPods::new(vec![fgd::TypicalPod {
+    let typical = TypicalPods::new(vec![typical::TypicalPod {
         cpu,
         memory: MemMiB(0),
         gpus: 1,
