@@ -1,8 +1,8 @@
 # The two commands a newcomer needs: `make demo` and `make test`. CI runs `.ci/run`, which runs
 # `make test`. Caches (cargo target dir, Kubernetes binaries) live outside the clone.
 SHELL := /bin/bash
-export GPU_EXTENDER_CACHE ?= $(HOME)/.cache/gpu-extender
-export CARGO_TARGET_DIR ?= $(GPU_EXTENDER_CACHE)/target
+export GPU_TEST_CACHE ?= $(HOME)/.cache/gpu-extender
+export CARGO_TARGET_DIR ?= $(GPU_TEST_CACHE)/target
 CARGO ?= cargo
 
 .PHONY: demo test test-e2e test-karmada test-traces test-go lint unit e2e k8s-bins autoscaler-bins karmada-bins build bench fuzz fuzz-smoke
@@ -15,11 +15,11 @@ demo:
 ## test: formatting, lints, the unit and integration tests, the doc tests, the tiers that need
 ## something outside the clone (run with --ignored: a plain `cargo test` counts them as ignored,
 ## never as passed), and a short bounded run of every fuzz target. The end-to-end tier is
-## required (GPU_EXTENDER_E2E=require, the default here): its binaries are built first, and a
+## required (GPU_TEST_E2E=require, the default here): its binaries are built first, and a
 ## scenario that cannot run fails. The trace tier runs when the openb traces are at
 ## ../shared/traces/openb and the Go tier when Go is installed; otherwise each says SKIPPED, which fails
-## `make test` under GPU_EXTENDER_TRACES=require or GPU_EXTENDER_GO=require.
-export GPU_EXTENDER_E2E ?= require
+## `make test` under GPU_TEST_TRACES=require or GPU_TEST_GO=require.
+export GPU_TEST_E2E ?= require
 TRACES := ../shared/traces/openb
 GO ?= $(shell command -v go || { test -x /usr/local/go/bin/go && echo /usr/local/go/bin/go; })
 ## The test tooling (scripts/test-tooling.sh: the Go-built binaries, cargo-fuzz and the fuzz
@@ -27,11 +27,11 @@ GO ?= $(shell command -v go || { test -x /usr/local/go/bin/go && echo /usr/local
 ## stopped if a step fails; its log is in the cache.
 test:
 	@set -euo pipefail; \
-	mkdir -p "$(GPU_EXTENDER_CACHE)"; \
+	mkdir -p "$(GPU_TEST_CACHE)"; \
 	tooling=; \
-	if [[ "$$GPU_EXTENDER_E2E" != skip ]]; then \
-		echo "make: building the test tooling in the background (log: $(GPU_EXTENDER_CACHE)/test-tooling.log)"; \
-		setsid scripts/test-tooling.sh >"$(GPU_EXTENDER_CACHE)/test-tooling.log" 2>&1 & tooling=$$!; \
+	if [[ "$$GPU_TEST_E2E" != skip ]]; then \
+		echo "make: building the test tooling in the background (log: $(GPU_TEST_CACHE)/test-tooling.log)"; \
+		setsid scripts/test-tooling.sh >"$(GPU_TEST_CACHE)/test-tooling.log" 2>&1 & tooling=$$!; \
 		trap 'kill -- -$$tooling 2>/dev/null || true' EXIT; \
 	fi; \
 	$(MAKE) lint; \
@@ -39,7 +39,7 @@ test:
 	$(CARGO) test --locked --workspace --doc; \
 	$(MAKE) test-e2e test-traces test-go; \
 	$(MAKE) fuzz-smoke; \
-	if [[ -n "$$tooling" ]]; then wait $$tooling || true; cat "$(GPU_EXTENDER_CACHE)/test-tooling.log"; fi
+	if [[ -n "$$tooling" ]]; then wait $$tooling || true; cat "$(GPU_TEST_CACHE)/test-tooling.log"; fi
 
 ## test-e2e: the end-to-end scenarios and the deployment tests against real Kubernetes binaries
 ## (and headless Chromium for the web view, installed by scripts/chromium.sh when missing; helm
@@ -48,15 +48,15 @@ test:
 ## failover::failover_takeover_distribution: 30 control planes; not the full Karmada scenario,
 ## karmada_full::, which `make test-karmada` runs).
 test-e2e:
-	@if [[ "$$GPU_EXTENDER_E2E" == skip ]]; then \
-		echo "make: end-to-end tier SKIPPED (GPU_EXTENDER_E2E=skip)"; \
+	@if [[ "$$GPU_TEST_E2E" == skip ]]; then \
+		echo "make: end-to-end tier SKIPPED (GPU_TEST_E2E=skip)"; \
 	else \
 		set -x; $(CARGO) build --locked -p gpu-lab --bin gpu-lab && \
-		GPU_EXTENDER_K8S_BIN="$${GPU_EXTENDER_K8S_BIN:-$$(scripts/k8s-bins.sh | tail -n1)}" \
-			GPU_EXTENDER_AUTOSCALER_BIN="$${GPU_EXTENDER_AUTOSCALER_BIN:-$$(scripts/autoscaler-bins.sh | tail -n1)}" \
-			GPU_EXTENDER_CHROMIUM="$${GPU_EXTENDER_CHROMIUM:-$$(scripts/chromium.sh | tail -n1)}" \
-			GPU_EXTENDER_HELM="$${GPU_EXTENDER_HELM:-$$(scripts/helm.sh | tail -n1)/helm}" \
-			GPU_EXTENDER_KARMADA_CLIENT="$${GPU_EXTENDER_KARMADA_CLIENT:-$$(scripts/karmada-client.sh | tail -n1)}" \
+		GPU_TEST_K8S_BIN="$${GPU_TEST_K8S_BIN:-$$(scripts/k8s-bins.sh | tail -n1)}" \
+			GPU_TEST_AUTOSCALER_BIN="$${GPU_TEST_AUTOSCALER_BIN:-$$(scripts/autoscaler-bins.sh | tail -n1)}" \
+			GPU_TEST_CHROMIUM="$${GPU_TEST_CHROMIUM:-$$(scripts/chromium.sh | tail -n1)}" \
+			GPU_TEST_HELM="$${GPU_TEST_HELM:-$$(scripts/helm.sh | tail -n1)/helm}" \
+			GPU_TEST_KARMADA_CLIENT="$${GPU_TEST_KARMADA_CLIENT:-$$(scripts/karmada-client.sh | tail -n1)}" \
 			$(CARGO) test --locked -p gpu-extender --test e2e --test deploy_manifests -- --ignored \
 			--skip failover::failover_takeover_distribution --skip karmada_full::; \
 	fi
@@ -66,8 +66,8 @@ test-e2e:
 ## each with its extender as scheduler-estimator. Too heavy for `make test` (three control
 ## planes, a cold build of Karmada's binaries of about 8 minutes); builds what it needs first.
 test-karmada: k8s-bins karmada-bins
-	GPU_EXTENDER_K8S_BIN="$${GPU_EXTENDER_K8S_BIN:-$$(scripts/k8s-bins.sh | tail -n1)}" \
-		GPU_EXTENDER_KARMADA_BIN="$${GPU_EXTENDER_KARMADA_BIN:-$$(scripts/karmada-bins.sh | tail -n1)}" \
+	GPU_TEST_K8S_BIN="$${GPU_TEST_K8S_BIN:-$$(scripts/k8s-bins.sh | tail -n1)}" \
+		GPU_TEST_KARMADA_BIN="$${GPU_TEST_KARMADA_BIN:-$$(scripts/karmada-bins.sh | tail -n1)}" \
 		$(CARGO) test --locked -p gpu-extender --test e2e -- --ignored karmada_full::
 
 ## test-traces: the tests on Alibaba's openb traces (cluster-trace-gpu-v2023), when present.
@@ -79,8 +79,8 @@ test-traces:
 		echo "make: trace tier SKIPPED: no openb traces at $(TRACES). They are Alibaba's public" \
 			"cluster-trace-gpu-v2023 (https://github.com/alibaba/clusterdata, folder" \
 			"cluster-trace-gpu-v2023); put its CSVs there (a symbolic link works)."; \
-		if [[ "$${GPU_EXTENDER_TRACES:-}" == require ]]; then \
-			echo "make: GPU_EXTENDER_TRACES=require: failing"; exit 1; fi; \
+		if [[ "$${GPU_TEST_TRACES:-}" == require ]]; then \
+			echo "make: GPU_TEST_TRACES=require: failing"; exit 1; fi; \
 	fi
 
 ## test-go: the simulator's port of Go's math/rand against Go itself, when Go is installed.
@@ -89,8 +89,8 @@ test-go:
 		set -x; PATH="$$(dirname "$(GO)"):$$PATH" $(CARGO) test --locked -p gpu-sim --test go_rand -- --ignored; \
 	else \
 		echo "make: Go tier SKIPPED: no Go toolchain (go on PATH or /usr/local/go/bin/go)"; \
-		if [[ "$${GPU_EXTENDER_GO:-}" == require ]]; then \
-			echo "make: GPU_EXTENDER_GO=require: failing"; exit 1; fi; \
+		if [[ "$${GPU_TEST_GO:-}" == require ]]; then \
+			echo "make: GPU_TEST_GO=require: failing"; exit 1; fi; \
 	fi
 
 ## lint: formatting, clippy, and no import cycle between the library's modules (cargo-modules,

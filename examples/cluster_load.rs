@@ -11,7 +11,7 @@
 //!     --nodes 5000 --rates 25,50,100,200 --stage-seconds 20 --steady-seconds 120
 //! ```
 //!
-//! The Kubernetes binaries come from `$GPU_EXTENDER_K8S_BIN`, else from `scripts/k8s-bins.sh`.
+//! The Kubernetes binaries come from `$GPU_TEST_K8S_BIN`, else from `scripts/k8s-bins.sh`.
 
 #![allow(clippy::print_stdout, reason = "a command-line report")]
 

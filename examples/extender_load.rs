@@ -111,14 +111,10 @@ fn main() -> Result<()> {
         Instant::now(),
         Duration::from_secs(30),
     );
-    let state = AppState {
-        cluster: Arc::clone(&cluster),
-        policy,
-        config: config.clone(),
-        binder: Some(Arc::new(binder)),
-        metrics,
-        body_limit: 64 << 20,
-    };
+    let state = AppState::new(Arc::clone(&cluster), config.clone(), metrics)
+        .with_policy(policy)
+        .with_binder(Arc::new(binder))
+        .with_body_limit(64 << 20);
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     let address = listener.local_addr()?;
     listener.set_nonblocking(true)?;

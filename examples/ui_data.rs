@@ -107,14 +107,9 @@ fn main() -> Result<()> {
         );
     }
     if let Some(addr) = serve {
-        let state = AppState {
-            cluster,
-            policy: policy.into(),
-            config,
-            binder: None,
-            metrics: Metrics::new()?,
-            body_limit: 1 << 20,
-        };
+        let state = AppState::new(cluster, config, Metrics::new()?)
+            .with_policy(policy.into())
+            .with_body_limit(1 << 20);
         let runtime = tokio::runtime::Runtime::new()?;
         runtime.block_on(async {
             let listener = tokio::net::TcpListener::bind(&addr).await?;

@@ -133,15 +133,13 @@ fn extender() -> &'static Extender {
         let table = Table::rebuild(20, specs().clone(), []);
         let metrics =
             Metrics::new().unwrap_or_else(|error| panic!("fuzz harness: metrics: {error}"));
-        let state = AppState {
-            cluster: Arc::new(ClusterState::with_table(table)),
-            policy: config().engine_policy().into(),
-            // No binder: bind must answer with an `Error`, never crash.
-            config: Arc::clone(config()),
-            binder: None,
+        // No binder: bind must answer with an `Error`, never crash.
+        let state = AppState::new(
+            Arc::new(ClusterState::with_table(table)),
+            Arc::clone(config()),
             metrics,
-            body_limit: BODY_LIMIT,
-        };
+        )
+        .with_body_limit(BODY_LIMIT);
         Extender { runtime, state }
     })
 }

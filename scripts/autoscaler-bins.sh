@@ -11,12 +11,12 @@
 #
 # Output goes to a cache outside the source tree, keyed by a hash of those go.mod/go.sum files
 # and the autoscaler's source:
-#   ${GPU_EXTENDER_CACHE:-$HOME/.cache/gpu-extender}/autoscaler/<hash>/bin/
+#   ${GPU_TEST_CACHE:-$HOME/.cache/gpu-extender}/autoscaler/<hash>/bin/
 # A warm run only checks and returns. The last line on stdout is the bin dir; progress goes to
 # stderr, so `BIN=$(scripts/autoscaler-bins.sh | tail -n1)` works.
 #
 # Environment:
-#   GPU_EXTENDER_CACHE        cache root (default $HOME/.cache/gpu-extender)
+#   GPU_TEST_CACHE        cache root (default $HOME/.cache/gpu-extender)
 #   AUTOSCALER_BINS_REBUILD=1 rebuild even if the binaries are present
 #   GO                        the go command to use (default: go on PATH, else /usr/local/go/bin/go)
 #   K8S_BINS_JOBS             go build -p (default 2), as for scripts/k8s-bins.sh
@@ -36,7 +36,7 @@ stamp_text() {
         sha256sum | cut -d' ' -f1
 }
 STAMP_HASH=$(stamp_text)
-CACHE_ROOT=${GPU_EXTENDER_CACHE:-$HOME/.cache/gpu-extender}
+CACHE_ROOT=${GPU_TEST_CACHE:-$HOME/.cache/gpu-extender}
 VERSION_DIR="$CACHE_ROOT/autoscaler/${STAMP_HASH:0:16}"
 BIN_DIR="$VERSION_DIR/bin"
 BINS=(kwok test-autoscaler)

@@ -28,7 +28,7 @@ done
 
 # --- build what is needed (here only: `make demo` builds nothing itself) ---------------------
 log "Kubernetes binaries (kube-apiserver, kube-scheduler, kubectl, etcd): built once from their Go"
-log "  modules into ${GPU_EXTENDER_CACHE:-$HOME/.cache/gpu-extender}/k8s; a first build takes about"
+log "  modules into ${GPU_TEST_CACHE:-$HOME/.cache/gpu-extender}/k8s; a first build takes about"
 log "  8 minutes on 2 cores, afterwards this is a check of seconds"
 BIN=$("$ROOT/scripts/k8s-bins.sh" | tail -n1)
 export K8S_BIN_DIR=$BIN
@@ -106,7 +106,7 @@ while [[ "$ADMIN_PORT" == "$PORT" ]]; do ADMIN_PORT=$(free_port); done
 # on loopback and its report is read with curl below (server.adminAuth guards it by default).
 printf 'server:\n  adminAuth:\n    paths: []\n' >"$WD/extender.yaml"
 log "starting gpu-extender on 127.0.0.1:$PORT (admin 127.0.0.1:$ADMIN_PORT)"
-env -u GPU_EXTENDER_CACHE RUST_LOG="${RUST_LOG:-info}" "$EXTENDER" serve \
+env -u GPU_TEST_CACHE RUST_LOG="${RUST_LOG:-info}" "$EXTENDER" serve \
     --config "$WD/extender.yaml" --kubeconfig "$KUBECONFIG" \
     --listen "127.0.0.1:$PORT" --admin-listen "127.0.0.1:$ADMIN_PORT" \
     </dev/null >"$WD/extender.log" 2>&1 &

@@ -18,13 +18,13 @@
 # once fixed, so tests/fuzz_corpus.rs replays it on stable in every test run.
 #
 # Needs cargo-fuzz (installed from crates.io into ~/.cargo/bin when missing) and, for the
-# address sanitizer, the nightly toolchain (rustup). Builds go to $GPU_EXTENDER_CACHE/target-fuzz
+# address sanitizer, the nightly toolchain (rustup). Builds go to $GPU_TEST_CACHE/target-fuzz
 # (address) or target-fuzz-plain (none), outside the clone. Exit status: 0 no crash, 1 a crash
 # or a failed build, 2 no nightly toolchain for the address sanitizer.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-CACHE=${GPU_EXTENDER_CACHE:-$HOME/.cache/gpu-extender}
+CACHE=${GPU_TEST_CACHE:-$HOME/.cache/gpu-extender}
 SECONDS_EACH=${FUZZ_SECONDS:-60}
 SANITIZER=${FUZZ_SANITIZER:-address}
 CARGO_FUZZ_VERSION=0.13.2

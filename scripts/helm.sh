@@ -6,13 +6,13 @@
 # tests/helm-bin/go.mod (helm.sh/helm/v3).
 #
 # Output goes to a cache outside the source tree, keyed by helm version:
-#   ${GPU_EXTENDER_CACHE:-$HOME/.cache/gpu-extender}/helm/<helm-version>/bin/helm
+#   ${GPU_TEST_CACHE:-$HOME/.cache/gpu-extender}/helm/<helm-version>/bin/helm
 # A warm run (the binary present and built from the same go.mod/go.sum) only checks and returns.
 # The last line on stdout is the bin dir; progress goes to stderr, so
 # `BIN=$(scripts/helm.sh | tail -n1)` works.
 #
 # Environment:
-#   GPU_EXTENDER_CACHE   cache root (default $HOME/.cache/gpu-extender)
+#   GPU_TEST_CACHE   cache root (default $HOME/.cache/gpu-extender)
 #   HELM_BIN_REBUILD=1   rebuild even if the binary is present
 #   GO                   the go command to use (default: go on PATH, else /usr/local/go/bin/go)
 #   K8S_BINS_JOBS        go build -p (default 2), shared with scripts/k8s-bins.sh
@@ -41,7 +41,7 @@ for pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
     LDFLAGS+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$K8S_MINOR"
 done
 
-CACHE_ROOT=${GPU_EXTENDER_CACHE:-$HOME/.cache/gpu-extender}
+CACHE_ROOT=${GPU_TEST_CACHE:-$HOME/.cache/gpu-extender}
 VERSION_DIR="$CACHE_ROOT/helm/$HELM_VERSION"
 BIN_DIR="$VERSION_DIR/bin"
 STAMP="$BIN_DIR/.stamp"

@@ -7,13 +7,13 @@
 # tests/k8s-bins/etcd/go.mod (go.etcd.io/etcd/server/v3).
 #
 # Output goes to a cache outside the source tree, keyed by Kubernetes version:
-#   ${GPU_EXTENDER_CACHE:-$HOME/.cache/gpu-extender}/k8s/<k8s-version>/bin/
+#   ${GPU_TEST_CACHE:-$HOME/.cache/gpu-extender}/k8s/<k8s-version>/bin/
 # A warm run (all binaries present and built from the same go.mod/go.sum) only
 # checks and returns. The last line on stdout is the bin dir; progress goes to
 # stderr, so `BIN=$(scripts/k8s-bins.sh | tail -n1)` works.
 #
 # Environment:
-#   GPU_EXTENDER_CACHE   cache root (default $HOME/.cache/gpu-extender)
+#   GPU_TEST_CACHE   cache root (default $HOME/.cache/gpu-extender)
 #   K8S_BINS_REBUILD=1   rebuild even if the binaries are present
 #   GO                   the go command to use (default: go on PATH, else /usr/local/go/bin/go)
 #   K8S_BINS_JOBS        go build -p (default 2)
@@ -36,7 +36,7 @@ ETCD_VERSION=$(mod_version "$ETCD_MOD_DIR/go.mod" go.etcd.io/etcd/server/v3)
 [[ -n "$K8S_VERSION" ]] || die "cannot read the k8s.io/kubernetes version from $K8S_MOD_DIR/go.mod"
 [[ -n "$ETCD_VERSION" ]] || die "cannot read the etcd version from $ETCD_MOD_DIR/go.mod"
 
-CACHE_ROOT=${GPU_EXTENDER_CACHE:-$HOME/.cache/gpu-extender}
+CACHE_ROOT=${GPU_TEST_CACHE:-$HOME/.cache/gpu-extender}
 VERSION_DIR="$CACHE_ROOT/k8s/$K8S_VERSION"
 BIN_DIR="$VERSION_DIR/bin"
 STAMP="$BIN_DIR/.stamp"

@@ -7,7 +7,7 @@
 # scripts/k8s-bins.sh builds, so it is not built here.
 #
 # Output goes to a cache outside the source tree, keyed by Karmada version:
-#   ${GPU_EXTENDER_CACHE:-$HOME/.cache/gpu-extender}/karmada-bins/<karmada-version>/
+#   ${GPU_TEST_CACHE:-$HOME/.cache/gpu-extender}/karmada-bins/<karmada-version>/
 #     karmada-scheduler  karmada-controller-manager  karmada-aggregated-apiserver
 #     crds/  Karmada's CRDs (charts/karmada/_crds/bases of the same module), for the scenario
 # A warm run (the binaries present and built from the same go.mod/go.sum) only checks and
@@ -15,7 +15,7 @@
 # `KARMADA_BIN=$(scripts/karmada-bins.sh | tail -n1)` works.
 #
 # Environment:
-#   GPU_EXTENDER_CACHE   cache root (default $HOME/.cache/gpu-extender)
+#   GPU_TEST_CACHE   cache root (default $HOME/.cache/gpu-extender)
 #   GO                   the go command to use (default: go on PATH, else /usr/local/go/bin/go)
 #   K8S_BINS_JOBS        go build -p (default 2)
 #
@@ -40,7 +40,7 @@ source "$ROOT/scripts/go-lib.sh"
 VERSION=$(mod_version "$MOD_DIR/go.mod" "$MODULE")
 [[ -n "$VERSION" ]] || die "cannot read the karmada version from $MOD_DIR/go.mod"
 
-CACHE_ROOT=${GPU_EXTENDER_CACHE:-$HOME/.cache/gpu-extender}
+CACHE_ROOT=${GPU_TEST_CACHE:-$HOME/.cache/gpu-extender}
 OUT_DIR="$CACHE_ROOT/karmada-bins/$VERSION"
 STAMP="$OUT_DIR/.stamp"
 

@@ -4,14 +4,14 @@
 # module proxy); the pin is github.com/karmada-io/karmada in tests/karmada-client/go.mod.
 #
 # Output goes to a cache outside the source tree, keyed by Karmada version:
-#   ${GPU_EXTENDER_CACHE:-$HOME/.cache/gpu-extender}/karmada-client/<karmada-version>/karmada-client
+#   ${GPU_TEST_CACHE:-$HOME/.cache/gpu-extender}/karmada-client/<karmada-version>/karmada-client
 # A warm run (the binary present and built from the same go.mod/go.sum/main.go) only checks and
 # returns. After a build it checks that proto/ matches the pinned Karmada's files
 # (`karmada-client check-protos proto`). The last line on stdout is the binary's path; progress
 # goes to stderr, so `BIN=$(scripts/karmada-client.sh | tail -n1)` works.
 #
 # Environment:
-#   GPU_EXTENDER_CACHE   cache root (default $HOME/.cache/gpu-extender)
+#   GPU_TEST_CACHE   cache root (default $HOME/.cache/gpu-extender)
 #   GO                   the go command to use (default: go on PATH, else /usr/local/go/bin/go)
 #
 # Exit status: 0 ok, 2 Go toolchain missing, other non-zero on build or check failure.
@@ -28,7 +28,7 @@ source "$ROOT/scripts/go-lib.sh"
 VERSION=$(mod_version "$MOD_DIR/go.mod" github.com/karmada-io/karmada)
 [[ -n "$VERSION" ]] || die "cannot read the karmada version from $MOD_DIR/go.mod"
 
-CACHE_ROOT=${GPU_EXTENDER_CACHE:-$HOME/.cache/gpu-extender}
+CACHE_ROOT=${GPU_TEST_CACHE:-$HOME/.cache/gpu-extender}
 OUT_DIR="$CACHE_ROOT/karmada-client/$VERSION"
 BIN="$OUT_DIR/karmada-client"
 STAMP="$OUT_DIR/.stamp"

@@ -3,7 +3,7 @@
 # the service (gpu-extender), the engine, the simulator and the lab. Between crates cargo itself
 # refuses cycles.
 #
-# cargo-modules (installed from crates.io into $GPU_EXTENDER_CACHE/tools on first use, about six
+# cargo-modules (installed from crates.io into $GPU_TEST_CACHE/tools on first use, about six
 # minutes on 2 cores) draws the graph the compiler's own analysis sees: every `use` and every
 # path, re-exports resolved, `#[cfg(test)]` modules left out. Its `--acyclic` flag is not used:
 # 0.27 checks the item graph before it filters it to modules, so a type and its own method read
@@ -18,7 +18,7 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-CACHE="${GPU_EXTENDER_CACHE:-$HOME/.cache/gpu-extender}"
+CACHE="${GPU_TEST_CACHE:-$HOME/.cache/gpu-extender}"
 TOOLS="$CACHE/tools"
 # 0.28 needs a newer rustc than the project's toolchain.
 CARGO_MODULES_VERSION=0.27.0

@@ -145,14 +145,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         metrics.clone(),
     )
     .with_workloads(Arc::new(KubeWorkloads::new(client.clone())));
-    let state = AppState {
-        cluster: cluster.clone(),
-        policy,
-        config: config.clone(),
-        binder: Some(Arc::new(metered)),
-        metrics,
-        body_limit: usize::try_from(config.server.body_limit_bytes).unwrap_or(usize::MAX),
-    };
+    let state = AppState::new(cluster.clone(), config.clone(), metrics)
+        .with_policy(policy)
+        .with_binder(Arc::new(metered));
     let limit = usize::try_from(config.limits.max_concurrent_requests).unwrap_or(usize::MAX);
     let extender = guarded_router(state.clone(), &config.server.url_prefix, limit, budget);
     let admin = match auth {

@@ -6,18 +6,18 @@
 //! (`helm template` against `kubectl kustomize`), linted, fed bad values, dry-run and installed
 //! against the same kube-apiserver.
 //!
-//! Needs the Kubernetes binaries (`scripts/k8s-bins.sh`): `$GPU_EXTENDER_K8S_BIN`, else
-//! `${GPU_EXTENDER_CACHE:-~/.cache/gpu-extender}/k8s/<version>/bin`. The tests that need them are
+//! Needs the Kubernetes binaries (`scripts/k8s-bins.sh`): `$GPU_TEST_K8S_BIN`, else
+//! `${GPU_TEST_CACHE:-~/.cache/gpu-extender}/k8s/<version>/bin`. The tests that need them are
 //! `#[ignore]`d (a plain `cargo test` counts them as ignored); `make test` runs them with
 //! `--ignored`, and run without the binaries they fail saying how to get them. The control plane comes from
 //! `scripts/control-plane.sh` (RBAC authorization, static tokens; docs/real-cluster-tooling.md).
 //!
-//! The chart's tests need helm: `$GPU_EXTENDER_HELM` (`scripts/helm.sh` builds it; `make test-e2e`
-//! sets it). Without it they fail under `GPU_EXTENDER_E2E=require` and are skipped, saying so,
+//! The chart's tests need helm: `$GPU_TEST_HELM` (`scripts/helm.sh` builds it; `make test-e2e`
+//! sets it). Without it they fail under `GPU_TEST_E2E=require` and are skipped, saying so,
 //! otherwise.
 //!
 //! The ServiceMonitor in `deploy/monitoring/` needs the Prometheus Operator CRD, which the test
-//! plane lacks: point `GPU_EXTENDER_SERVICEMONITOR_CRD` at the CRD's YAML
+//! plane lacks: point `GPU_TEST_SERVICEMONITOR_CRD` at the CRD's YAML
 //! (`monitoring.coreos.com_servicemonitors.yaml` from prometheus-operator) to have it installed and
 //! the ServiceMonitor dry-run against it; otherwise kubectl only parses it.
 
@@ -41,8 +41,8 @@ use support::manifests::{describe, find, kind, label, name, namespace, parse_doc
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const EXTENDER_BIN: &str = env!("CARGO_BIN_EXE_gpu-extender");
-const BIN_ENV: &str = "GPU_EXTENDER_K8S_BIN";
-const CRD_ENV: &str = "GPU_EXTENDER_SERVICEMONITOR_CRD";
+const BIN_ENV: &str = "GPU_TEST_K8S_BIN";
+const CRD_ENV: &str = "GPU_TEST_SERVICEMONITOR_CRD";
 
 /// The routes the extender serves under its URL prefix (`src/http/server.rs`, `router`).
 const EXTENDER_VERBS: &[&str] = &["filter", "prioritize", "bind", "preempt"];
@@ -74,7 +74,7 @@ fn k8s_bins(test: &str) -> PathBuf {
         let dir = match std::env::var_os(BIN_ENV) {
             Some(dir) => PathBuf::from(dir),
             None => {
-                let cache = std::env::var_os("GPU_EXTENDER_CACHE")
+                let cache = std::env::var_os("GPU_TEST_CACHE")
                     .map(PathBuf::from)
                     .or_else(|| {
                         std::env::var_os("HOME")
@@ -871,7 +871,7 @@ impl Plane {
     }
 
     /// Installs the Prometheus Operator's ServiceMonitor CRD from the file `crd`
-    /// (`$GPU_EXTENDER_SERVICEMONITOR_CRD`) and waits until it serves.
+    /// (`$GPU_TEST_SERVICEMONITOR_CRD`) and waits until it serves.
     fn install_service_monitor_crd(&self, crd: &str) {
         self.kubectl_ok(&["apply", "--server-side", "-f", crd], None);
         self.kubectl_ok(
@@ -1674,7 +1674,7 @@ fn node_agent_applies_and_may_change_only_its_own_node() {
 // optional kustomizations behind values, its schema, and the API server's word on what it renders
 
 const CHART: &str = "deploy/helm/gpu-extender";
-const HELM_ENV: &str = "GPU_EXTENDER_HELM";
+const HELM_ENV: &str = "GPU_TEST_HELM";
 /// The values that turn on every optional piece of the chart.
 const EVERY_OPTION: &[&str] = &[
     "monitoring.serviceMonitor.enabled=true",
@@ -1696,15 +1696,15 @@ const HELM_LABELS: &[&str] = &[
 ];
 const HELM_ANNOTATIONS: &[&str] = &["checksum/config", "helm.sh/resource-policy"];
 
-/// The helm binary from `$GPU_EXTENDER_HELM` (the Makefile's test-e2e sets it from
-/// scripts/helm.sh). Unset: a failure under GPU_EXTENDER_E2E=require, otherwise `None` after
+/// The helm binary from `$GPU_TEST_HELM` (the Makefile's test-e2e sets it from
+/// scripts/helm.sh). Unset: a failure under GPU_TEST_E2E=require, otherwise `None` after
 /// saying the test is skipped.
 fn helm(test: &str) -> Option<Helm> {
     let Some(bin) = std::env::var_os(HELM_ENV).map(PathBuf::from) else {
         let how = format!("set {HELM_ENV} to the helm binary (built by scripts/helm.sh)");
         assert!(
-            std::env::var("GPU_EXTENDER_E2E").as_deref() != Ok("require"),
-            "{test}: needs helm and GPU_EXTENDER_E2E=require: {how}"
+            std::env::var("GPU_TEST_E2E").as_deref() != Ok("require"),
+            "{test}: needs helm and GPU_TEST_E2E=require: {how}"
         );
         eprintln!("{test}: SKIPPED: no helm; {how}");
         return None;
@@ -2176,7 +2176,7 @@ fn helm_chart_applies_to_a_real_api_server() {
     let Some(helm) = helm(test) else { return };
     let _serial = serial();
     let ns = base_namespace(&Rendered::base(&bins));
-    // Everything on; the ServiceMonitor only when its CRD is given (GPU_EXTENDER_SERVICEMONITOR_CRD):
+    // Everything on; the ServiceMonitor only when its CRD is given (GPU_TEST_SERVICEMONITOR_CRD):
     // the plane has no Prometheus Operator. It is deploy/monitoring's object either way
     // (helm_chart_renders_the_objects_of_deploy).
     let service_monitor_crd = std::env::var(CRD_ENV).ok();

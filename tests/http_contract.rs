@@ -75,14 +75,9 @@ impl Harness {
         metrics
             .watch_state(Arc::clone(&cluster), policy.clone())
             .unwrap();
-        let state = AppState {
-            cluster,
-            policy,
-            config,
-            binder: None,
-            metrics,
-            body_limit: 1024 * 1024,
-        };
+        let state = AppState::new(cluster, config, metrics)
+            .with_policy(policy)
+            .with_body_limit(1024 * 1024);
         Self { state, writer }
     }
 
@@ -630,18 +625,10 @@ async fn over_the_concurrency_limit_a_request_is_shed_with_503_not_queued_foreve
         started: tokio::sync::Notify::new(),
         release: tokio::sync::Notify::new(),
     });
-    let state = AppState {
-        cluster: Arc::new(ClusterState::with_table(Table::rebuild(
-            20,
-            recorded_nodes(&config),
-            [],
-        ))),
-        policy: config.engine_policy().into(),
-        config,
-        binder: Some(binder.clone()),
-        metrics: Metrics::new().unwrap(),
-        body_limit: 1024 * 1024,
-    };
+    let cluster = ClusterState::with_table(Table::rebuild(20, recorded_nodes(&config), []));
+    let state = AppState::new(Arc::new(cluster), config, Metrics::new().unwrap())
+        .with_binder(binder.clone())
+        .with_body_limit(1024 * 1024);
     let extender = gpu_extender::http::server::guarded_router(
         state.clone(),
         "/scheduler",

@@ -73,15 +73,12 @@ async fn every_request_is_traced_with_its_path_status_and_latency() {
         .with_ansi(false)
         .with_writer(logs.clone())
         .init();
-    let config = Arc::new(Config::default());
-    let state = AppState {
-        cluster: Arc::new(ClusterState::with_table(Table::new(20))),
-        policy: config.engine_policy().into(),
-        config,
-        binder: None,
-        metrics: Metrics::new().unwrap(),
-        body_limit: 1024 * 1024,
-    };
+    let state = AppState::new(
+        Arc::new(ClusterState::with_table(Table::new(20))),
+        Arc::new(Config::default()),
+        Metrics::new().unwrap(),
+    )
+    .with_body_limit(1024 * 1024);
     let extender = router(state.clone(), "/scheduler");
     let filter = json!({"Pod": null, "Nodes": null, "NodeNames": ["gpu-a"]});
     assert_eq!(

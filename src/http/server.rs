@@ -52,6 +52,43 @@ pub struct AppState {
     pub body_limit: usize,
 }
 
+impl AppState {
+    /// Handlers over `cluster`, reading objects with `config` and deciding with its policy,
+    /// counting in `metrics`, without a binder (binds are refused: tools, tests and load runs
+    /// that serve a fixed table), accepting bodies up to `server.bodyLimitBytes`.
+    pub fn new(cluster: Arc<ClusterState>, config: Arc<Config>, metrics: Metrics) -> Self {
+        Self {
+            cluster,
+            policy: config.engine_policy().into(),
+            body_limit: usize::try_from(config.server.body_limit_bytes).unwrap_or(usize::MAX),
+            config,
+            binder: None,
+            metrics,
+        }
+    }
+
+    /// The same handlers binding through `binder`.
+    pub fn with_binder(self, binder: Arc<dyn Bind>) -> Self {
+        Self {
+            binder: Some(binder),
+            ..self
+        }
+    }
+
+    /// The same handlers deciding with the policy in `policy` (shared with a learner).
+    pub fn with_policy(self, policy: PolicyCell) -> Self {
+        Self { policy, ..self }
+    }
+
+    /// The same handlers accepting bodies up to `bytes`.
+    pub fn with_body_limit(self, bytes: usize) -> Self {
+        Self {
+            body_limit: bytes,
+            ..self
+        }
+    }
+}
+
 impl std::fmt::Debug for AppState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AppState")
@@ -770,15 +807,12 @@ mod tests {
     }
 
     fn state() -> AppState {
-        let config = Arc::new(Config::default());
-        AppState {
-            cluster: Arc::new(ClusterState::with_table(Table::new(20))),
-            policy: config.engine_policy().into(),
-            config,
-            binder: None,
-            metrics: Metrics::new().unwrap(),
-            body_limit: 1 << 20,
-        }
+        AppState::new(
+            Arc::new(ClusterState::with_table(Table::new(20))),
+            Arc::new(Config::default()),
+            Metrics::new().unwrap(),
+        )
+        .with_body_limit(1 << 20)
     }
 
     /// kube-scheduler lists each candidate once, but a body may not: the answer names a node once

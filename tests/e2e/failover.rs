@@ -49,7 +49,7 @@ const TAKEOVER_LIMIT: Duration = Duration::from_secs(60);
 /// What kube-scheduler logs when it wins the election (client-go leaderelection).
 const ACQUIRED: &str = "successfully acquired lease";
 /// Environment variable: runs per variant of `failover_takeover_distribution`.
-const RUNS_ENV: &str = "GPU_EXTENDER_FAILOVER_RUNS";
+const RUNS_ENV: &str = "GPU_TEST_FAILOVER_RUNS";
 
 /// What is done to the leading pair.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -493,7 +493,7 @@ fn leader_cut_from_the_api_server_mid_burst() {
     });
 }
 
-/// The figures for docs/reliability.md: each variant `GPU_EXTENDER_FAILOVER_RUNS` times (default
+/// The figures for docs/reliability.md: each variant `GPU_TEST_FAILOVER_RUNS` times (default
 /// 10), each run on a fresh control plane; prints every run and the distribution.
 #[test]
 #[ignore = "measurement: runs each failover variant many times; run by hand (docs/reliability.md)"]

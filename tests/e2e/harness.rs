@@ -30,12 +30,12 @@ pub const PROFILE_CONFIG: &str = "scheduler-config/gpu-scheduler-profile.yaml";
 pub const GPU_SCHEDULER: &str = "gpu-scheduler";
 
 /// Environment variable: directory with etcd, kube-apiserver, kube-scheduler and kubectl.
-pub const BIN_ENV: &str = "GPU_EXTENDER_K8S_BIN";
+pub const BIN_ENV: &str = "GPU_TEST_K8S_BIN";
 /// Environment variable: directory with kwok and test-autoscaler (`scripts/autoscaler-bins.sh`
 /// builds them; asked for when unset).
-pub const AUTOSCALER_BIN_ENV: &str = "GPU_EXTENDER_AUTOSCALER_BIN";
+pub const AUTOSCALER_BIN_ENV: &str = "GPU_TEST_AUTOSCALER_BIN";
 /// Environment variable: `1` keeps each scenario's directory (logs, configs) after it ends.
-pub const KEEP_ENV: &str = "GPU_EXTENDER_E2E_KEEP";
+pub const KEEP_ENV: &str = "GPU_TEST_E2E_KEEP";
 
 /// The longest any one scenario may run before it is failed.
 const SCENARIO_LIMIT: Duration = Duration::from_secs(300);
@@ -811,8 +811,8 @@ pub async fn launch_extender(launch: &ExtenderLaunch<'_>) -> Result<Child> {
         .arg(launch.listen.to_string())
         .arg("--admin-listen")
         .arg(launch.admin.to_string());
-    // The extender treats unknown GPU_EXTENDER_* variables as configuration typos; the test
-    // environment's own (GPU_EXTENDER_E2E, GPU_EXTENDER_K8S_BIN, ...) must not reach it.
+    // The extender reads GPU_EXTENDER_* variables as configuration: the caller's own must not
+    // change what a scenario runs (the test tooling's are GPU_TEST_*, which it ignores).
     for (key, _) in std::env::vars_os() {
         if key.to_string_lossy().starts_with("GPU_EXTENDER_") {
             command.env_remove(key);

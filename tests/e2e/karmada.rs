@@ -30,15 +30,11 @@ use crate::objects::{
 use crate::tls::{Ca, write};
 use crate::up;
 
-/// The karmada-client binary: `$GPU_EXTENDER_KARMADA_CLIENT`, else built (once, into the cache)
+/// The karmada-client binary: `$GPU_TEST_KARMADA_CLIENT`, else built (once, into the cache)
 /// by scripts/karmada-client.sh.
 fn karmada_client() -> Result<PathBuf> {
     static BIN: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
-    built_once(
-        &BIN,
-        "GPU_EXTENDER_KARMADA_CLIENT",
-        "scripts/karmada-client.sh",
-    )
+    built_once(&BIN, "GPU_TEST_KARMADA_CLIENT", "scripts/karmada-client.sh")
 }
 
 /// The path `$env` names, else the last line `script` prints (building a tool into the cache),

@@ -26,7 +26,7 @@ use crate::objects::{GPU_MEM, GpuNode, Mode, PodSpec, create_pod, node_of, wait_
 use crate::up;
 
 /// Environment variable: the folder scripts/karmada-bins.sh fills (Karmada's binaries, crds/).
-const KARMADA_BIN_ENV: &str = "GPU_EXTENDER_KARMADA_BIN";
+const KARMADA_BIN_ENV: &str = "GPU_TEST_KARMADA_BIN";
 /// The port karmada-scheduler looks an estimator Service's port up by (its default).
 const ESTIMATOR_SERVICE_PORT: u16 = 10352;
 /// The replicas of the GPU Deployment: what the two members can really hold together.
@@ -34,7 +34,7 @@ const REPLICAS: i64 = 24;
 /// How long Karmada may take to report the members Ready and to schedule a binding.
 const KARMADA_WAIT: Duration = Duration::from_secs(90);
 
-/// Karmada's binaries: `$GPU_EXTENDER_KARMADA_BIN`, else built once by scripts/karmada-bins.sh.
+/// Karmada's binaries: `$GPU_TEST_KARMADA_BIN`, else built once by scripts/karmada-bins.sh.
 fn karmada_bins() -> Result<PathBuf> {
     static DIR: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
     built_once(&DIR, KARMADA_BIN_ENV, "scripts/karmada-bins.sh")

@@ -174,8 +174,8 @@ fn agent_reports_drive_placement_health_and_survive_the_agent() {
         let output = Command::new(EXTENDER_BIN)
             .args(["explain", "default/pair-2", "--kubeconfig"])
             .arg(&kubeconfig)
-            .env_remove("GPU_EXTENDER_E2E")
-            .env_remove("GPU_EXTENDER_K8S_BIN")
+            .env_remove("GPU_TEST_E2E")
+            .env_remove("GPU_TEST_K8S_BIN")
             .output()?;
         let explained = String::from_utf8_lossy(&output.stdout).into_owned();
         let t4_line = explained

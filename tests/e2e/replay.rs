@@ -42,7 +42,7 @@ fn replay(args: &[&str], bins: &Path) -> Result<Output> {
         .arg("replay")
         .args(["--repo", ROOT, "--quiet"])
         .args(args)
-        .env("GPU_EXTENDER_K8S_BIN", bins)
+        .env("GPU_TEST_K8S_BIN", bins)
         .env("NO_COLOR", "1")
         .stdin(Stdio::null())
         .output()

@@ -20,9 +20,9 @@ use crate::objects::{
 use crate::record::gpus_annotation;
 use crate::{BIND, harness::PROFILE_CONFIG};
 
-/// The browser: `$GPU_EXTENDER_CHROMIUM`, else `chromium` on `PATH`.
+/// The browser: `$GPU_TEST_CHROMIUM`, else `chromium` on `PATH`.
 fn chromium() -> Result<PathBuf> {
-    if let Some(path) = std::env::var_os("GPU_EXTENDER_CHROMIUM") {
+    if let Some(path) = std::env::var_os("GPU_TEST_CHROMIUM") {
         return Ok(PathBuf::from(path));
     }
     let path = std::env::var_os("PATH").unwrap_or_default();
@@ -30,7 +30,7 @@ fn chromium() -> Result<PathBuf> {
         .map(|dir| dir.join("chromium"))
         .find(|candidate| candidate.is_file())
         .context(
-            "no chromium on PATH (set GPU_EXTENDER_CHROMIUM, or run scripts/chromium.sh, which \
+            "no chromium on PATH (set GPU_TEST_CHROMIUM, or run scripts/chromium.sh, which \
              installs Debian's chromium package)",
         )
 }

@@ -6,10 +6,10 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, ensure};
 
-/// The Kubernetes binaries: `GPU_EXTENDER_K8S_BIN`, else what the checkout's
+/// The Kubernetes binaries: `GPU_TEST_K8S_BIN`, else what the checkout's
 /// `scripts/k8s-bins.sh` builds (minutes the first time).
 pub fn k8s_bins(repo: &Path) -> Result<PathBuf> {
-    if let Some(dir) = std::env::var_os("GPU_EXTENDER_K8S_BIN") {
+    if let Some(dir) = std::env::var_os("GPU_TEST_K8S_BIN") {
         return Ok(PathBuf::from(dir));
     }
     eprintln!(
