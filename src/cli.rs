@@ -22,7 +22,7 @@ use crate::k8s::quota;
 use crate::k8s::watch::Feed;
 use crate::objects::quota::quota_names;
 use crate::objects::{admission, translate};
-use crate::state::{ClusterState, TableWriter};
+use crate::state::{ClusterState, Snapshot, TableWriter};
 use gpu_engine::quota::QuotaSet;
 
 /// Output format.
@@ -181,7 +181,7 @@ fn explain_objects(
         state.set_quotas(quotas);
     }
     let policy = std::sync::Arc::new(config.engine_policy());
-    let snapshot = state.snapshot(policy);
+    let snapshot = Snapshot::of(&state, policy);
     let table = snapshot.table();
     if let Some(entry) = table.pod(&pod_key) {
         let text = format!(

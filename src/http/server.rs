@@ -25,7 +25,7 @@ use crate::config::Config;
 use crate::objects::translate;
 use crate::state::decide::{FilterVerdict, NotReady, Proposal};
 use crate::state::{
-    Bind, BindError, BindRequest, ClusterState, FilterDecision, Offered, PolicyCell,
+    Bind, BindError, BindRequest, ClusterState, FilterDecision, Offered, PolicyCell, Verbs,
 };
 use crate::telemetry::Metrics;
 use gpu_engine::{NodeState, RejectReason};
@@ -78,6 +78,15 @@ impl AppState {
     /// The same handlers deciding with the policy in `policy` (shared with a learner).
     pub fn with_policy(self, policy: PolicyCell) -> Self {
         Self { policy, ..self }
+    }
+
+    /// The verbs' decisions over this state (filter, prioritize, preempt).
+    pub fn verbs(&self) -> Verbs<'_> {
+        Verbs {
+            cluster: &self.cluster,
+            policy: &self.policy,
+            config: &self.config,
+        }
     }
 
     /// The same handlers accepting bodies up to `bytes`.
@@ -427,12 +436,9 @@ async fn filter(State(state): State<AppState>, body: Bytes) -> Response {
     let span = info_span!("filter", pod = %pod_name(args.pod.as_ref()));
     span.in_scope(|| {
         let candidates = candidates(&args, &state.config);
-        let decision = state.cluster.decide_filter(
-            &state.policy,
-            &state.config,
-            args.pod.as_ref(),
-            candidates.offered(),
-        );
+        let decision = state
+            .verbs()
+            .filter(args.pod.as_ref(), candidates.offered());
         let mut decision = decision;
         let answer = filter_answer(&state.metrics, &candidates, &mut decision);
         timer.finish(if answer.error.is_empty() {
@@ -618,12 +624,9 @@ fn prioritize_decision<'a>(
     args: &CandidateArgs<'_>,
     candidates: &'a Candidates<'_>,
 ) -> Vec<HostScore<'a>> {
-    let scores = state.cluster.decide_prioritize(
-        &state.policy,
-        &state.config,
-        args.pod.as_ref(),
-        candidates.offered(),
-    );
+    let scores = state
+        .verbs()
+        .prioritize(args.pod.as_ref(), candidates.offered());
     // No opinion (no pod, or one that does not read) is an empty list: 0 everywhere, so it
     // changes no ranking. kube-scheduler counts a candidate the answer leaves out as 0 (it adds
     // only the hosts it is given), so zeros are left out: less for its serial loop to decode.
@@ -711,10 +714,7 @@ fn preempt_decision(state: &AppState, args: ExtenderPreemptionArgs) -> ExtenderP
             pdb_violations: victims.num_pdb_violations,
         });
     }
-    let kept =
-        state
-            .cluster
-            .decide_preempt(&state.policy, &state.config, args.pod.as_ref(), proposals);
+    let kept = state.verbs().preempt(args.pod.as_ref(), proposals);
     let mut out = ExtenderPreemptionResult::default();
     for proposal in kept {
         out.node_name_to_meta_victims.insert(
@@ -797,12 +797,9 @@ mod tests {
     fn filter_text(state: &AppState, body: &Bytes) -> String {
         let args: CandidateArgs<'_> = decode("filter", body).unwrap();
         let candidates = candidates(&args, &state.config);
-        let mut decision = state.cluster.decide_filter(
-            &state.policy,
-            &state.config,
-            args.pod.as_ref(),
-            candidates.offered(),
-        );
+        let mut decision = state
+            .verbs()
+            .filter(args.pod.as_ref(), candidates.offered());
         serde_json::to_string(&filter_answer(&state.metrics, &candidates, &mut decision)).unwrap()
     }
 

@@ -519,7 +519,7 @@ mod tests {
                 pdb_violations: 0,
             },
         ];
-        let kept = state.snapshot(Arc::new(policy.clone())).preempt(
+        let kept = Snapshot::of(&state, Arc::new(policy.clone())).preempt(
             proposals.clone(),
             Some(&whole(1)),
             Some("a"),
@@ -541,7 +541,7 @@ mod tests {
                 created_s: 0,
             },
         );
-        let kept = state.snapshot(Arc::new(policy.clone())).preempt(
+        let kept = Snapshot::of(&state, Arc::new(policy.clone())).preempt(
             proposals.clone(),
             Some(&whole(1)),
             Some("a"),
@@ -554,13 +554,12 @@ mod tests {
             &QuotaNames::default(),
         ));
         assert!(
-            state
-                .snapshot(Arc::new(policy.clone()))
+            Snapshot::of(&state, Arc::new(policy.clone()))
                 .preempt(proposals.clone(), Some(&whole(1)), Some("a"))
                 .is_empty()
         );
         // A namespace without a quota preempts as kube-scheduler proposes (needed victims only).
-        let free = state.snapshot(Arc::new(policy.clone())).preempt(
+        let free = Snapshot::of(&state, Arc::new(policy.clone())).preempt(
             proposals,
             Some(&whole(1)),
             Some("none"),
@@ -613,28 +612,28 @@ mod tests {
         };
         // Team a holds 2 of its max 2. Another team's pods free room on the node, but not on
         // the quota: nothing.
-        let kept = state.snapshot(Arc::new(policy.clone())).preempt(
+        let kept = Snapshot::of(&state, Arc::new(policy.clone())).preempt(
             vec![proposal(&["b1", "b2"])],
             Some(&whole(1)),
             Some("a"),
         );
         assert!(kept.is_empty(), "{kept:?}");
         // One of its own pods brings it back to 1 + 1 <= 2.
-        let kept = state.snapshot(Arc::new(policy.clone())).preempt(
+        let kept = Snapshot::of(&state, Arc::new(policy.clone())).preempt(
             vec![proposal(&["a1", "a2", "b1"])],
             Some(&whole(1)),
             Some("a"),
         );
         assert_eq!(kept, vec![proposal(&["a1"])]);
         // Asking 2, it needs both of its own pods gone, though one would free room enough.
-        let kept = state.snapshot(Arc::new(policy.clone())).preempt(
+        let kept = Snapshot::of(&state, Arc::new(policy.clone())).preempt(
             vec![proposal(&["a1", "a2", "b1"])],
             Some(&whole(2)),
             Some("a"),
         );
         assert_eq!(kept, vec![proposal(&["a1", "a2"])]);
         // Asking 3 it can never get back within its max of 2: nothing.
-        let kept = state.snapshot(Arc::new(policy.clone())).preempt(
+        let kept = Snapshot::of(&state, Arc::new(policy.clone())).preempt(
             vec![proposal(&["a1", "a2"])],
             Some(&whole(3)),
             Some("a"),
@@ -662,15 +661,7 @@ mod tests {
         let pod = k8s_openapi::api::core::v1::Pod::default();
         let claims = PodClaims::of(&pod, &crate::config::Config::default()).unwrap();
         let cpu_only = PodRequest::single(CpuMilli(1000), MemMiB(1024), GpuDemand::None);
-        assert!(
-            !state
-                .snapshot(Arc::new(held))
-                .fits_outside(&[], &claims, &cpu_only)
-        );
-        assert!(
-            state
-                .snapshot(Arc::new(unheld))
-                .fits_outside(&[], &claims, &cpu_only)
-        );
+        assert!(!Snapshot::of(&state, Arc::new(held)).fits_outside(&[], &claims, &cpu_only));
+        assert!(Snapshot::of(&state, Arc::new(unheld)).fits_outside(&[], &claims, &cpu_only));
     }
 }

@@ -18,4 +18,4 @@ pub use cluster::{ClusterState, EventCounts, FeedStats, TableWriter, VictimRank,
 pub use decide::{FilterVerdict, NotReady, Proposal};
 pub use policy::PolicyCell;
 pub use snapshot::Snapshot;
-pub use verbs::{FilterDecision, Offered};
+pub use verbs::{FilterDecision, Offered, Verbs};

@@ -106,8 +106,7 @@ mod tests {
         let state = ClusterState::with_table(table);
         assert!(state.quota_reports().is_empty());
         assert!(
-            state
-                .snapshot(Arc::new(Policy::default()))
+            Snapshot::of(&state, Arc::new(Policy::default()))
                 .quota_admit("a", &whole(8), &names())
                 .is_ok(),
             "no quota"
@@ -126,19 +125,16 @@ mod tests {
             &names(),
         ));
         assert!(
-            state
-                .snapshot(Arc::new(Policy::default()))
+            Snapshot::of(&state, Arc::new(Policy::default()))
                 .quota_admit("a", &whole(1), &names())
                 .is_ok()
         );
-        let reason = state
-            .snapshot(Arc::new(Policy::default()))
+        let reason = Snapshot::of(&state, Arc::new(Policy::default()))
             .quota_admit("a", &whole(2), &names())
             .unwrap_err();
         assert!(reason.contains("3 used + 2 requested > 4"), "{reason}");
         assert!(
-            state
-                .snapshot(Arc::new(Policy::default()))
+            Snapshot::of(&state, Arc::new(Policy::default()))
                 .quota_admit("b", &whole(5), &names())
                 .is_ok()
         );
@@ -170,8 +166,7 @@ mod tests {
             Vec::new(),
             &names(),
         ));
-        let reason = state
-            .snapshot(Arc::new(Policy::default()))
+        let reason = Snapshot::of(&state, Arc::new(Policy::default()))
             .quota_admit("g", &whole(2), &names())
             .unwrap_err();
         assert!(reason.contains("namespaces g,a would exceed"), "{reason}");

@@ -29,22 +29,21 @@ impl std::fmt::Debug for Snapshot<'_> {
     }
 }
 
-impl ClusterState {
-    /// The state as one decision sees it, deciding with `policy` (the [`super::PolicyCell`]'s
+impl<'s> Snapshot<'s> {
+    /// `cluster` as one decision sees it, deciding with `policy` (the [`super::PolicyCell`]'s
     /// [`load`](super::PolicyCell::load), once per call). The quotas are loaded before the
-    /// table is read, as every other reader of both does.
-    pub fn snapshot(&self, policy: Arc<Policy>) -> Snapshot<'_> {
-        let quotas = self.quotas();
-        Snapshot {
-            cluster: self,
-            table: self.read(),
+    /// table is read, as every other reader of both does. (A constructor here rather than a
+    /// method of [`ClusterState`]: the state's module does not depend on its readers.)
+    pub fn of(cluster: &'s ClusterState, policy: Arc<Policy>) -> Self {
+        let quotas = cluster.quotas();
+        Self {
+            cluster,
+            table: cluster.read(),
             policy,
             quotas,
         }
     }
-}
 
-impl Snapshot<'_> {
     /// The table as this call reads it.
     pub fn table(&self) -> &Table {
         &self.table

@@ -83,16 +83,23 @@ fn namespace(pod: &Pod) -> &str {
     pod.metadata.namespace.as_deref().unwrap_or("default")
 }
 
-impl ClusterState {
+/// The verbs over one shared state: what the HTTP handlers ask. Borrowed per call; it holds
+/// nothing of its own.
+#[derive(Debug, Clone, Copy)]
+pub struct Verbs<'s> {
+    /// The table and what the watch knows.
+    pub cluster: &'s ClusterState,
+    /// The policy in force, loaded once per call.
+    pub policy: &'s PolicyCell,
+    /// How objects are read.
+    pub config: &'s Config,
+}
+
+impl Verbs<'_> {
     /// Filter: which offered nodes can take `pod` now, on one snapshot.
-    pub fn decide_filter<'a>(
-        &self,
-        policy: &PolicyCell,
-        config: &Config,
-        pod: Option<&Pod>,
-        offered: Offered<'a>,
-    ) -> FilterDecision<'a> {
-        let snapshot = self.snapshot(policy.load());
+    pub fn filter<'a>(&self, pod: Option<&Pod>, offered: Offered<'a>) -> FilterDecision<'a> {
+        let config = self.config;
+        let snapshot = Snapshot::of(self.cluster, self.policy.load());
         let Some(pod) = pod else {
             return FilterDecision::NoPod;
         };
@@ -103,7 +110,7 @@ impl ClusterState {
         if let Some(request) = &request
             && let Err(reason) = snapshot.quota_admit(namespace(pod), request, &quota_names(config))
         {
-            if !self.is_ready() {
+            if !self.cluster.is_ready() {
                 return FilterDecision::NotReady;
             }
             return FilterDecision::OverQuota(reason);
@@ -117,7 +124,7 @@ impl ClusterState {
                     return FilterDecision::NotReady;
                 };
                 let window_miss = verdict.passed.is_empty()
-                    && self.window_missed(&snapshot, config, pod, names, &request);
+                    && self.window_missed(&snapshot, pod, names, &request);
                 FilterDecision::Verdict {
                     verdict,
                     unreadable: Vec::new(),
@@ -162,11 +169,11 @@ impl ClusterState {
     fn window_missed(
         &self,
         snapshot: &Snapshot<'_>,
-        config: &Config,
         pod: &Pod,
         names: &[&str],
         request: &PodRequest,
     ) -> bool {
+        let config = self.config;
         // A pod whose resources do not read was refused by kube-scheduler's own check already.
         let Ok(claims) = PodClaims::of(pod, config) else {
             return false;
@@ -175,7 +182,7 @@ impl ClusterState {
             return false;
         }
         if config.requeue.enabled {
-            self.note_window_miss(translate::pod_key(pod));
+            self.cluster.note_window_miss(translate::pod_key(pod));
         }
         debug!(
             pod = %translate::pod_key(pod),
@@ -188,20 +195,15 @@ impl ClusterState {
     /// Prioritize: the offered nodes' scores (0..=10) for `pod`, in offered order; empty when
     /// the pod is absent or does not read (kube-scheduler ignores prioritize's errors, so an
     /// unreadable pod just gets no preference anywhere).
-    pub fn decide_prioritize<'a>(
-        &self,
-        policy: &PolicyCell,
-        config: &Config,
-        pod: Option<&Pod>,
-        offered: Offered<'a>,
-    ) -> Vec<(&'a str, i64)> {
-        let policy = policy.load();
-        let request = pod.and_then(|pod| placement_request(pod, config, &policy).ok().flatten());
+    pub fn prioritize<'a>(&self, pod: Option<&Pod>, offered: Offered<'a>) -> Vec<(&'a str, i64)> {
+        let policy = self.policy.load();
+        let request =
+            pod.and_then(|pod| placement_request(pod, self.config, &policy).ok().flatten());
         let Some(request) = request else {
             return Vec::new();
         };
         match offered {
-            Offered::Names(names) => self.snapshot(policy).prioritize(names, &request),
+            Offered::Names(names) => Snapshot::of(self.cluster, policy).prioritize(names, &request),
             Offered::Objects { names, states } => decide::prioritize(
                 names
                     .iter()
@@ -214,16 +216,10 @@ impl ClusterState {
     }
 
     /// Preempt: the proposals kept, with the victims that really make room for `pod`.
-    pub fn decide_preempt(
-        &self,
-        policy: &PolicyCell,
-        config: &Config,
-        pod: Option<&Pod>,
-        proposals: Vec<Proposal>,
-    ) -> Vec<Proposal> {
-        let snapshot = self.snapshot(policy.load());
+    pub fn preempt(&self, pod: Option<&Pod>, proposals: Vec<Proposal>) -> Vec<Proposal> {
+        let snapshot = Snapshot::of(self.cluster, self.policy.load());
         let request = pod.and_then(|pod| {
-            placement_request(pod, config, snapshot.policy())
+            placement_request(pod, self.config, snapshot.policy())
                 .ok()
                 .flatten()
         });

@@ -13,140 +13,9 @@ use crate::model::{CpuMilli, MAX_GPUS_PER_NODE, MemMiB};
 use crate::state::{NodeState, PerGpu};
 use crate::topology::bit;
 
-use super::typical::{TypicalPod, TypicalPods};
+use super::typical::{TypicalPods, lost_with_memory};
 
 impl TypicalPods {
-    /// Per class, the counts [`TypicalPods::fragmentation`] derives from the node's free
-    /// capacity, kept so that the fragmentation after a change to one GPU is derived per class
-    /// in constant time by [`TypicalPods::fragmentation_with`].
-    pub(crate) fn state(&self, free_milli: &[u32], access: &[u64]) -> FragState {
-        let total: u64 = free_milli.iter().map(|&free| u64::from(free)).sum();
-        // Positions past the 64th have no mask bit: they never fit a class, only strand.
-        let addressable = &free_milli[..free_milli.len().min(MAX_GPUS_PER_NODE)];
-        let every = addressable
-            .iter()
-            .enumerate()
-            .fold(0u64, |mask, (position, _)| mask | bit(position));
-        // Most classes see every GPU of the node: for those, the GPUs that fit are the largest
-        // free parts, found in the free parts sorted once per node.
-        let mut sorted = PerGpu::copy_of(addressable);
-        sorted.sort_unstable_by(|a, b| b.cmp(a));
-        let mut largest_sum = PerGpu::<u64>::defaults(sorted.len() + 1);
-        for (i, &free) in sorted.iter().enumerate() {
-            largest_sum[i + 1] = largest_sum[i] + u64::from(free);
-        }
-        let per_pod = self
-            .pods
-            .iter()
-            .zip(access)
-            .map(|(pod, &mask)| {
-                let (fitting, fitting_free) = if pod.milli == 0 || mask & every == 0 {
-                    // CPU-only classes lose everything anyway; blind classes fit nowhere.
-                    (0, 0)
-                } else if mask & every == every {
-                    let fitting = sorted.partition_point(|&free| free >= pod.milli);
-                    (fitting as u32, largest_sum[fitting])
-                } else {
-                    let mut fitting = 0u32;
-                    let mut fitting_free = 0u64;
-                    for (position, &free) in addressable.iter().enumerate() {
-                        let fits = ((mask >> position) & 1 == 1) & (free >= pod.milli);
-                        fitting += u32::from(fits);
-                        fitting_free += u64::from(fits) * u64::from(free);
-                    }
-                    (fitting, fitting_free)
-                };
-                PodCounts {
-                    fitting,
-                    stranded: total - fitting_free,
-                }
-            })
-            .collect();
-        FragState { total, per_pod }
-    }
-
-    /// [`TypicalPods::fragmentation_with`] for each of `changes` made alone, into `out`. The
-    /// candidates advance together class by class: each keeps its own sum in class order (so
-    /// every result is bit for bit the one-at-a-time value), and the sums no longer wait on one
-    /// another.
-    pub(crate) fn fragmentation_each(
-        &self,
-        state: &FragState,
-        cpu_free: CpuMilli,
-        access: &[u64],
-        changes: &[FreeChange],
-        out: &mut [f64],
-    ) {
-        out.fill(0.0);
-        for ((pod, &mask), counts) in self.pods.iter().zip(access).zip(&state.per_pod) {
-            let cpu_fits = cpu_free >= pod.cpu;
-            for (change, expected) in changes.iter().zip(out.iter_mut()) {
-                let total = state.total - u64::from(change.old) + u64::from(change.new);
-                let lost = if pod.milli == 0 {
-                    total
-                } else {
-                    // The same arithmetic as `fragmentation_with`, without branches on data.
-                    let accessible = mask & bit(change.position) != 0;
-                    let fit_before = accessible & (change.old >= pod.milli);
-                    let fit_after = accessible & (change.new >= pod.milli);
-                    let fitting = counts.fitting - u32::from(fit_before) + u32::from(fit_after);
-                    let stranded = counts.stranded - u64::from(!fit_before) * u64::from(change.old)
-                        + u64::from(!fit_after) * u64::from(change.new);
-                    if (fitting >= u32::from(pod.gpus)) & cpu_fits {
-                        stranded
-                    } else {
-                        total
-                    }
-                };
-                *expected += pod.weight * lost as f64;
-            }
-        }
-    }
-
-    /// [`TypicalPods::fragmentation`] of the node `state` describes once `changes` are made
-    /// (each at a distinct position), with `cpu_free` CPU left: the same integers per class,
-    /// summed in the same order, so the result is bit for bit the full computation's.
-    pub(crate) fn fragmentation_with(
-        &self,
-        state: &FragState,
-        cpu_free: CpuMilli,
-        access: &[u64],
-        changes: &[FreeChange],
-    ) -> f64 {
-        let total = changes.iter().fold(state.total, |total, change| {
-            total - u64::from(change.old) + u64::from(change.new)
-        });
-        let mut expected = 0.0;
-        for ((pod, &mask), counts) in self.pods.iter().zip(access).zip(&state.per_pod) {
-            let lost = if pod.milli == 0 {
-                total
-            } else {
-                let mut fitting = counts.fitting;
-                let mut stranded = counts.stranded;
-                for change in changes {
-                    let accessible = mask & bit(change.position) != 0;
-                    if accessible && change.old >= pod.milli {
-                        fitting -= 1;
-                    } else {
-                        stranded -= u64::from(change.old);
-                    }
-                    if accessible && change.new >= pod.milli {
-                        fitting += 1;
-                    } else {
-                        stranded += u64::from(change.new);
-                    }
-                }
-                if fitting >= u32::from(pod.gpus) && cpu_free >= pod.cpu {
-                    stranded
-                } else {
-                    total
-                }
-            };
-            expected += pod.weight * lost as f64;
-        }
-        expected
-    }
-
     /// [`TypicalPods::fragmentation`] with the node's free memory counted as its free CPU is: a
     /// class that asks more memory than is free loses every free GPU. FGD's measure leaves
     /// memory out (the reference does); FGD+ counts it, so that where memory runs short before
@@ -173,47 +42,6 @@ impl TypicalPods {
     pub fn fragmentation(&self, cpu_free: CpuMilli, free_milli: &[u32], access: &[u64]) -> f64 {
         // FGD leaves memory out: as if the node's memory never ran short.
         self.fragmentation_with_memory(cpu_free, MemMiB(u64::MAX), free_milli, access)
-    }
-}
-
-/// The free GPU capacity (milli-GPU) of a node that one typical pod could not use: all of it when
-/// the pod cannot run there (CPU-only pod, wrong model, no GPU fits, CPU short), otherwise only
-/// the GPUs too small for it. `total` is the sum of `free_milli`.
-fn lost(pod: &TypicalPod, cpu_free: CpuMilli, free_milli: &[u32], mask: u64, total: u64) -> u64 {
-    if pod.milli == 0 || mask == 0 {
-        // A CPU-only pod can use none of the idle GPU capacity, nor can a class of none of the
-        // node's models (most classes that name models, on most nodes).
-        return total;
-    }
-    let mut fitting = 0u32;
-    let mut stranded = 0u64;
-    for (position, &free) in free_milli.iter().enumerate() {
-        if mask & bit(position) != 0 && free >= pod.milli {
-            fitting += 1;
-        } else {
-            stranded += u64::from(free);
-        }
-    }
-    if fitting >= u32::from(pod.gpus) && cpu_free >= pod.cpu {
-        stranded
-    } else {
-        total
-    }
-}
-
-/// [`lost`] with the node's free memory counted too: all of it when the class asks for more.
-pub(super) fn lost_with_memory(
-    pod: &TypicalPod,
-    cpu_free: CpuMilli,
-    mem_free: MemMiB,
-    free_milli: &[u32],
-    mask: u64,
-    total: u64,
-) -> u64 {
-    if mem_free < pod.memory {
-        total
-    } else {
-        lost(pod, cpu_free, free_milli, mask, total)
     }
 }
 
@@ -267,8 +95,8 @@ impl FgdCache {
             *rated = None;
         }
         let (_, state, fragmentation) = base.get_or_insert_with(|| {
-            let state = typical.state(free, access);
-            let fragmentation = typical.fragmentation_with(&state, node.cpu_free(), access, &[]);
+            let state = FragState::of(typical, free, access);
+            let fragmentation = state.fragmentation_with(typical, node.cpu_free(), access, &[]);
             (PerGpu::copy_of(free), state, fragmentation)
         });
         (access, state, *fragmentation)
@@ -326,6 +154,139 @@ pub(crate) struct FreeChange {
 pub(crate) struct FragState {
     total: u64,
     per_pod: Vec<PodCounts>,
+}
+
+impl FragState {
+    /// Per class of `typical`, the counts [`TypicalPods::fragmentation`] derives from the
+    /// node's free capacity, kept so that the fragmentation after a change to one GPU is
+    /// derived per class in constant time by [`FragState::fragmentation_with`].
+    pub(crate) fn of(typical: &TypicalPods, free_milli: &[u32], access: &[u64]) -> Self {
+        let total: u64 = free_milli.iter().map(|&free| u64::from(free)).sum();
+        // Positions past the 64th have no mask bit: they never fit a class, only strand.
+        let addressable = &free_milli[..free_milli.len().min(MAX_GPUS_PER_NODE)];
+        let every = addressable
+            .iter()
+            .enumerate()
+            .fold(0u64, |mask, (position, _)| mask | bit(position));
+        // Most classes see every GPU of the node: for those, the GPUs that fit are the largest
+        // free parts, found in the free parts sorted once per node.
+        let mut sorted = PerGpu::copy_of(addressable);
+        sorted.sort_unstable_by(|a, b| b.cmp(a));
+        let mut largest_sum = PerGpu::<u64>::defaults(sorted.len() + 1);
+        for (i, &free) in sorted.iter().enumerate() {
+            largest_sum[i + 1] = largest_sum[i] + u64::from(free);
+        }
+        let per_pod = typical
+            .pods
+            .iter()
+            .zip(access)
+            .map(|(pod, &mask)| {
+                let (fitting, fitting_free) = if pod.milli == 0 || mask & every == 0 {
+                    // CPU-only classes lose everything anyway; blind classes fit nowhere.
+                    (0, 0)
+                } else if mask & every == every {
+                    let fitting = sorted.partition_point(|&free| free >= pod.milli);
+                    (fitting as u32, largest_sum[fitting])
+                } else {
+                    let mut fitting = 0u32;
+                    let mut fitting_free = 0u64;
+                    for (position, &free) in addressable.iter().enumerate() {
+                        let fits = ((mask >> position) & 1 == 1) & (free >= pod.milli);
+                        fitting += u32::from(fits);
+                        fitting_free += u64::from(fits) * u64::from(free);
+                    }
+                    (fitting, fitting_free)
+                };
+                PodCounts {
+                    fitting,
+                    stranded: total - fitting_free,
+                }
+            })
+            .collect();
+        Self { total, per_pod }
+    }
+
+    /// [`FragState::fragmentation_with`] for each of `changes` made alone, into `out`. The
+    /// candidates advance together class by class: each keeps its own sum in class order (so
+    /// every result is bit for bit the one-at-a-time value), and the sums no longer wait on one
+    /// another.
+    pub(crate) fn fragmentation_each(
+        &self,
+        typical: &TypicalPods,
+        cpu_free: CpuMilli,
+        access: &[u64],
+        changes: &[FreeChange],
+        out: &mut [f64],
+    ) {
+        out.fill(0.0);
+        for ((pod, &mask), counts) in typical.pods.iter().zip(access).zip(&self.per_pod) {
+            let cpu_fits = cpu_free >= pod.cpu;
+            for (change, expected) in changes.iter().zip(out.iter_mut()) {
+                let total = self.total - u64::from(change.old) + u64::from(change.new);
+                let lost = if pod.milli == 0 {
+                    total
+                } else {
+                    // The same arithmetic as `fragmentation_with`, without branches on data.
+                    let accessible = mask & bit(change.position) != 0;
+                    let fit_before = accessible & (change.old >= pod.milli);
+                    let fit_after = accessible & (change.new >= pod.milli);
+                    let fitting = counts.fitting - u32::from(fit_before) + u32::from(fit_after);
+                    let stranded = counts.stranded - u64::from(!fit_before) * u64::from(change.old)
+                        + u64::from(!fit_after) * u64::from(change.new);
+                    if (fitting >= u32::from(pod.gpus)) & cpu_fits {
+                        stranded
+                    } else {
+                        total
+                    }
+                };
+                *expected += pod.weight * lost as f64;
+            }
+        }
+    }
+
+    /// [`TypicalPods::fragmentation`] of the node this state describes once `changes` are made
+    /// (each at a distinct position), with `cpu_free` CPU left: the same integers per class,
+    /// summed in the same order, so the result is bit for bit the full computation's.
+    pub(crate) fn fragmentation_with(
+        &self,
+        typical: &TypicalPods,
+        cpu_free: CpuMilli,
+        access: &[u64],
+        changes: &[FreeChange],
+    ) -> f64 {
+        let total = changes.iter().fold(self.total, |total, change| {
+            total - u64::from(change.old) + u64::from(change.new)
+        });
+        let mut expected = 0.0;
+        for ((pod, &mask), counts) in typical.pods.iter().zip(access).zip(&self.per_pod) {
+            let lost = if pod.milli == 0 {
+                total
+            } else {
+                let mut fitting = counts.fitting;
+                let mut stranded = counts.stranded;
+                for change in changes {
+                    let accessible = mask & bit(change.position) != 0;
+                    if accessible && change.old >= pod.milli {
+                        fitting -= 1;
+                    } else {
+                        stranded -= u64::from(change.old);
+                    }
+                    if accessible && change.new >= pod.milli {
+                        fitting += 1;
+                    } else {
+                        stranded += u64::from(change.new);
+                    }
+                }
+                if fitting >= u32::from(pod.gpus) && cpu_free >= pod.cpu {
+                    stranded
+                } else {
+                    total
+                }
+            };
+            expected += pod.weight * lost as f64;
+        }
+        expected
+    }
 }
 
 /// For one class: the accessible GPUs with room for it, and the free capacity of the others.
@@ -445,10 +406,10 @@ mod tests {
             let free: Vec<u32> = (0..gpus).map(|_| 50 * next(21) as u32).collect();
             let access: Vec<u64> = typical.pods().iter().map(|_| next(1 << gpus)).collect();
             let cpu = CpuMilli(1000 * next(8));
-            let state = typical.state(&free, &access);
+            let state = FragState::of(&typical, &free, &access);
             assert_eq!(
-                typical
-                    .fragmentation_with(&state, cpu, &access, &[])
+                state
+                    .fragmentation_with(&typical, cpu, &access, &[])
                     .to_bits(),
                 typical.fragmentation(cpu, &free, &access).to_bits()
             );
@@ -464,13 +425,13 @@ mod tests {
                 changed[change.position] = change.new;
             }
             assert_eq!(
-                typical
-                    .fragmentation_with(&state, cpu, &access, &changes)
+                state
+                    .fragmentation_with(&typical, cpu, &access, &changes)
                     .to_bits(),
                 typical.fragmentation(cpu, &changed, &access).to_bits()
             );
             let mut each = vec![0.0; changes.len()];
-            typical.fragmentation_each(&state, cpu, &access, &changes, &mut each);
+            state.fragmentation_each(&typical, cpu, &access, &changes, &mut each);
             for (change, value) in changes.iter().zip(each) {
                 let mut alone = free.clone();
                 alone[change.position] = change.new;

@@ -240,8 +240,7 @@ impl Policy {
                     Some(after) => after,
                     None => {
                         let (access, state, _) = cache.prepare(&self.typical, node, &before);
-                        self.typical
-                            .fragmentation_with(state, cpu_after, access, &changes)
+                        state.fragmentation_with(&self.typical, cpu_after, access, &changes)
                     }
                 };
                 let reduction = fragmentation - after;
@@ -328,8 +327,8 @@ fn fgd_pick(
             });
         }
         let mut after = PerGpu::<f64>::defaults(distinct);
-        typical.fragmentation_each(
-            state,
+        state.fragmentation_each(
+            typical,
             ask.cpu_after,
             access,
             &changes[..distinct],

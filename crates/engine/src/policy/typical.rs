@@ -3,14 +3,12 @@
 //! coverage cut), and what FGD+ derives from it on a cluster: each class's scarcity
 //! ([`ScarcityCensus`], [`Scarcity`]), the host slack, the idle nodes' cover of the big classes,
 //! and the sliver values of the look-ahead. The paper's own measure over these classes is in
-//! [`super::fgd`].
+//! `fgd`.
 
 use crate::model::{CpuMilli, MemMiB};
 use crate::request::ModelPattern;
 use crate::state::NodeState;
 use crate::topology::bit;
-
-use super::fgd::lost_with_memory;
 
 /// One class of pod the cluster typically sees, with its share of arrivals.
 #[derive(Clone, Debug, PartialEq)]
@@ -626,6 +624,53 @@ fn sliver_values(pods: &[TypicalPod]) -> Vec<f64> {
         };
     }
     values
+}
+
+/// The free GPU capacity (milli-GPU) of a node that one typical pod could not use: all of it when
+/// the pod cannot run there (CPU-only pod, wrong model, no GPU fits, CPU short), otherwise only
+/// the GPUs too small for it. `total` is the sum of `free_milli`.
+pub(super) fn lost(
+    pod: &TypicalPod,
+    cpu_free: CpuMilli,
+    free_milli: &[u32],
+    mask: u64,
+    total: u64,
+) -> u64 {
+    if pod.milli == 0 || mask == 0 {
+        // A CPU-only pod can use none of the idle GPU capacity, nor can a class of none of the
+        // node's models (most classes that name models, on most nodes).
+        return total;
+    }
+    let mut fitting = 0u32;
+    let mut stranded = 0u64;
+    for (position, &free) in free_milli.iter().enumerate() {
+        if mask & bit(position) != 0 && free >= pod.milli {
+            fitting += 1;
+        } else {
+            stranded += u64::from(free);
+        }
+    }
+    if fitting >= u32::from(pod.gpus) && cpu_free >= pod.cpu {
+        stranded
+    } else {
+        total
+    }
+}
+
+/// [`lost`] with the node's free memory counted too: all of it when the class asks for more.
+pub(super) fn lost_with_memory(
+    pod: &TypicalPod,
+    cpu_free: CpuMilli,
+    mem_free: MemMiB,
+    free_milli: &[u32],
+    mask: u64,
+    total: u64,
+) -> u64 {
+    if mem_free < pod.memory {
+        total
+    } else {
+        lost(pod, cpu_free, free_milli, mask, total)
+    }
 }
 
 #[cfg(test)]
