@@ -59,7 +59,7 @@ fn port(seed: i64) -> String {
 #[ignore = "needs a Go toolchain; make test runs it when go is there, or cargo test --test go_rand -- --ignored"]
 fn the_port_draws_what_go_draws() {
     let go = go_command().expect("a Go toolchain: go on PATH or /usr/local/go/bin/go");
-    let oracle = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/sim/tests/go-rand-oracle");
+    let oracle = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/go-rand-oracle");
     // Cargo's scratch directory for integration tests: outside the clone, kept between runs.
     let binary = Path::new(env!("CARGO_TARGET_TMPDIR")).join("go-rand-oracle");
     let built = Command::new(&go)
