@@ -96,17 +96,20 @@ pub struct Verbs<'s> {
 }
 
 impl Verbs<'_> {
-    /// Filter: which offered nodes can take `pod` now, on one snapshot.
+    /// Filter: which offered nodes can take `pod` now, on one snapshot. The pod is read
+    /// before the table is: translating it needs only the policy, and the table's read lock,
+    /// which a bind's reservation waits on, is held for the decision alone.
     pub fn filter<'a>(&self, pod: Option<&Pod>, offered: Offered<'a>) -> FilterDecision<'a> {
         let config = self.config;
-        let snapshot = Snapshot::of(self.cluster, self.policy.load());
         let Some(pod) = pod else {
             return FilterDecision::NoPod;
         };
-        let request = match placement_request(pod, config, snapshot.policy()) {
+        let policy = self.policy.load();
+        let request = match placement_request(pod, config, &policy) {
             Ok(request) => request,
             Err(message) => return FilterDecision::Unreadable(message),
         };
+        let snapshot = Snapshot::of(self.cluster, policy);
         if let Some(request) = &request
             && let Err(reason) = snapshot.quota_admit(namespace(pod), request, &quota_names(config))
         {
@@ -181,14 +184,15 @@ impl Verbs<'_> {
         if !snapshot.fits_outside(names, &claims, request) {
             return false;
         }
-        if config.requeue.enabled {
-            self.cluster.note_window_miss(translate::pod_key(pod));
-        }
+        let key = translate::pod_key(pod);
         debug!(
-            pod = %translate::pod_key(pod),
+            pod = %key,
             candidates = names.len(),
             "no candidate fits, but a node kube-scheduler did not send would"
         );
+        if config.requeue.enabled {
+            self.cluster.note_window_miss(key);
+        }
         true
     }
 
@@ -217,12 +221,9 @@ impl Verbs<'_> {
 
     /// Preempt: the proposals kept, with the victims that really make room for `pod`.
     pub fn preempt(&self, pod: Option<&Pod>, proposals: Vec<Proposal>) -> Vec<Proposal> {
-        let snapshot = Snapshot::of(self.cluster, self.policy.load());
-        let request = pod.and_then(|pod| {
-            placement_request(pod, self.config, snapshot.policy())
-                .ok()
-                .flatten()
-        });
-        snapshot.preempt(proposals, request.as_ref(), pod.map(namespace))
+        let policy = self.policy.load();
+        let request =
+            pod.and_then(|pod| placement_request(pod, self.config, &policy).ok().flatten());
+        Snapshot::of(self.cluster, policy).preempt(proposals, request.as_ref(), pod.map(namespace))
     }
 }

@@ -163,6 +163,8 @@ impl Tuning {
     /// Every knob as `(key, value)`, in [`Tuning::KEYS`] order, in the text [`Tuning::set`]
     /// reads.
     pub fn knobs(&self) -> Vec<(&'static str, String)> {
+        // Read through the one key-to-field table (`number_mut`), on a copy, rather than a
+        // second table that could drift from the one `set` writes through.
         let mut copy = *self;
         Self::KEYS
             .iter()
