@@ -1,5 +1,5 @@
 //! Sustained load against the real thing: a loopback control plane (etcd + kube-apiserver from
-//! `scripts/control-plane.sh`), 5,000 GPU nodes in it, the release `gpu-extender` binary watching
+//! `scripts/control-plane.sh`, through `gpu_test_support::plane`), 5,000 GPU nodes in it, the release `gpu-extender` binary watching
 //! it, and a generator playing kube-scheduler: for every pending pod one filter over 500 candidate
 //! names, one prioritize over the nodes that passed, one bind of the best (a real Binding with the
 //! allocation record, written to kube-apiserver). Stages at increasing pod rates, then a long
@@ -18,17 +18,16 @@
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, bail, ensure};
+use anyhow::{Context, Result, anyhow, ensure};
 use clap::Parser;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use rand::seq::IndexedRandom;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -38,6 +37,8 @@ use serde_json::{Value, json};
 mod http_load;
 #[path = "support/rss.rs"]
 mod rss;
+use gpu_test_support::plane::{ControlPlane, ExtenderLaunch, launch_extender};
+use gpu_test_support::port::free_addr;
 use http_load::{Latencies, Percentiles, post};
 use rss::rss_kib;
 
@@ -77,23 +78,16 @@ fn main() -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let dir = std::env::temp_dir().join(format!("gpu-extender-load-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let mut plane = Plane {
-        dir: dir.clone(),
-        extender: None,
-        keep: args.keep,
-    };
-    let outcome = runtime.block_on(run(&args, &mut plane));
-    drop(plane);
+    let outcome = runtime.block_on(run(&args));
+    drop(runtime);
     outcome
 }
 
-/// Everything started for the run; stopped on drop, whatever happened.
+/// Everything started for the run: the control plane (the workspace's one driver) and the
+/// extender; stopped on drop, whatever happened.
 struct Plane {
-    dir: PathBuf,
+    plane: ControlPlane,
     extender: Option<Child>,
-    keep: bool,
 }
 
 impl Drop for Plane {
@@ -101,16 +95,6 @@ impl Drop for Plane {
         if let Some(mut child) = self.extender.take() {
             let _ = child.kill();
             let _ = child.wait();
-        }
-        let _ = Command::new(root().join("scripts/control-plane.sh"))
-            .arg("stop")
-            .arg(&self.dir)
-            .stdin(Stdio::null())
-            .status();
-        if self.keep {
-            println!("kept {}", self.dir.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
 }
@@ -138,30 +122,21 @@ fn extender_binary(args: &Args) -> Result<PathBuf> {
     Ok(path)
 }
 
-async fn run(args: &Args, plane: &mut Plane) -> Result<()> {
+async fn run(args: &Args) -> Result<()> {
     let bins = gpu_test_support::bins::k8s_bins(&root())?;
     let extender_bin = extender_binary(args)?;
     let t0 = Instant::now();
-    let status = Command::new(root().join("scripts/control-plane.sh"))
-        .arg("start")
-        .arg(&plane.dir)
-        .env("K8S_BIN_DIR", &bins)
-        .env("CP_OWNER_PID", std::process::id().to_string())
-        .stdin(Stdio::null())
-        .status()
-        .context("scripts/control-plane.sh start")?;
-    ensure!(status.success(), "the control plane did not start");
-    let kubeconfig = plane.dir.join("kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(
-        Kubeconfig::read_from(&kubeconfig)?,
-        &KubeConfigOptions::default(),
-    )
-    .await?;
-    let client = kube::Client::try_from(config)?;
+    let dir = std::env::temp_dir().join(format!("gpu-extender-load-{}", std::process::id()));
+    let mut plane = Plane {
+        plane: ControlPlane::start(&root(), &bins, dir, &[], args.keep)?,
+        extender: None,
+    };
+    let kubeconfig = plane.plane.kubeconfig();
+    let client = plane.plane.client().await?;
     println!(
         "control plane up in {:.1}s ({})",
         t0.elapsed().as_secs_f64(),
-        plane.dir.display()
+        plane.plane.dir().display()
     );
 
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
@@ -184,27 +159,25 @@ async fn run(args: &Args, plane: &mut Plane) -> Result<()> {
     // The extender, watching the plane with the admin identity.
     let listen = free_addr()?;
     let admin = free_addr()?;
-    let log = std::fs::File::create(plane.dir.join("extender.log"))?;
+    // An empty configuration file: every default.
+    let config = plane.plane.dir().join("extender.yaml");
+    std::fs::write(&config, "")?;
     let t0 = Instant::now();
-    let child = Command::new(&extender_bin)
-        .args(["serve", "--kubeconfig"])
-        .arg(&kubeconfig)
-        .args([
-            "--listen",
-            &listen.to_string(),
-            "--admin-listen",
-            &admin.to_string(),
-        ])
-        .env("RUST_LOG", "warn")
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()
-        .with_context(|| format!("starting {}", extender_bin.display()))?;
+    let child = launch_extender(&ExtenderLaunch {
+        binary: &extender_bin,
+        log: &plane.plane.dir().join("extender.log"),
+        config: &config,
+        kubeconfig: &kubeconfig,
+        listen,
+        admin,
+        args: &[],
+        env: &[("RUST_LOG", "warn")],
+        start: 1,
+        ready_within: Duration::from_secs(120),
+    })
+    .await?;
     let pid = child.id();
     plane.extender = Some(child);
-    wait_ready(admin).await?;
     println!(
         "extender ready in {:.1}s (pid {pid}, RSS {} MiB with {} nodes)",
         t0.elapsed().as_secs_f64(),
@@ -770,31 +743,4 @@ fn connect(addr: SocketAddr) -> Result<TcpStream> {
     stream.set_read_timeout(Some(Duration::from_secs(30)))?;
     stream.set_nodelay(true)?;
     Ok(stream)
-}
-
-fn free_addr() -> Result<SocketAddr> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?)
-}
-
-async fn wait_ready(admin: SocketAddr) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        if let Ok(mut stream) = TcpStream::connect(admin) {
-            use std::io::{Read, Write};
-            let _ = write!(
-                stream,
-                "GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-            );
-            let mut answer = String::new();
-            let _ = stream.read_to_string(&mut answer);
-            if answer.starts_with("HTTP/1.1 200") {
-                return Ok(());
-            }
-        }
-        if Instant::now() > deadline {
-            bail!("the extender was not ready within 120s");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }

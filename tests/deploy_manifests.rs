@@ -35,6 +35,8 @@ use std::process::{Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
+use gpu_test_support::plane::ControlPlane;
+use gpu_test_support::port::free_port;
 use serde_yaml_ng::Value;
 use support::api_calls;
 use support::manifests::{describe, find, kind, label, name, namespace, parse_documents};
@@ -816,37 +818,29 @@ extenders:
 // ---------------------------------------------------------------------------------------------
 // Against a real API server and kube-scheduler
 
-/// A control plane from `scripts/control-plane.sh`, stopped on drop. Its directory is removed
-/// when the test passed and kept (and named) when it failed.
+/// A control plane from the workspace's one driver (`gpu_test_support::plane`), stopped on
+/// drop. Its directory is removed when the test passed and kept (and named) when it failed.
 struct Plane {
+    plane: ControlPlane,
     dir: PathBuf,
     bins: PathBuf,
 }
 
 impl Plane {
     fn start(bins: &Path) -> Self {
-        let dir = scratch_dir("plane");
-        let plane = Plane {
-            dir,
-            bins: bins.to_owned(),
-        };
-        let out = run(plane.script(&["start"]), None);
-        assert!(
-            out.status.success(),
-            "control plane did not start:\n{}",
-            text(&out.stderr)
-        );
-        plane
+        let dir = std::env::temp_dir().join(format!("gpu-extender-plane-{}", std::process::id()));
+        match ControlPlane::start(Path::new(ROOT), bins, dir.clone(), &[], false) {
+            Ok(plane) => Plane {
+                plane,
+                dir,
+                bins: bins.to_owned(),
+            },
+            Err(error) => panic!("control plane did not start: {error:#}"),
+        }
     }
 
     fn script(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(Path::new(ROOT).join("scripts/control-plane.sh"));
-        command
-            .arg(args[0])
-            .arg(&self.dir)
-            .args(&args[1..])
-            .env("K8S_BIN_DIR", &self.bins);
-        command
+        self.plane.command(args, &[])
     }
 
     /// kubectl as the plane's admin.
@@ -981,20 +975,6 @@ impl Plane {
     }
 }
 
-impl Drop for Plane {
-    fn drop(&mut self) {
-        let _ = run(self.script(&["stop"]), None);
-        if std::thread::panicking() {
-            eprintln!(
-                "control plane directory kept for inspection: {}",
-                self.dir.display()
-            );
-        } else {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
-    }
-}
-
 /// The probe ServiceAccount bound to the extender's ClusterRole only.
 const PROBE_ACCOUNT: &str = "gpu-extender-rbac-probe";
 
@@ -1021,14 +1001,6 @@ spec:
       image: registry.invalid/none:1
       resources: {limits: {nvidia.com/gpu: 1}}
 ";
-
-/// A loopback port nothing listens on right now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap()
-}
 
 /// The HTTP status code of a GET (empty when nothing answers).
 fn http_status(url: &str) -> String {
@@ -1204,8 +1176,8 @@ fn deploy_applies_to_a_real_api_server_and_its_scheduler_config_runs() {
     // 5. The extender itself, with the ConfigMap's configuration and only that identity: its
     //    watches must sync (it reports ready). Ports are moved to free ones; the rest is as
     //    shipped.
-    let extender_port = free_port();
-    let admin_port = free_port();
+    let extender_port = free_port().unwrap();
+    let admin_port = free_port().unwrap();
     let extender = plane.start_extender(
         &rendered.extender_config_text(),
         ns,
@@ -1447,7 +1419,7 @@ impl Plane {
     /// `gpu-extender node-agent` with the fake backend, publishing on `node` with `kubeconfig`.
     /// Returns the process and its `/metrics` URL.
     fn start_agent(&self, kubeconfig: &Path, node: &str, fixture: &str) -> (Extender, String) {
-        let metrics = format!("127.0.0.1:{}", free_port());
+        let metrics = format!("127.0.0.1:{}", free_port().unwrap());
         let log = self.dir.join(format!("agent-{node}.log"));
         let log_file = std::fs::File::create(&log).unwrap();
         let mut command = Command::new(EXTENDER_BIN);
@@ -2105,7 +2077,7 @@ fn helm_chart_schema_names_the_config_keys_the_binary_reads() {
         .iter()
         .map(|key| key.split('.').take(2).collect::<Vec<_>>().join("."))
         .collect();
-    assert_eq!(in_schema, read, "{path} against src/config.rs KEYS");
+    assert_eq!(in_schema, read, "{path} against src/config/mod.rs KEYS");
 }
 
 /// Every value the schema allows is in the values table of docs/install.md ("Installing with

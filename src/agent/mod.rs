@@ -1,6 +1,6 @@
 //! `gpu-extender node-agent`: runs on a GPU node (a DaemonSet), reads its GPUs from the driver
 //! (NVML) or a fixture, and publishes them as the node's `gpu-extender.io/gpus` annotation, the
-//! format the extender reads (`src/objects/translate.rs`). See docs/node-agent.md.
+//! format the extender reads (`src/objects/translate/node.rs`). See docs/node-agent.md.
 //!
 //! A pass: read ([`source::Reader`]), then publish ([`publish::publish`]) only when the node's
 //! value differs. A driver that cannot be used, a GPU that does not answer or an API error is

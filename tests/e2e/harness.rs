@@ -1,17 +1,22 @@
 //! The processes of one scenario: a loopback control plane (etcd + kube-apiserver, through
-//! `scripts/control-plane.sh`), the gpu-extender binary and kube-scheduler, all in one temporary
-//! directory, all stopped when the [`Cluster`] is dropped (also when a scenario panics; and the
-//! control plane's own watchdog stops it if this process dies without unwinding).
+//! the workspace's one driver, `gpu_test_support::plane`), the gpu-extender binary and
+//! kube-scheduler, all in one temporary directory, all stopped when the [`Cluster`] is dropped
+//! (also when a scenario panics; and the control plane's own watchdog stops it if this process
+//! dies without unwinding).
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
-use kube::config::{KubeConfigOptions, Kubeconfig};
+
+pub use gpu_test_support::http::{http_get, http_get_bearer, http_post_json};
+pub use gpu_test_support::metrics::metric_sum;
+pub use gpu_test_support::plane::tail_file;
+use gpu_test_support::plane::{ControlPlane, ExtenderLaunch as Launch};
+pub use gpu_test_support::port::free_port;
 
 /// The repository root.
 pub const ROOT: &str = env!("CARGO_MANIFEST_DIR");
@@ -199,6 +204,7 @@ pub struct Cluster {
     /// The scenario's directory: plane data and every log.
     pub dir: PathBuf,
     pub bins: PathBuf,
+    plane: ControlPlane,
     /// Admin (system:masters) client.
     pub client: kube::Client,
     /// Extender listener (the scheduler's urlPrefix host and port), fixed for the cluster's life
@@ -238,19 +244,30 @@ impl Cluster {
     async fn start(name: &str, bins: &Path, env: &[(&str, &str)]) -> Result<Self> {
         let dir =
             std::env::temp_dir().join(format!("gpu-extender-e2e-{}-{name}", std::process::id()));
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir)
-                .with_context(|| format!("removing stale {}", dir.display()))?;
-        }
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let t0 = Instant::now();
+        let keep = std::env::var(KEEP_ENV).as_deref() == Ok("1");
+        let owned_env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        let (plane_bins, plane_dir) = (bins.to_owned(), dir.clone());
+        // From here on, dropping the plane stops whatever was started.
+        let plane = tokio::task::spawn_blocking(move || {
+            let env: Vec<(&str, &str)> = owned_env
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            ControlPlane::start(Path::new(ROOT), &plane_bins, plane_dir, &env, keep)
+        })
+        .await
+        .context("control-plane.sh task")??;
+        let client = plane.client().await?;
         let mut cluster = Self {
             name: name.to_owned(),
             dir: dir.clone(),
             bins: bins.to_owned(),
-            // Placeholder replaced below; a Client needs a kubeconfig that exists only once
-            // the plane is up.
-            client: placeholder_client()?,
+            plane,
+            client,
             extender_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             extender: None,
@@ -260,9 +277,6 @@ impl Cluster {
             failed: false,
         };
         cluster.pick_ports()?;
-        // From here on, dropping `cluster` stops whatever was started.
-        cluster.control_plane_with_env(&["start"], env).await?;
-        cluster.client = admin_client(&dir.join("kubeconfig")).await?;
         eprintln!(
             "e2e {name}: control plane up in {:.1}s ({})",
             t0.elapsed().as_secs_f64(),
@@ -273,48 +287,22 @@ impl Cluster {
 
     /// Runs `scripts/control-plane.sh <args[0]> <dir> <args[1..]>`, failing with its output.
     async fn control_plane(&self, args: &[&str]) -> Result<()> {
-        self.control_plane_with_env(args, &[]).await
+        self.plane.run_async(args, &[]).await
     }
 
     /// [`Cluster::control_plane`] with extra environment variables for the script.
     pub async fn control_plane_with_env(&self, args: &[&str], env: &[(&str, &str)]) -> Result<()> {
-        let mut command = Command::new(Path::new(ROOT).join("scripts/control-plane.sh"));
-        command.arg(args[0]).arg(&self.dir).args(&args[1..]);
-        command.envs(env.iter().copied());
-        command
-            .env("K8S_BIN_DIR", &self.bins)
-            .env("CP_OWNER_PID", std::process::id().to_string())
-            .stdin(Stdio::null());
-        let output = tokio::task::spawn_blocking(move || command.output())
-            .await
-            .context("control-plane.sh task")?
-            .context("running scripts/control-plane.sh")?;
-        if !output.status.success() {
-            bail!(
-                "control-plane.sh {} failed ({}):\n{}{}",
-                args.join(" "),
-                output.status,
-                String::from_utf8_lossy(&output.stdout),
-                tail(&String::from_utf8_lossy(&output.stderr), 40)
-            );
-        }
-        Ok(())
+        self.plane.run_async(args, env).await
     }
 
     /// Path of the plane's admin kubeconfig.
     pub fn kubeconfig(&self) -> PathBuf {
-        self.dir.join("kubeconfig")
+        self.plane.kubeconfig()
     }
 
     /// The address kube-apiserver listens on.
     pub fn apiserver_addr(&self) -> Result<SocketAddr> {
-        let path = self.dir.join("kube-apiserver.port");
-        let port: u16 = std::fs::read_to_string(&path)
-            .with_context(|| format!("reading {}", path.display()))?
-            .trim()
-            .parse()
-            .with_context(|| format!("parsing {}", path.display()))?;
-        Ok(SocketAddr::from(([127, 0, 0, 1], port)))
+        self.plane.apiserver_addr()
     }
 
     /// The status codes kube-apiserver answered to Binding creates for `pod`, oldest first,
@@ -561,11 +549,7 @@ impl Cluster {
         let path = self.dir.join(format!("rendered-{file}"));
         std::fs::write(&path, rendered)?;
         let t0 = Instant::now();
-        self.control_plane_with_env(
-            &["scheduler", &path.to_string_lossy()],
-            &[("CP_SCHEDULER_EXTRA_ARGS", &flags.join(" "))],
-        )
-        .await?;
+        self.plane.start_scheduler(&path, flags).await?;
         eprintln!(
             "e2e {}: kube-scheduler up with {shipped} in {:.1}s",
             self.name,
@@ -742,41 +726,19 @@ impl Drop for Cluster {
             self.print_logs();
         }
         self.stop_extender();
-        let stop = Command::new(Path::new(ROOT).join("scripts/control-plane.sh"))
-            .arg("stop")
-            .arg(&self.dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .output();
-        match stop {
-            Ok(output) if output.status.success() => {}
-            Ok(output) => eprintln!(
-                "e2e {}: control-plane.sh stop failed: {}",
+        // The plane stops itself (and removes its directory unless kept) when it is dropped,
+        // right after this.
+        if failed && !std::thread::panicking() && std::env::var(KEEP_ENV).as_deref() != Ok("1") {
+            eprintln!(
+                "e2e {}: removing {} (set {KEEP_ENV}=1 to keep it)",
                 self.name,
-                String::from_utf8_lossy(&output.stderr)
-            ),
-            Err(error) => eprintln!(
-                "e2e {}: cannot run control-plane.sh stop: {error}",
-                self.name
-            ),
-        }
-        if std::env::var(KEEP_ENV).as_deref() == Ok("1") {
-            eprintln!("e2e {}: kept {}", self.name, self.dir.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.dir);
-            if failed {
-                eprintln!(
-                    "e2e {}: removed {} (set {KEEP_ENV}=1 to keep it)",
-                    self.name,
-                    self.dir.display()
-                );
-            }
+                self.dir.display()
+            );
         }
     }
 }
 
-/// What [`launch_extender`] starts: one gpu-extender process.
+/// What [`launch_extender`] starts: one gpu-extender process of this test target's binary.
 pub struct ExtenderLaunch<'a> {
     /// Log file (appended to: stdout and stderr).
     pub log: &'a Path,
@@ -791,66 +753,25 @@ pub struct ExtenderLaunch<'a> {
     pub start: u32,
 }
 
-/// Starts `gpu-extender serve` as `launch` says and waits until it reports ready (60 s at most);
-/// a process that exits or never gets ready is an error with its log's tail.
+/// Starts `gpu-extender serve` as `launch` says, with debug logs, and waits until it reports
+/// ready (60 s at most); see [`gpu_test_support::plane::launch_extender`].
 pub async fn launch_extender(launch: &ExtenderLaunch<'_>) -> Result<Child> {
-    let mut log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(launch.log)
-        .with_context(|| format!("opening {}", launch.log.display()))?;
-    writeln!(log, "===== extender start #{}", launch.start)?;
-    let mut command = Command::new(EXTENDER_BIN);
-    command
-        .arg("serve")
-        .arg("--config")
-        .arg(launch.config)
-        .arg("--kubeconfig")
-        .arg(launch.kubeconfig)
-        .arg("--listen")
-        .arg(launch.listen.to_string())
-        .arg("--admin-listen")
-        .arg(launch.admin.to_string());
-    // The extender reads GPU_EXTENDER_* variables as configuration: the caller's own must not
-    // change what a scenario runs (the test tooling's are GPU_TEST_*, which it ignores).
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("GPU_EXTENDER_") {
-            command.env_remove(key);
-        }
-    }
-    command
-        .env(
+    gpu_test_support::plane::launch_extender(&Launch {
+        binary: Path::new(EXTENDER_BIN),
+        log: launch.log,
+        config: launch.config,
+        kubeconfig: launch.kubeconfig,
+        listen: launch.listen,
+        admin: launch.admin,
+        args: &[],
+        env: &[(
             "RUST_LOG",
             "info,gpu_extender=debug,kube_runtime=warn,kube_client=warn",
-        )
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log);
-    let mut child = command
-        .spawn()
-        .with_context(|| format!("starting {EXTENDER_BIN}"))?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some(status) = child.try_wait()? {
-            bail!(
-                "the extender exited during start-up ({status}); its log:\n{}",
-                tail_file(launch.log, 30)
-            );
-        }
-        if let Ok((200, _)) = http_get(launch.admin, "/readyz").await {
-            return Ok(child);
-        }
-        if Instant::now() > deadline {
-            child.kill().ok();
-            child.wait().ok();
-            bail!(
-                "the extender was not ready within 60s; its log:\n{}",
-                tail_file(launch.log, 30)
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        )],
+        start: launch.start,
+        ready_within: Duration::from_secs(60),
+    })
+    .await
 }
 
 /// The shipped scheduler configuration, pointed at a test extender: the shipped extender URL
@@ -867,151 +788,6 @@ pub fn render_scheduler_config(shipped: &str, url: &str) -> Result<String> {
     Ok(shipped
         .replace(SHIPPED_EXTENDER_URL, url)
         .replace(SHIPPED_KUBECONFIG, "__KUBECONFIG__"))
-}
-
-/// A client that never connects; only fills the field until the plane is up.
-fn placeholder_client() -> Result<kube::Client> {
-    let config = kube::Config::new(
-        "https://127.0.0.1:1"
-            .parse()
-            .context("placeholder cluster URL")?,
-    );
-    kube::Client::try_from(config).context("placeholder client")
-}
-
-async fn admin_client(kubeconfig: &Path) -> Result<kube::Client> {
-    let kubeconfig = Kubeconfig::read_from(kubeconfig)
-        .with_context(|| format!("reading {}", kubeconfig.display()))?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .context("kubeconfig to client config")?;
-    kube::Client::try_from(config).context("building the admin client")
-}
-
-/// A loopback TCP port nobody listens on right now.
-///
-/// Drawn from 20000-32767, below Linux's ephemeral range (as `control-plane.sh` does), so that
-/// outgoing connections do not take it between now and the extender's bind.
-pub fn free_port() -> Result<u16> {
-    use std::hash::{BuildHasher, Hasher};
-    for _ in 0..200 {
-        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-        hasher.write_u64(u64::from(std::process::id()));
-        let port = 20000 + (hasher.finish() % 12768) as u16;
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return Ok(port);
-        }
-    }
-    bail!("no free loopback port found in 20000-32767")
-}
-
-/// A plain HTTP/1.1 GET (`Connection: close`) with a 5 s budget: status and body.
-pub async fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
-    let path = path.to_owned();
-    tokio::task::spawn_blocking(move || http_blocking(addr, "GET", &path, "", None))
-        .await
-        .context("http task")?
-}
-
-/// [`http_get`] with `Authorization: Bearer TOKEN` when a token is given.
-pub async fn http_get_bearer(
-    addr: SocketAddr,
-    path: &str,
-    token: Option<&str>,
-) -> Result<(u16, String)> {
-    let path = path.to_owned();
-    let header = token
-        .map(|t| format!("Authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
-    tokio::task::spawn_blocking(move || http_blocking(addr, "GET", &path, &header, None))
-        .await
-        .context("http task")?
-}
-
-/// A plain HTTP/1.1 POST of a JSON body, as kube-scheduler calls the extender: status and body.
-pub async fn http_post_json(
-    addr: SocketAddr,
-    path: &str,
-    body: &serde_json::Value,
-) -> Result<(u16, String)> {
-    let (path, body) = (path.to_owned(), body.to_string());
-    tokio::task::spawn_blocking(move || http_blocking(addr, "POST", &path, "", Some(&body)))
-        .await
-        .context("http task")?
-}
-
-fn http_blocking(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &str,
-    json_body: Option<&str>,
-) -> Result<(u16, String)> {
-    let timeout = Duration::from_secs(5);
-    let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
-    stream.set_read_timeout(Some(timeout))?;
-    stream.set_write_timeout(Some(timeout))?;
-    let payload = match json_body {
-        Some(body) => format!(
-            "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        ),
-        None => "\r\n".to_owned(),
-    };
-    write!(
-        stream,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{headers}{payload}"
-    )?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw)?;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| anyhow!("{method} {path}: no header end in the response"))?;
-    let status: u16 = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| anyhow!("{method} {path}: bad status line"))?;
-    let chunked = head.lines().any(|line| {
-        let line = line.to_ascii_lowercase();
-        line.starts_with("transfer-encoding:") && line.contains("chunked")
-    });
-    let body = if chunked {
-        dechunk(body)?
-    } else {
-        body.to_owned()
-    };
-    Ok((status, body))
-}
-
-fn dechunk(mut rest: &str) -> Result<String> {
-    let mut out = String::new();
-    loop {
-        let (size, after) = rest
-            .split_once("\r\n")
-            .ok_or_else(|| anyhow!("bad chunked body"))?;
-        let size = usize::from_str_radix(size.trim(), 16).context("chunk size")?;
-        if size == 0 {
-            return Ok(out);
-        }
-        let chunk = after.get(..size).ok_or_else(|| anyhow!("short chunk"))?;
-        out.push_str(chunk);
-        rest = after.get(size + 2..).unwrap_or_default();
-    }
-}
-
-fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
-
-/// The last `lines` lines of a file (or why it cannot be read).
-pub fn tail_file(path: &Path, lines: usize) -> String {
-    match std::fs::read(path) {
-        Ok(bytes) => tail(&String::from_utf8_lossy(&bytes), lines),
-        Err(error) => format!("({}: {error})", path.display()),
-    }
 }
 
 /// Every (node, GPU, pod) holding in an `/inspect` report.
@@ -1033,28 +809,4 @@ pub fn table_holdings(
         }
     }
     out
-}
-
-/// Sum of the samples of a metric whose labels include all of `labels`, from Prometheus text.
-pub fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    text.lines()
-        .filter(|line| !line.starts_with('#'))
-        .filter_map(|line| {
-            let (series, value) = line.rsplit_once(' ')?;
-            let (metric, label_text) = match series.split_once('{') {
-                Some((metric, rest)) => (metric, rest.trim_end_matches('}')),
-                None => (series, ""),
-            };
-            if metric != name {
-                return None;
-            }
-            let all_match = labels
-                .iter()
-                .all(|(k, v)| label_text.contains(&format!("{k}=\"{v}\"")));
-            if !all_match {
-                return None;
-            }
-            value.parse::<f64>().ok()
-        })
-        .sum()
 }

@@ -14,6 +14,7 @@ pub mod load;
 pub mod metrics;
 pub mod progress;
 pub mod protocol;
+pub mod reference;
 pub mod replay;
 pub mod report;
 pub mod trace;

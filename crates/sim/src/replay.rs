@@ -17,10 +17,8 @@ use super::metrics::{Curves, PodKind, Rejections, Step};
 use super::protocol::{self, Arrivals};
 use super::trace::{Cluster, Workload};
 use super::window::{SchedulerWindow, feasible_nodes_to_find};
+use crate::reference::{self, GpuClass, GpuClassMix, GpuSelection, PodShape, ReferencePolicy};
 use gpu_engine::policy::fgd::FgdCache;
-use gpu_engine::policy::reference::{
-    self, GpuClass, GpuClassMix, GpuSelection, PodShape, ReferencePolicy,
-};
 use gpu_engine::policy::typical::{Scarcity, ScarcityCensus};
 use gpu_engine::policy::{fgd_plus, free_milli};
 use gpu_engine::{

@@ -11,7 +11,7 @@ use serde::Serialize;
 use super::ceiling::RunSliver;
 use super::metrics::{LAST_COLUMN, PodKind, mean, std_dev};
 use super::replay::{RunResult, SimPolicy};
-use gpu_engine::policy::reference::ReferencePolicy;
+use crate::reference::ReferencePolicy;
 
 /// The runs of one (trace, policy), all seeds.
 #[derive(Debug)]
@@ -563,8 +563,8 @@ mod tests {
     use super::*;
     use crate::cli::EXAMPLE_SCENARIO;
     use crate::load::parse_scenario;
+    use crate::reference::ReferencePolicy;
     use crate::replay::{Prepared, run};
-    use gpu_engine::policy::reference::ReferencePolicy;
 
     /// The built-in example under two policies, one seed; the first run keeps its steps.
     fn results(tune: f64) -> Vec<RunResult> {

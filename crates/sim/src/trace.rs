@@ -3,8 +3,10 @@
 
 use gpu_engine::{
     CpuMilli, GpuConstraints, GpuDemand, GpuMode, MemMiB, ModelPattern, NodeSpec, PodRequest,
-    WHOLE_GPU_COMPUTE, policy::reference::PodShape,
+    WHOLE_GPU_COMPUTE,
 };
+
+use crate::reference::PodShape;
 
 /// The reference gives every node `pods: 1001`.
 pub const MAX_PODS_PER_NODE: u32 = 1001;

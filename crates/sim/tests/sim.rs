@@ -9,12 +9,12 @@
 
 use std::path::{Path, PathBuf};
 
-use gpu_engine::policy::reference::ReferencePolicy;
 use gpu_sim::cli::{
     EXAMPLE_SCENARIO, OPENB_NODES, OPENB_SOURCE, StepRows, default_policies, run_matrix,
 };
 use gpu_sim::load::{load_cluster, load_workload, parse_scenario};
 use gpu_sim::progress::Progress;
+use gpu_sim::reference::ReferencePolicy;
 use gpu_sim::replay::{Prepared, SimPolicy, engine_policies, run};
 
 fn example() -> Prepared {

@@ -6,7 +6,6 @@ pub mod fgd;
 pub mod fgd_plus;
 pub mod learn;
 pub mod pick;
-pub mod reference;
 pub mod spread;
 pub mod topology;
 pub mod typical;
@@ -180,7 +179,7 @@ impl Policy {
                 fgd_plus::pick(node, usage, pool, ask, &self.typical, &self.fgd_plus, cache)
             }
             ShareChoice::Fgd => fgd_pick(node, usage, pool, ask, self, cache),
-            ShareChoice::Drawn(draw) => reference::drawn_pick(pool, ask.count, draw),
+            ShareChoice::Drawn(draw) => pick::drawn_pick(pool, ask.count, draw),
         }
     }
 

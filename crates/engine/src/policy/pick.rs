@@ -6,7 +6,7 @@
 use crate::allocation::PodAllocation;
 use crate::model::{ComputeMilli, CpuMilli, MAX_GPUS_PER_NODE, MemMiB};
 use crate::state::{GpuUsage, NodeState, PerGpu};
-use crate::topology::bit;
+use crate::topology::{bit, positions};
 
 use super::fgd::FreeChange;
 
@@ -114,4 +114,45 @@ pub(crate) fn add_allocation(node: &NodeState, usage: &mut [GpuUsage], allocatio
             slot.shares = slot.shares.saturating_add(1);
         }
     });
+}
+
+/// Maps a uniform 32-bit draw to an index below `len` (multiply-shift: no modulo bias worth
+/// the name for small `len`). `len` must be positive.
+fn drawn_index(len: usize, draw: u32) -> usize {
+    ((u64::from(draw) * len as u64) >> 32) as usize
+}
+
+/// The reference's random GPU choice: `count` GPUs of `pool`, starting from the drawn one and
+/// going up by position (the reference only ever draws one GPU, for sharing pods).
+pub(crate) fn drawn_pick(pool: u64, count: usize, draw: u32) -> Picked {
+    let mut picked = Picked::new();
+    let candidates = pool.count_ones() as usize;
+    if candidates == 0 {
+        return picked;
+    }
+    let start = drawn_index(candidates, draw);
+    for position in positions(pool)
+        .skip(start)
+        .chain(positions(pool))
+        .take(count.min(candidates))
+    {
+        picked.push(position);
+    }
+    picked
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn draws_map_uniformly_onto_candidates() {
+        assert_eq!(drawn_index(4, 0), 0);
+        assert_eq!(drawn_index(4, u32::MAX), 3);
+        assert_eq!(drawn_index(4, 1 << 31), 2);
+        let drawn = |pool, count, draw| drawn_pick(pool, count, draw).iter().collect::<Vec<_>>();
+        assert_eq!(drawn(0b1011, 1, u32::MAX), vec![3]);
+        assert_eq!(drawn(0b1011, 2, 1 << 31), vec![1, 3]);
+        assert!(drawn(0, 1, 7).is_empty());
+    }
 }

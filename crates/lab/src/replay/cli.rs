@@ -12,7 +12,10 @@ use super::args::ReplayArgs;
 use super::objects::{dns_name, extender_config, with_extender_set};
 use gpu_test_support::bins::k8s_bins;
 
-use super::plane::{Plane, SchedulerSetup, client_from, series_value};
+use gpu_test_support::metrics::series_value;
+use gpu_test_support::plane::client_from;
+
+use super::plane::{Plane, SchedulerSetup};
 use super::run::{
     ChoiceTally, Decision, PodDecision, ReplayPlan, Replayed, clean_up, create_cluster,
     refuse_foreign_objects, replay_pods,
@@ -224,7 +227,7 @@ async fn replay_one(
     plane
         .start_extender(&extender, &config, &args.extender_set)
         .await?;
-    plane.start_scheduler(setup)?;
+    plane.start_scheduler(setup).await?;
     eprintln!(
         "replay: {} nodes, extender and kube-scheduler up in {:.1} s ({})",
         names.len(),

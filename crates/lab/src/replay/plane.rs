@@ -1,20 +1,22 @@
-//! The processes a loopback replay runs: etcd and kube-apiserver through the checkout's
-//! `scripts/control-plane.sh`, the gpu-extender binary, and kube-scheduler with a configuration
-//! made from the shipped profile. Owns their start, their CPU accounting and their teardown:
-//! everything started is stopped and the working directory removed when the [`Plane`] is dropped,
-//! also on error.
+//! The processes a loopback replay runs: etcd and kube-apiserver through the workspace's one
+//! control-plane driver (`gpu_test_support::plane`, which the end-to-end tests use too), the
+//! gpu-extender binary, and kube-scheduler with a configuration made from the shipped profile.
+//! Owns the replay's choices about them (the scheduler's configuration, HTTPS to the extender)
+//! and their CPU accounting; everything started is stopped and the working directory removed
+//! when the [`Plane`] is dropped, also on error.
 
 use std::ffi::OsStr;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde_yaml_ng::Value;
 
 use gpu_extender::config::Config;
+use gpu_test_support::plane::{ControlPlane, ExtenderLaunch, launch_extender};
+use gpu_test_support::port::free_addr;
 
 /// The shipped scheduler configuration with both profiles (`default-scheduler` and
 /// `gpu-scheduler`): the throughput baseline runs it without its extender.
@@ -231,16 +233,14 @@ impl ExtenderPki {
 /// A loopback control plane and the extender; stopped and removed on drop.
 #[derive(Debug)]
 pub struct Plane {
-    dir: PathBuf,
-    script: PathBuf,
-    bins: PathBuf,
+    plane: ControlPlane,
     extender: Option<Child>,
     extender_addr: Option<SocketAddr>,
     admin_addr: Option<SocketAddr>,
+    extender_starts: u32,
     /// Set by [`Plane::serve_extender_over_https`]: the extender serves these files and
     /// kube-scheduler calls it over HTTPS.
     extender_pki: Option<ExtenderPki>,
-    keep: bool,
 }
 
 impl Plane {
@@ -255,61 +255,31 @@ impl Plane {
             script.display()
         );
         let dir = std::env::temp_dir().join(format!("gpu-extender-replay-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let plane = Self {
-            dir,
-            script,
-            bins: bins.to_owned(),
+        Ok(Self {
+            plane: ControlPlane::start(repo, bins, dir, &[], keep)?,
             extender: None,
             extender_addr: None,
             admin_addr: None,
+            extender_starts: 0,
             extender_pki: None,
-            keep,
-        };
-        plane.script(&["start"], &[])?;
-        Ok(plane)
+        })
     }
 
     /// From now on the extender serves HTTPS with a certificate made for the plane
     /// ([`ExtenderPki`]), and kube-scheduler calls it with `enableHTTPS` trusting its CA.
     pub fn serve_extender_over_https(&mut self) -> Result<()> {
-        self.extender_pki = Some(ExtenderPki::make(&self.dir.join("extender-pki"))?);
+        self.extender_pki = Some(ExtenderPki::make(&self.dir().join("extender-pki"))?);
         Ok(())
     }
 
     /// The plane's working directory (logs, configurations, pid files).
     pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
-    /// The admin kubeconfig.
-    pub fn kubeconfig(&self) -> PathBuf {
-        self.dir.join("kubeconfig")
+        self.plane.dir()
     }
 
     /// A client with the admin identity.
     pub async fn client(&self) -> Result<kube::Client> {
-        client_from(&self.kubeconfig()).await
-    }
-
-    fn script(&self, args: &[&str], extra: &[&Path]) -> Result<()> {
-        let status = Command::new(&self.script)
-            .args(args)
-            .arg(&self.dir)
-            .args(extra)
-            .env("K8S_BIN_DIR", &self.bins)
-            .env("CP_OWNER_PID", std::process::id().to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .status()
-            .with_context(|| format!("running {}", self.script.display()))?;
-        ensure!(
-            status.success(),
-            "control-plane.sh {} failed (logs in {})",
-            args.join(" "),
-            self.dir.display()
-        );
-        Ok(())
+        self.plane.client().await
     }
 
     /// Starts the extender `binary` with `config` and `--set` overrides (`KEY=VALUE`); returns
@@ -323,64 +293,34 @@ impl Plane {
         ensure!(self.extender.is_none(), "the extender is already running");
         let listen = free_addr()?;
         let admin = free_addr()?;
-        let config_path = self.dir.join("extender.yaml");
+        let config_path = self.dir().join("extender.yaml");
         std::fs::write(&config_path, config.to_yaml())
             .with_context(|| format!("writing {}", config_path.display()))?;
-        let log_path = self.dir.join("extender.log");
-        let log = std::fs::File::create(&log_path)
-            .with_context(|| format!("creating {}", log_path.display()))?;
-        let child = Command::new(binary)
-            .arg("serve")
-            .arg("--config")
-            .arg(&config_path)
-            .arg("--kubeconfig")
-            .arg(self.kubeconfig())
-            .args(["--listen", &listen.to_string()])
-            .args(["--admin-listen", &admin.to_string()])
-            .args(
-                self.extender_pki
-                    .iter()
-                    .flat_map(ExtenderPki::overrides)
-                    .chain(overrides.iter().cloned())
-                    .flat_map(|o| ["--set".to_owned(), o]),
-            )
-            .env("GPU_EXTENDER_LOG", "warn")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("starting {}", binary.display()))?;
+        let args: Vec<String> = self
+            .extender_pki
+            .iter()
+            .flat_map(ExtenderPki::overrides)
+            .chain(overrides.iter().cloned())
+            .flat_map(|o| ["--set".to_owned(), o])
+            .collect();
+        self.extender_starts += 1;
+        let child = launch_extender(&ExtenderLaunch {
+            binary,
+            log: &self.dir().join("extender.log"),
+            config: &config_path,
+            kubeconfig: &self.plane.kubeconfig(),
+            listen,
+            admin,
+            args: &args,
+            env: &[("GPU_EXTENDER_LOG", "warn")],
+            start: self.extender_starts,
+            ready_within: Duration::from_secs(120),
+        })
+        .await?;
         self.extender = Some(child);
         self.extender_addr = Some(listen);
         self.admin_addr = Some(admin);
-        self.wait_extender_ready(admin, &log_path).await?;
         Ok(listen)
-    }
-
-    async fn wait_extender_ready(&mut self, admin: SocketAddr, log: &Path) -> Result<()> {
-        let started = Instant::now();
-        loop {
-            if let Some(child) = self.extender.as_mut()
-                && let Ok(Some(status)) = child.try_wait()
-            {
-                bail!(
-                    "the extender exited ({status}) before it was ready; its log: {}",
-                    log.display()
-                );
-            }
-            let url = format!("http://{admin}/readyz");
-            if gpu_extender::http::client::http_get(&url).await.is_ok() {
-                return Ok(());
-            }
-            if started.elapsed() > Duration::from_secs(120) {
-                bail!(
-                    "the extender was not ready after 120 s; its log: {}",
-                    log.display()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
     }
 
     /// Stops the extender (SIGKILL: it keeps nothing that a restart would not rebuild).
@@ -402,34 +342,25 @@ impl Plane {
     }
 
     /// (Re)starts kube-scheduler with `setup`, pointed at the running extender.
-    pub fn start_scheduler(&self, setup: &SchedulerSetup) -> Result<()> {
+    pub async fn start_scheduler(&self, setup: &SchedulerSetup) -> Result<()> {
         let endpoint = self.extender_addr.map(|addr| ExtenderEndpoint {
             addr,
             ca_file: self.extender_pki.as_ref().map(|pki| pki.ca_file.clone()),
         });
         let rendered = setup.render(endpoint.as_ref())?;
-        let path = self.dir.join("scheduler.yaml");
+        let path = self.dir().join("scheduler.yaml");
         std::fs::write(&path, rendered).with_context(|| format!("writing {}", path.display()))?;
-        self.script(&["scheduler"], &[&path])
+        self.plane.start_scheduler(&path, &[]).await
     }
 
     /// Stops kube-scheduler.
-    pub fn stop_scheduler(&self) -> Result<()> {
-        self.script(&["scheduler-stop"], &[])
+    pub async fn stop_scheduler(&self) -> Result<()> {
+        self.plane.stop_scheduler().await
     }
 
     /// Process ids of the plane's components, for CPU accounting.
     pub fn pids(&self) -> Vec<(&'static str, u32)> {
-        let mut pids = Vec::new();
-        for component in ["etcd", "kube-apiserver", "kube-scheduler"] {
-            let path = self.dir.join(format!("{component}.pid"));
-            if let Some(pid) = std::fs::read_to_string(&path)
-                .ok()
-                .and_then(|text| text.trim().parse().ok())
-            {
-                pids.push((component, pid));
-            }
-        }
+        let mut pids = self.plane.pids();
         if let Some(child) = &self.extender {
             pids.push(("gpu-extender", child.id()));
         }
@@ -439,33 +370,9 @@ impl Plane {
 
 impl Drop for Plane {
     fn drop(&mut self) {
+        // The control plane stops itself when its field is dropped, right after this.
         self.stop_extender();
-        let _ = self.script(&["stop"], &[]);
-        if self.keep {
-            eprintln!("replay: kept {}", self.dir.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
     }
-}
-
-/// The value of one series in Prometheus text format: `series` is the metric's name with its
-/// labels as the exposition writes them, e.g. `gpu_extender_requests_total{verb="filter"}` (the
-/// prometheus crate writes labels in the order they were declared).
-pub fn series_value(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-        .and_then(|value| value.trim().parse().ok())
-}
-
-/// A client for the cluster `kubeconfig` names.
-pub async fn client_from(kubeconfig: &Path) -> Result<kube::Client> {
-    let file = Kubeconfig::read_from(kubeconfig)
-        .with_context(|| format!("reading kubeconfig {}", kubeconfig.display()))?;
-    let config = kube::Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
-        .await
-        .with_context(|| format!("kubeconfig {}", kubeconfig.display()))?;
-    Ok(kube::Client::try_from(config)?)
 }
 
 /// CPU time a process has spent (user + system), from `/proc/PID/stat`.
@@ -478,11 +385,6 @@ pub fn cpu_time(pid: u32) -> Option<Duration> {
     let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
     // Linux reports these in USER_HZ, 100 on every architecture it runs on.
     Some(Duration::from_millis(ticks * 10))
-}
-
-fn free_addr() -> Result<SocketAddr> {
-    let listener = TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
-    Ok(listener.local_addr()?)
 }
 
 #[cfg(test)]

@@ -16,12 +16,11 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::watcher::{self, Event};
 
 use gpu_test_support::bins::k8s_bins;
+use gpu_test_support::metrics::series_value;
 
 use super::args::ReplayArgs;
 use super::objects::{NAMESPACE, OWNER_LABEL, extender_config, pod_object};
-use super::plane::{
-    DEFAULT_SCHEDULER, GPU_SCHEDULER, Plane, SHIPPED_PROFILE, cpu_time, series_value,
-};
+use super::plane::{DEFAULT_SCHEDULER, GPU_SCHEDULER, Plane, SHIPPED_PROFILE, cpu_time};
 use super::run::{clean_up, create_cluster};
 use gpu_engine::{CpuMilli, MemMiB, ScoringPolicy, TypicalPods};
 use gpu_sim::{Cluster, SimNode, SimPod};
@@ -179,7 +178,7 @@ pub async fn run_throughput(args: &ReplayArgs) -> Result<()> {
             } else {
                 plane.stop_extender();
             }
-            plane.start_scheduler(&setup)?;
+            plane.start_scheduler(&setup).await?;
             let scheduler = if with_extender {
                 GPU_SCHEDULER
             } else {
@@ -219,7 +218,7 @@ pub async fn run_throughput(args: &ReplayArgs) -> Result<()> {
         }
     }
     plane.stop_extender();
-    let _ = plane.stop_scheduler();
+    let _ = plane.stop_scheduler().await;
     clean_up(&client, run_id).await?;
     let mut report = report(&measurements, t.node_count);
     if let Some(program) = &t.extender {

@@ -4,14 +4,11 @@
 //! because its ties decide placements. Randomness never happens here: the caller passes draws in.
 //!
 //! Units follow the reference: CPU in milli-cores, GPU in milli-GPU (1000 = one card); memory is
-//! only ever checked by the filter ([`crate::fit()`]), never scored.
+//! only ever checked by the filter ([`gpu_engine::fit()`]), never scored.
 
-use crate::model::{CpuMilli, WHOLE_GPU_COMPUTE};
-use crate::state::NodeState;
-use crate::topology::positions;
-
-use super::fgd;
-use super::pick::Picked;
+use gpu_engine::model::{CpuMilli, WHOLE_GPU_COMPUTE};
+use gpu_engine::policy::fgd;
+use gpu_engine::state::NodeState;
 
 /// The reference's CPU normaliser (`MaxSpecCpu`): the largest node it was built for.
 pub const MAX_SPEC_CPU: f64 = 128_000.0;
@@ -279,7 +276,7 @@ pub fn fgd(before: f64, after: f64) -> i64 {
 }
 
 /// The reference score of a non-FGD policy for `pod` on `node`, from the node's free CPU and
-/// per-GPU free milli-GPU. FGD needs the typical pods and goes through [`super::Policy::score`];
+/// per-GPU free milli-GPU. FGD needs the typical pods and goes through [`gpu_engine::Policy::score`];
 /// Random scores nothing (the simulator draws the node from the feasible list with the run's
 /// generator, `sim::replay`), so both return 0 here.
 pub fn node_score(
@@ -297,31 +294,6 @@ pub fn node_score(
         ReferencePolicy::GpuPacking => gpu_packing(free, pod),
         ReferencePolicy::BestFit => best_fit(node.cpu_free(), gpu_free, pod),
     }
-}
-
-/// Maps a uniform 32-bit draw to an index below `len` (multiply-shift: no modulo bias worth
-/// the name for small `len`). `len` must be positive.
-fn drawn_index(len: usize, draw: u32) -> usize {
-    ((u64::from(draw) * len as u64) >> 32) as usize
-}
-
-/// The reference's random GPU choice: `count` GPUs of `pool`, starting from the drawn one and
-/// going up by position (the reference only ever draws one GPU, for sharing pods).
-pub(crate) fn drawn_pick(pool: u64, count: usize, draw: u32) -> Picked {
-    let mut picked = Picked::new();
-    let candidates = pool.count_ones() as usize;
-    if candidates == 0 {
-        return picked;
-    }
-    let start = drawn_index(candidates, draw);
-    for position in positions(pool)
-        .skip(start)
-        .chain(positions(pool))
-        .take(count.min(candidates))
-    {
-        picked.push(position);
-    }
-    picked
 }
 
 /// `selectHost` of the reference's scheduler fork: the highest score, ties to the node with the
@@ -431,17 +403,6 @@ mod tests {
         let picked = select_host([(0, 70, 9), (1, 80, 5), (2, 80, 3), (3, 10, 0)]);
         assert_eq!(picked, Some(2));
         assert_eq!(select_host(Vec::<(usize, i64, u32)>::new()), None);
-    }
-
-    #[test]
-    fn draws_map_uniformly_onto_candidates() {
-        assert_eq!(drawn_index(4, 0), 0);
-        assert_eq!(drawn_index(4, u32::MAX), 3);
-        assert_eq!(drawn_index(4, 1 << 31), 2);
-        let drawn = |pool, count, draw| drawn_pick(pool, count, draw).iter().collect::<Vec<_>>();
-        assert_eq!(drawn(0b1011, 1, u32::MAX), vec![3]);
-        assert_eq!(drawn(0b1011, 2, 1 << 31), vec![1, 3]);
-        assert!(drawn(0, 1, 7).is_empty());
     }
 
     #[test]

@@ -1,0 +1,265 @@
+//! The checks types cannot express: ranges, names, and consistency between keys, each problem
+//! reported with its key.
+
+use std::collections::BTreeSet;
+
+use gpu_engine::ModelPattern;
+
+use super::{ADMIN_PATHS, Config, ConfigError, is_extended_resource_name, is_qualified_name};
+
+impl Config {
+    /// Checks what types cannot: ranges, names, and consistency between keys. Every problem is
+    /// reported, each prefixed with its key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut problems = Vec::new();
+        let mut check = |ok: bool, key: &str, message: String| {
+            if !ok {
+                problems.push(format!("{key}: {message}"));
+            }
+        };
+
+        for (old, new) in self.policy.renamed_conflicts() {
+            check(
+                false,
+                old,
+                format!("is the old name of {new}, which is set to another value: set only {new}"),
+            );
+        }
+
+        let r = &self.resources;
+        for (key, name) in [
+            ("resources.wholeGpu", &r.whole_gpu),
+            ("resources.gpuMem", &r.gpu_mem),
+            ("resources.gpuCore", &r.gpu_core),
+            ("resources.topologyGpu", &r.topology_gpu),
+        ] {
+            check(
+                is_extended_resource_name(name),
+                key,
+                format!("{name:?} is not an extended resource name (like example.com/gpu)"),
+            );
+        }
+        check(
+            distinct(&[&r.whole_gpu, &r.gpu_mem, &r.gpu_core, &r.topology_gpu]),
+            "resources",
+            "wholeGpu, gpuMem, gpuCore and topologyGpu must be different resources".into(),
+        );
+        check(
+            (1..=100).contains(&r.gpu_core_percent_step),
+            "resources.gpuCorePercentStep",
+            format!("{} is out of range 1..=100", r.gpu_core_percent_step),
+        );
+        let l = &self.node_labels;
+        for (key, name) in [
+            ("resources.gpuCount", &r.gpu_count),
+            ("nodeLabels.mode", &l.mode),
+            ("nodeLabels.placement", &l.placement),
+            ("nodeLabels.model", &l.model),
+            ("nodeLabels.memory", &l.memory),
+            ("nodeLabels.count", &l.count),
+            ("nodeLabels.gfdProduct", &l.gfd_product),
+            ("nodeLabels.gfdMemory", &l.gfd_memory),
+            ("nodeLabels.gfdCount", &l.gfd_count),
+        ] {
+            check(
+                is_qualified_name(name),
+                key,
+                format!("{name:?} is not a valid label key"),
+            );
+        }
+        let a = &self.annotations;
+        let annotation_keys = [
+            ("annotations.allocation", &a.allocation),
+            ("annotations.nodeGpus", &a.node_gpus),
+            ("annotations.modelInclude", &a.model_include),
+            ("annotations.modelExclude", &a.model_exclude),
+            ("annotations.minGpuMemory", &a.min_gpu_memory),
+            ("annotations.placement", &a.placement),
+            ("annotations.topology", &a.topology),
+            ("annotations.requeue", &a.requeue),
+        ];
+        for (key, name) in annotation_keys {
+            check(
+                is_qualified_name(name),
+                key,
+                format!("{name:?} is not a valid annotation key"),
+            );
+        }
+        check(
+            distinct(&annotation_keys.map(|(_, name)| name.as_str())),
+            "annotations",
+            "every annotation key must be different".into(),
+        );
+
+        let p = &self.policy;
+        check(
+            (1..=1000).contains(&p.max_pods_per_shared_gpu),
+            "policy.maxPodsPerSharedGpu",
+            format!("{} is out of range 1..=1000", p.max_pods_per_shared_gpu),
+        );
+        check(
+            !p.scoring.uses_typical() || p.typical_pods.learn || !p.typical_pods.pods.is_empty(),
+            "policy.typicalPods",
+            format!(
+                "scoring {} needs typical pods: list them under pods, or set learn: true",
+                p.scoring.as_str()
+            ),
+        );
+        for (i, pod) in p.typical_pods.pods.iter().enumerate() {
+            let key = format!("policy.typicalPods.pods[{i}]");
+            check(
+                pod.weight.is_finite() && pod.weight > 0.0,
+                &key,
+                format!("weight {} must be a positive number", pod.weight),
+            );
+            check(
+                pod.gpu_milli <= 1000,
+                &key,
+                format!("gpuMilli {} is more than a whole GPU (1000)", pod.gpu_milli),
+            );
+            check(
+                (pod.gpus == 0) == (pod.gpu_milli == 0),
+                &key,
+                "gpus and gpuMilli must both be 0 (a CPU-only pod) or both positive".into(),
+            );
+            check(
+                pod.gpus <= 64,
+                &key,
+                format!("gpus {} is more than a node can have (64)", pod.gpus),
+            );
+            for model in &pod.models {
+                if let Err(e) = ModelPattern::parse(model) {
+                    check(false, &key, e.to_string());
+                }
+            }
+        }
+
+        let s = &self.server;
+        check(
+            s.url_prefix.starts_with('/') && !s.url_prefix.contains(['?', '#', ' ']),
+            "server.urlPrefix",
+            format!("{:?} must be a path starting with '/'", s.url_prefix),
+        );
+        check(
+            s.listen != s.admin_listen,
+            "server.adminListen",
+            "must differ from server.listen".into(),
+        );
+        check(
+            s.body_limit_bytes >= 64 * 1024,
+            "server.bodyLimitBytes",
+            format!("{} is too small (at least 65536)", s.body_limit_bytes),
+        );
+        check(
+            (1..=600_000).contains(&s.request_timeout_ms),
+            "server.requestTimeoutMs",
+            format!("{} is out of range 1..=600000", s.request_timeout_ms),
+        );
+        for (section, tls) in [
+            ("server.tls", &s.tls),
+            ("estimator.tls", &self.estimator.tls),
+        ] {
+            let Some(tls) = tls else { continue };
+            check(
+                !tls.cert_file.as_os_str().is_empty(),
+                &format!("{section}.certFile"),
+                "must not be empty".into(),
+            );
+            check(
+                !tls.key_file.as_os_str().is_empty(),
+                &format!("{section}.keyFile"),
+                "must not be empty".into(),
+            );
+            check(
+                tls.client_ca_file
+                    .as_ref()
+                    .is_none_or(|f| !f.as_os_str().is_empty()),
+                &format!("{section}.clientCaFile"),
+                "must not be empty (leave it out for no client certificates)".into(),
+            );
+            check(
+                (1..=3600).contains(&tls.reload_interval_seconds),
+                &format!("{section}.reloadIntervalSeconds"),
+                format!("{} is out of range 1..=3600", tls.reload_interval_seconds),
+            );
+        }
+        for path in &s.admin_auth.paths {
+            check(
+                ADMIN_PATHS.contains(&path.as_str()),
+                "server.adminAuth.paths",
+                format!(
+                    "{path:?} is not an admin path (one of {})",
+                    ADMIN_PATHS.join(", ")
+                ),
+            );
+        }
+        check(
+            s.admin_auth.cache_ttl_seconds <= 300,
+            "server.adminAuth.cacheTtlSeconds",
+            format!("{} is out of range 0..=300", s.admin_auth.cache_ttl_seconds),
+        );
+        check(
+            (1..=86_400).contains(&self.bind.reservation_ttl_seconds),
+            "bind.reservationTtlSeconds",
+            format!(
+                "{} is out of range 1..=86400",
+                self.bind.reservation_ttl_seconds
+            ),
+        );
+        check(
+            (1..=1000).contains(&self.requeue.max_pods_per_node),
+            "requeue.maxPodsPerNode",
+            format!(
+                "{} is out of range 1..=1000",
+                self.requeue.max_pods_per_node
+            ),
+        );
+        check(
+            (1..=3600).contains(&self.policy.typical_pods.learn_interval_seconds),
+            "policy.typicalPods.learnIntervalSeconds",
+            format!(
+                "{} is out of range 1..=3600",
+                self.policy.typical_pods.learn_interval_seconds
+            ),
+        );
+        check(
+            (1..=3600).contains(&self.requeue.min_interval_seconds),
+            "requeue.minIntervalSeconds",
+            format!(
+                "{} is out of range 1..=3600",
+                self.requeue.min_interval_seconds
+            ),
+        );
+        check(
+            (1..=3600).contains(&self.quota.reclaim.interval_seconds),
+            "quota.reclaim.intervalSeconds",
+            format!(
+                "{} is out of range 1..=3600",
+                self.quota.reclaim.interval_seconds
+            ),
+        );
+        check(
+            (1..=86400).contains(&self.quota.reclaim.cool_down_seconds),
+            "quota.reclaim.coolDownSeconds",
+            format!(
+                "{} is out of range 1..=86400",
+                self.quota.reclaim.cool_down_seconds
+            ),
+        );
+        check(
+            self.limits.max_concurrent_requests >= 1,
+            "limits.maxConcurrentRequests",
+            "must be at least 1".into(),
+        );
+
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid(problems))
+        }
+    }
+}
+
+fn distinct(names: &[&str]) -> bool {
+    names.iter().collect::<BTreeSet<_>>().len() == names.len()
+}
