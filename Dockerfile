@@ -3,7 +3,8 @@
 # gpu-extender container image: a Rust build stage, then only the binary on a distroless base
 # (glibc, CA certificates, no shell, no package manager) running as an unprivileged user.
 #
-#   docker build -t gpu-extender:0.1.0 .
+#   docker build --build-arg SOURCE_COMMIT=$(git rev-parse HEAD) -t gpu-extender:0.1.0 .
+#   make image        (the same, with Docker or Podman, tagged with Cargo.toml's version)
 #
 # Needs BuildKit (the default builder since Docker 23) for the cache mounts. docs/install.md has
 # the details (multi-arch builds, pushing, pointing deploy/ at the image).
@@ -11,6 +12,9 @@
 ARG RUST_VERSION=1.95
 
 FROM rust:${RUST_VERSION}-bookworm AS builder
+# The commit the image is built from. The build context has no .git, so without it
+# `gpu-extender --version` and the gpu_extender_build_info metric say "unknown".
+ARG SOURCE_COMMIT=
 WORKDIR /build
 # Only what the build reads (see .dockerignore): the workspace manifest and lock file, the build
 # script and the .proto files it compiles, the service's sources, the bench target its manifest
@@ -25,6 +29,7 @@ COPY crates ./crates
 # the lab (gpu-lab) or the test tooling.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/build/target \
+    GPU_EXTENDER_BUILD_COMMIT="$(printf %.12s "$SOURCE_COMMIT")" \
     cargo build --release --locked -p gpu-extender --bin gpu-extender \
     && install -D -m 0755 target/release/gpu-extender /out/gpu-extender
 

@@ -5,7 +5,7 @@ export GPU_TEST_CACHE ?= $(HOME)/.cache/gpu-extender
 export CARGO_TARGET_DIR ?= $(GPU_TEST_CACHE)/target
 CARGO ?= cargo
 
-.PHONY: demo test test-e2e test-karmada test-traces test-go lint unit e2e k8s-bins autoscaler-bins karmada-bins build bench fuzz fuzz-smoke
+.PHONY: demo image test test-e2e test-karmada test-traces test-go lint unit e2e k8s-bins autoscaler-bins karmada-bins build bench fuzz fuzz-smoke
 
 ## demo: local control plane + extender + kube-scheduler + sample GPU pods; prints placements and
 ## what each pod shows. scripts/demo.sh builds the extender and the Kubernetes binaries itself.
@@ -44,7 +44,8 @@ test:
 ## test-e2e: the end-to-end scenarios and the deployment tests against real Kubernetes binaries
 ## (and headless Chromium for the web view, installed by scripts/chromium.sh when missing; helm
 ## for the chart's tests, built by scripts/helm.sh; Karmada's estimator client, built by
-## scripts/karmada-client.sh; not the failover measurement,
+## scripts/karmada-client.sh; umoci for the image scenario, installed by scripts/umoci.sh when
+## missing; not the failover measurement,
 ## failover::failover_takeover_distribution: 30 control planes; not the full Karmada scenario,
 ## karmada_full::, which `make test-karmada` runs).
 test-e2e:
@@ -57,6 +58,7 @@ test-e2e:
 			GPU_TEST_CHROMIUM="$${GPU_TEST_CHROMIUM:-$$(scripts/chromium.sh | tail -n1)}" \
 			GPU_TEST_HELM="$${GPU_TEST_HELM:-$$(scripts/helm.sh | tail -n1)/helm}" \
 			GPU_TEST_KARMADA_CLIENT="$${GPU_TEST_KARMADA_CLIENT:-$$(scripts/karmada-client.sh | tail -n1)}" \
+			GPU_TEST_UMOCI="$${GPU_TEST_UMOCI:-$$(scripts/umoci.sh | tail -n1)}" \
 			$(CARGO) test --locked -p gpu-extender --test e2e --test deploy_manifests -- --ignored \
 			--skip failover::failover_takeover_distribution --skip karmada_full::; \
 	fi
@@ -108,6 +110,18 @@ unit:
 
 build:
 	$(CARGO) build --locked --release -p gpu-extender --bin gpu-extender
+
+## image: the container image from the Dockerfile, with Docker or else Podman, tagged
+## gpu-extender:<Cargo.toml's version> and stamped with the checkout's commit. Not part of
+## `make test` (no daemon, no base images here); what CI checks of the image is in
+## docs/install.md, "Build the image".
+image:
+	@set -euo pipefail; \
+	tool=$$(command -v docker || command -v podman || true); \
+	if [[ -z "$$tool" ]]; then echo "make image: neither docker nor podman is installed" >&2; exit 1; fi; \
+	version=$$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1); \
+	"$$tool" build --build-arg SOURCE_COMMIT="$$(git rev-parse HEAD 2>/dev/null || true)" \
+		-t "gpu-extender:$$version" .
 
 k8s-bins:
 	scripts/k8s-bins.sh >/dev/null

@@ -24,6 +24,7 @@
 //! The rooms, in layers: a room imports only rooms below it (checked by `tests/architecture.rs`;
 //! no module import cycles, checked by `scripts/module-graph.sh`; decision 0007).
 //! 1. [`config`]: the only reader of configuration files, environment and flags;
+//!    [`build_info`]: what this build is (version, commit, compiler);
 //!    [`inspect`]: the per-node, per-GPU allocation report; [`explain`]: why a pod fits or does
 //!    not fit each node now.
 //! 2. [`objects`]: Kubernetes objects in and out: Node/Pod translation, quantities, the record.
@@ -37,6 +38,7 @@
 //!    in the annotation the extender reads.
 
 pub mod agent;
+pub mod build_info;
 pub mod cli;
 pub mod config;
 pub mod estimator;

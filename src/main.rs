@@ -18,7 +18,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// GPU-aware placement for Kubernetes: a kube-scheduler extender.
 #[derive(Debug, Parser)]
-#[command(name = "gpu-extender", version, about)]
+#[command(name = "gpu-extender", version = gpu_extender::build_info::LONG_VERSION, about)]
 struct Cli {
     #[command(flatten)]
     log: LogFlags,

@@ -143,7 +143,7 @@ fn opens_with_module_doc(text: &str) -> bool {
 /// other; the composition (`service`) and the
 /// operator commands (`cli`) whatever they wire together.
 const LAYERS: &[&[&str]] = &[
-    &["config", "explain", "inspect"],
+    &["build_info", "config", "explain", "inspect"],
     &["objects"],
     &["state"],
     &["telemetry"],

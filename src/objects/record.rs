@@ -54,6 +54,12 @@ pub enum RecordError {
     Pod(#[from] TranslateError),
 }
 
+/// The one field every version of the record has.
+#[derive(Deserialize)]
+struct VersionOnly {
+    version: u32,
+}
+
 /// The JSON in the record annotation.
 #[derive(Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -209,13 +215,17 @@ pub fn decode(pod: &Pod, cfg: &Config) -> Result<Option<PodAllocation>, RecordEr
         key: key.clone(),
         problem,
     };
-    let doc: RecordDoc = serde_json::from_str(text).map_err(|e| corrupt(e.to_string()))?;
-    if doc.version != RECORD_VERSION {
+    // The version first, on its own: a record of another version may have other fields, and
+    // must be refused for its version (docs/install.md, upgrades), not misread as a broken v1.
+    let version = serde_json::from_str::<VersionOnly>(text)
+        .map_err(|e| corrupt(e.to_string()))?
+        .version;
+    if version != RECORD_VERSION {
         return Err(corrupt(format!(
-            "version {} is not supported (expected {RECORD_VERSION})",
-            doc.version
+            "version {version} is not supported (expected {RECORD_VERSION}; written by a newer build?)"
         )));
     }
+    let doc: RecordDoc = serde_json::from_str(text).map_err(|e| corrupt(e.to_string()))?;
     let pod_uid = pod.metadata.uid.as_deref().unwrap_or_default();
     if doc.pod_uid != pod_uid {
         return Err(RecordError::OtherPod {

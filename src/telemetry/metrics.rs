@@ -8,10 +8,12 @@ use std::sync::{Arc, OnceLock};
 
 use prometheus::core::Collector;
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 use super::state_collector::{self, StateCollector};
+use crate::build_info;
 use crate::state::{ClusterState, PolicyCell};
 use gpu_engine::RejectReason;
 
@@ -193,6 +195,23 @@ impl Metrics {
         register(&registry, &mut names, quota_refusals.clone())?;
         register(&registry, &mut names, binds.clone())?;
         register(&registry, &mut names, requests_shed.clone())?;
+        // Which build answers: one series, always 1, whose labels say it (joined on its labels
+        // in dashboards, as kube-state-metrics' *_info series are).
+        let build_info = IntGaugeVec::new(
+            Opts::new(
+                "gpu_extender_build_info",
+                "Always 1; the labels say which build runs: version (Cargo.toml), commit and Rust version.",
+            ),
+            &["version", "commit", "rust_version"],
+        )?;
+        build_info
+            .with_label_values(&[
+                build_info::VERSION,
+                build_info::COMMIT,
+                build_info::rust_version(),
+            ])
+            .set(1);
+        register(&registry, &mut names, build_info)?;
         // Pre-create the bounded label values so dashboards see zeros, not gaps.
         for verb in VERBS {
             request_duration.with_label_values(&[verb]);

@@ -14,8 +14,8 @@ use anyhow::{Context, Result, anyhow, bail, ensure};
 
 pub use gpu_test_support::http::{http_get, http_get_bearer, http_post_json};
 pub use gpu_test_support::metrics::metric_sum;
-pub use gpu_test_support::plane::tail_file;
 use gpu_test_support::plane::{ControlPlane, ExtenderLaunch as Launch};
+pub use gpu_test_support::plane::{tail, tail_file};
 pub use gpu_test_support::port::free_port;
 
 /// The repository root.

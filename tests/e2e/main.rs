@@ -17,6 +17,7 @@ mod burst;
 mod configs;
 mod failover;
 mod faults;
+mod image;
 mod karmada;
 mod karmada_full;
 mod lifecycle;
@@ -31,6 +32,7 @@ mod replay;
 mod restart;
 mod state;
 mod tls;
+mod upgrade;
 mod watch;
 mod web_view;
 

@@ -6,6 +6,7 @@
 pub mod bins;
 pub mod cli;
 pub mod http;
+pub mod image;
 pub mod metrics;
 pub mod plane;
 pub mod port;
