@@ -659,7 +659,11 @@ fn the_pieces_of_the_deployment_agree() {
     for object in &rendered.objects {
         let cluster_scoped = matches!(
             kind(object),
-            "Namespace" | "ClusterRole" | "ClusterRoleBinding"
+            "Namespace"
+                | "ClusterRole"
+                | "ClusterRoleBinding"
+                | "ValidatingAdmissionPolicy"
+                | "ValidatingAdmissionPolicyBinding"
         );
         let expected = if cluster_scoped {
             ""

@@ -83,6 +83,26 @@ enum Applied {
     },
 }
 
+/// Why a record was not applied ([`crate::state::RecordRejections`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Rejection {
+    Changed,
+    Removed,
+    Mismatch,
+    Conflict,
+}
+
+impl Rejection {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Changed => "changed",
+            Self::Removed => "removed",
+            Self::Mismatch => "mismatch",
+            Self::Conflict => "conflict",
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 struct PodMemo {
     uid: String,
@@ -359,6 +379,39 @@ impl Feed {
         } else {
             Ok(None)
         };
+        // The record a pod was bound with is fixed: what anyone writes after it is not applied.
+        if let Some(Applied::Bound {
+            node: applied_node,
+            source: Source::Record,
+            fingerprint: applied,
+            ..
+        }) = known
+            && *applied_node == node
+            && table.pod(&key).is_some()
+        {
+            let rejected = match &decoded {
+                Ok(Some(allocation)) if fingerprint(allocation) == *applied => None,
+                Ok(Some(_)) | Err(_) => Some((Rejection::Changed, "changed after bind".to_owned())),
+                Ok(None) => Some((Rejection::Removed, "removed after bind".to_owned())),
+            };
+            if let Some((why, detail)) = rejected {
+                self.reject_record(&key, why, &detail);
+            }
+            return;
+        }
+        let decoded = match decoded {
+            Ok(Some(allocation)) => match self.judge_record(table, &key, pod, allocation) {
+                Ok(allocation) => Ok(Some(allocation)),
+                Err((why, detail)) => {
+                    self.reject_record(&key, why, &detail);
+                    Err(record::RecordError::Corrupt {
+                        key: self.cfg.annotations.allocation.clone(),
+                        problem: detail,
+                    })
+                }
+            },
+            other => other,
+        };
         let (source, allocation) = match decoded {
             Ok(Some(allocation)) => (Source::Record, Some(allocation)),
             // A pod that names a GPU resource with amount 0 asks for no GPU: no record is
@@ -455,6 +508,43 @@ impl Feed {
                 self.place_inferred(table, key, &node, inference);
             }
         }
+    }
+
+    /// A record the table has not applied for this pod before, judged before it is: it must be
+    /// what the pod asks for, on GPUs its node has ([`record::matches_request`]), and must not
+    /// take GPUs other pods hold ([`Table::gpu_conflicts`]). The binder writes records only
+    /// from the pod's own request and onto free GPUs, so a record that fails either was
+    /// written by someone else (docs/annotations.md, "Who may write the record").
+    fn judge_record(
+        &self,
+        table: &Table,
+        key: &PodKey,
+        pod: &Pod,
+        allocation: PodAllocation,
+    ) -> Result<PodAllocation, (Rejection, String)> {
+        let request = pod_request(pod, &self.cfg).ok().flatten();
+        let node = table.node(&allocation.node).map(|node| &node.spec);
+        record::matches_request(&allocation, request.as_ref(), node)
+            .map_err(|detail| (Rejection::Mismatch, detail))?;
+        let conflicts = table.gpu_conflicts(key, &allocation);
+        if !conflicts.is_empty() {
+            return Err((Rejection::Conflict, conflicts.join("; ")));
+        }
+        Ok(allocation)
+    }
+
+    /// Counts and reports a record that is not applied.
+    fn reject_record(&self, key: &PodKey, why: Rejection, detail: &str) {
+        warn!(pod = %key, reason = why.as_str(), %detail, "allocation record not applied: the extender writes it, once, at bind");
+        self.state.update_stats(|s| {
+            let counter = match why {
+                Rejection::Changed => &mut s.records_rejected.changed,
+                Rejection::Removed => &mut s.records_rejected.removed,
+                Rejection::Mismatch => &mut s.records_rejected.mismatch,
+                Rejection::Conflict => &mut s.records_rejected.conflict,
+            };
+            *counter = counter.saturating_add(1);
+        });
     }
 
     /// Places a bound pod that has no usable record: on its node's current usage if it fits,

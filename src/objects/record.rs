@@ -12,8 +12,8 @@ use thiserror::Error;
 use super::translate::{TranslateError, pod_host_request};
 use crate::config::Config;
 use gpu_engine::{
-    ComputeMilli, ContainerAllocation, GpuGrant, GpuIndex, Grant, MemMiB, NodeName, NodeSpec,
-    PodAllocation,
+    ComputeMilli, ContainerAllocation, GpuDemand, GpuGrant, GpuIndex, Grant, MemMiB, NodeName,
+    NodeSpec, PodAllocation, PodRequest,
 };
 
 /// The record's format version.
@@ -322,6 +322,83 @@ pub fn decode(pod: &Pod, cfg: &Config) -> Result<Option<PodAllocation>, RecordEr
         containers: containers_allocation,
         init_containers: init_allocation,
     }))
+}
+
+/// Whether a decoded record is what the pod asks for (`request`, its own translated request;
+/// `None` for a pod that asks for no GPU): every container holds exactly the GPUs its demand
+/// names (that many whole GPUs; a share of that many GPUs with its memory and compute on each;
+/// none), and only GPUs the node has (`node`, when it is known). A record is written by the binder from the pod's request,
+/// so any difference means it was written by someone else; `Err` says what differs.
+pub fn matches_request(
+    allocation: &PodAllocation,
+    request: Option<&PodRequest>,
+    node: Option<&NodeSpec>,
+) -> Result<(), String> {
+    for grant in allocation
+        .containers
+        .iter()
+        .chain(&allocation.init_containers)
+        .flat_map(|c| &c.gpus)
+    {
+        if let Some(node) = node
+            && !node.gpus.iter().any(|gpu| gpu.index == grant.gpu)
+        {
+            return Err(format!("GPU {} is not on node {}", grant.gpu.0, node.name));
+        }
+    }
+    let empty = Vec::new();
+    let (containers, init) =
+        request.map_or((&empty, &empty), |r| (&r.containers, &r.init_containers));
+    for (held, asked) in [
+        (&allocation.containers, containers),
+        (&allocation.init_containers, init),
+    ] {
+        for container in held {
+            let demand = asked
+                .iter()
+                .find(|c| c.name == container.name)
+                .map_or(GpuDemand::None, |c| c.gpu);
+            let grants = &container.gpus;
+            let fits = match demand {
+                GpuDemand::None => grants.is_empty(),
+                GpuDemand::Whole { count } | GpuDemand::Topology { count } => {
+                    grants.len() == usize::from(count)
+                        && grants.iter().all(|g| g.grant == Grant::Whole)
+                }
+                GpuDemand::Share {
+                    gpus,
+                    mem_per_gpu,
+                    compute_per_gpu,
+                } => {
+                    grants.len() == usize::from(gpus)
+                        && grants.iter().all(|g| {
+                            g.grant
+                                == Grant::Share {
+                                    mem: mem_per_gpu,
+                                    compute: compute_per_gpu,
+                                }
+                        })
+                }
+            };
+            if !fits {
+                return Err(format!(
+                    "container {:?} holds {} GPU grant(s) where it asks for {demand:?}",
+                    container.name,
+                    grants.len()
+                ));
+            }
+        }
+        for container in asked {
+            let recorded = held.iter().any(|c| c.name == container.name);
+            if !recorded && container.gpu != GpuDemand::None {
+                return Err(format!(
+                    "container {:?} asks for {:?} and the record gives it nothing",
+                    container.name, container.gpu
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -121,6 +121,23 @@ pub struct FeedStats {
     /// Watch events applied, per kind.
     pub node_events: EventCounts,
     pub pod_events: EventCounts,
+    /// Allocation records the watch refused to apply, by why.
+    pub records_rejected: RecordRejections,
+}
+
+/// Allocation records the watch saw and did not apply (docs/annotations.md, "Who may write the
+/// record"). Counters: they only grow.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecordRejections {
+    /// A record changed after the pod was bound with one: the first stays applied.
+    pub changed: u64,
+    /// A record removed after the pod was bound with one: what it said stays applied.
+    pub removed: u64,
+    /// A record that is not what the pod asks for (other amounts, GPUs the node lacks, GPUs for
+    /// a pod that asks for none): the pod is counted from its requests.
+    pub mismatch: u64,
+    /// A record naming GPUs other pods hold: the pod is counted from its requests.
+    pub conflict: u64,
 }
 
 /// Watch events of one kind, by type. Counters: they only grow.

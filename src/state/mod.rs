@@ -14,7 +14,9 @@ pub mod snapshot;
 pub mod verbs;
 
 pub use binding::{ApiError, Bind, BindError, BindOutcome, BindRequest};
-pub use cluster::{ClusterState, EventCounts, FeedStats, TableWriter, VictimRank, monotonic_ms};
+pub use cluster::{
+    ClusterState, EventCounts, FeedStats, RecordRejections, TableWriter, VictimRank, monotonic_ms,
+};
 pub use decide::{FilterVerdict, NotReady, Proposal};
 pub use policy::PolicyCell;
 pub use snapshot::Snapshot;

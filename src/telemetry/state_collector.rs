@@ -146,6 +146,11 @@ const RESERVATIONS_EXPIRED: Family = counter(
     "Reservations released because the bound pod never appeared.",
     &[],
 );
+const RECORDS_REJECTED: Family = counter(
+    "gpu_extender_records_rejected_total",
+    "Allocation records the watch did not apply, by why: changed or removed after bind, not what the pod asks for, taking GPUs others hold.",
+    &["reason"],
+);
 const RELISTS: Family = counter(
     "gpu_extender_relists_total",
     "Completed full lists of nodes or pods.",
@@ -219,7 +224,7 @@ const REBUILD_HELP: &str =
     "Time to apply one full list of nodes or of pods to the allocation table.";
 
 /// Every family written from the state (the rebuild histogram aside: a registered metric).
-const FAMILIES: [&Family; 31] = [
+const FAMILIES: [&Family; 32] = [
     &TABLE_NODES,
     &TABLE_PODS,
     &RESERVATIONS_OUTSTANDING,
@@ -231,6 +236,7 @@ const FAMILIES: [&Family; 31] = [
     &FGD_PLUS_HOST_WEIGHT,
     &WATCH_ERRORS,
     &RESERVATIONS_EXPIRED,
+    &RECORDS_REJECTED,
     &RELISTS,
     &WATCH_EVENTS,
     &GPU_MEMORY_TOTAL,
@@ -341,6 +347,17 @@ impl StateCollector {
             &RESERVATIONS_EXPIRED,
             stats.reservations_expired as f64,
         );
+        let mut rejected = Building::of(&RECORDS_REJECTED);
+        let counts = stats.records_rejected;
+        for (reason, total) in [
+            ("changed", counts.changed),
+            ("removed", counts.removed),
+            ("mismatch", counts.mismatch),
+            ("conflict", counts.conflict),
+        ] {
+            rejected.add(&[reason], total as f64);
+        }
+        rejected.done(out);
         let mut relists = Building::of(&RELISTS);
         relists.add(&["node"], stats.node_lists as f64);
         relists.add(&["pod"], stats.pod_lists as f64);

@@ -32,6 +32,7 @@ mod replay;
 mod restart;
 mod state;
 mod tls;
+mod trust;
 mod upgrade;
 mod watch;
 mod web_view;

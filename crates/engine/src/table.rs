@@ -297,6 +297,31 @@ impl Table {
         Ok(())
     }
 
+    /// What taking `allocation` for `pod` would over-commit on its node's GPUs that is not
+    /// over-committed already: a GPU held whole twice, held whole and shared, past its memory,
+    /// compute or pod limit, or a GPU the node does not have. What `pod` holds now is set aside
+    /// first, so re-reading a pod's own allocation conflicts with nothing. Empty when it fits,
+    /// and when the node is not known (nothing to judge against). The watch asks this of a
+    /// record it has not applied before: a record naming GPUs that others hold is not applied.
+    pub fn gpu_conflicts(&self, pod: &PodKey, allocation: &PodAllocation) -> Vec<String> {
+        let Some(node) = self.node(&allocation.node) else {
+            return Vec::new();
+        };
+        let mut without = node.clone();
+        if let Some(entry) = self.pods.get(pod)
+            && entry.allocation.node == allocation.node
+        {
+            without.remove(&entry.allocation);
+        }
+        let before = gpu_violations(&without, self.max_shares_per_gpu);
+        let mut trial = without;
+        trial.add(allocation);
+        gpu_violations(&trial, self.max_shares_per_gpu)
+            .into_iter()
+            .filter(|violation| !before.contains(violation))
+            .collect()
+    }
+
     /// Frees whatever `pod` holds and returns it.
     pub fn release(&mut self, pod: &PodKey) -> Option<PodAllocation> {
         let entry = self.pods.remove(pod)?;
@@ -511,6 +536,17 @@ fn node_violations(node: &NodeState, max_shares_per_gpu: u16) -> Vec<String> {
             node.dangling_holds
         ));
     }
+    violations
+}
+
+/// [`node_violations`] of the GPUs alone: CPU and memory come from the pods' own requests,
+/// which a node may over-commit without any GPU being handed out twice.
+fn gpu_violations(node: &NodeState, max_shares_per_gpu: u16) -> Vec<String> {
+    let mut violations = node_violations(node, max_shares_per_gpu);
+    violations.retain(|v| {
+        !v.ends_with(": CPU over-committed") && !v.ends_with(": memory over-committed")
+            || v.contains(" GPU ")
+    });
     violations
 }
 

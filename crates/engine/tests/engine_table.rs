@@ -467,3 +467,37 @@ fn a_fitted_placement_is_reserved_and_the_next_fit_sees_it() {
     table.check_invariants().unwrap();
     assert_eq!(table.node_count(), 2);
 }
+
+#[test]
+fn gpu_conflicts_name_what_an_allocation_would_over_commit_beyond_what_is() {
+    let mut table = two_node_table();
+    bound(&mut table, "a", "whole", Held::Whole(&[0, 1]));
+    bound(&mut table, "s", "share", Held::Share(0, 12, 0));
+    let whole = |indices: &'static [u16]| held_allocation(&node("whole"), Held::Whole(indices));
+    // Free GPUs, and a pod's own allocation read again: nothing.
+    assert!(table.gpu_conflicts(&key("b"), &whole(&[2, 3])).is_empty());
+    assert!(table.gpu_conflicts(&key("a"), &whole(&[0, 1])).is_empty());
+    // A pod's own allocation moved onto its other GPUs: nothing either (its old one is set
+    // aside first).
+    assert!(table.gpu_conflicts(&key("a"), &whole(&[1, 2])).is_empty());
+    // Another pod's GPU, one the node does not have, and memory past a card.
+    let taken = table.gpu_conflicts(&key("b"), &whole(&[1, 2]));
+    assert_eq!(taken, vec!["node whole GPU 1: held whole by several pods"]);
+    assert_eq!(table.gpu_conflicts(&key("b"), &whole(&[9])).len(), 1);
+    let share = |gib: u64| held_allocation(&node("share"), Held::Share(0, gib, 0));
+    assert!(table.gpu_conflicts(&key("t"), &share(4)).is_empty());
+    assert_eq!(
+        table.gpu_conflicts(&key("t"), &share(8)),
+        vec!["node share GPU 0: memory over-committed"]
+    );
+    // An over-commit the cluster already made is not the new allocation's.
+    bound(&mut table, "c", "whole", Held::Whole(&[3]));
+    bound(&mut table, "d", "whole", Held::Whole(&[3]));
+    assert!(table.gpu_conflicts(&key("b"), &whole(&[2])).is_empty());
+    // CPU and memory come from requests: a node over-committed on them conflicts with no GPU.
+    let host = held_allocation(&node("share"), Held::Host(1_000_000, 0));
+    assert!(table.gpu_conflicts(&key("h"), &host).is_empty());
+    // An unknown node: nothing to judge against.
+    let elsewhere = held_allocation(&node("gone"), Held::Whole(&[0]));
+    assert!(table.gpu_conflicts(&key("b"), &elsewhere).is_empty());
+}

@@ -7,7 +7,7 @@ use serde_json::json;
 use super::*;
 use crate::objects::translate::node_spec;
 use crate::state::ClusterState;
-use gpu_engine::Hold;
+use gpu_engine::{Grant, Hold};
 
 fn cfg() -> Arc<Config> {
     Arc::new(Config::default())
@@ -615,4 +615,118 @@ fn watch_events_are_counted_by_kind_and_type() {
             listed: 0
         }
     );
+}
+
+/// The record of `pod` rewritten by `edit` (a tenant's patch of the annotation).
+fn forged(mut pod: Pod, edit: impl FnOnce(&mut serde_json::Value)) -> Pod {
+    let key = Config::default().annotations.allocation;
+    let annotations = pod
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default);
+    let mut record: serde_json::Value =
+        serde_json::from_str(annotations.get(&key).map_or("{}", String::as_str)).unwrap();
+    edit(&mut record);
+    annotations.insert(key, record.to_string());
+    pod
+}
+
+fn held(feed: &Feed, pod: &str) -> Option<Vec<(u16, u64)>> {
+    let table = feed.state().read();
+    let entry = table.pod(&key(pod))?;
+    Some(
+        entry
+            .allocation
+            .containers
+            .iter()
+            .flat_map(|c| &c.gpus)
+            .map(|g| match g.grant {
+                Grant::Whole => (g.gpu.0, 0),
+                Grant::Share { mem, .. } => (g.gpu.0, mem.0),
+            })
+            .collect(),
+    )
+}
+
+#[test]
+fn a_record_is_fixed_once_bound_and_forgeries_are_not_applied() {
+    let mut feed = feed();
+    let node = share_node("n1");
+    list_nodes(&mut feed, std::slice::from_ref(&node));
+    let (a, _) = recorded(share_pod("a", "uid-a", None, 8), &node);
+    let (b, _) = recorded(share_pod("b", "uid-b", None, 4), &node);
+    list_pods(&mut feed, &[a.clone(), b.clone()]);
+    let a_holds = held(&feed, "a").unwrap();
+    let b_holds = held(&feed, "b").unwrap();
+    assert_eq!(a_holds, vec![(0, 8192)]);
+    let rejected = |feed: &Feed| feed.state().stats().records_rejected;
+
+    // Fewer GPUs' worth (a smaller share), after bind: not applied.
+    let smaller = forged(a.clone(), |r| {
+        r["containers"][0]["gpus"][0]["memoryMiB"] = json!(1024)
+    });
+    feed.apply_pod_event(&Event::Apply(smaller));
+    assert_eq!(held(&feed, "a").unwrap(), a_holds);
+    // Removed: what it said stays.
+    let mut removed = a.clone();
+    removed.metadata.annotations = None;
+    feed.apply_pod_event(&Event::Apply(removed));
+    assert_eq!(held(&feed, "a").unwrap(), a_holds);
+    // Garbage: the same.
+    let garbage = forged(b.clone(), |r| *r = json!("nonsense"));
+    feed.apply_pod_event(&Event::Apply(garbage));
+    assert_eq!(held(&feed, "b").unwrap(), b_holds);
+    let counts = rejected(&feed);
+    assert_eq!((counts.changed, counts.removed), (2, 1), "{counts:?}");
+    // The original record again is the one applied: nothing more counted.
+    feed.apply_pod_event(&Event::Apply(a.clone()));
+    assert_eq!(rejected(&feed).changed, 2);
+    assert_eq!(feed.state().stats().records_corrupt, 0);
+    assert_invariants(&feed);
+}
+
+#[test]
+fn records_that_are_not_what_the_pod_asks_or_take_others_gpus_are_not_applied() {
+    let mut feed = feed();
+    let node = whole_node("w1");
+    list_nodes(&mut feed, std::slice::from_ref(&node));
+    let whole_pod =
+        |name: &str, uid: &str| pod(name, uid, None, json!({"cpu": "1", "nvidia.com/gpu": "1"}));
+    let (holder, _) = recorded(whole_pod("holder", "uid-h"), &node);
+    list_pods(&mut feed, std::slice::from_ref(&holder));
+    assert_eq!(held(&feed, "holder").unwrap(), vec![(0, 0)]);
+
+    // A pod pinned to the node with a record naming the GPU the holder has: not applied, the
+    // pod is placed from its own request on the GPU left free.
+    let (thief, _) = recorded(whole_pod("thief", "uid-t"), &node);
+    feed.apply_pod_event(&Event::Apply(thief));
+    assert_eq!(held(&feed, "thief").unwrap(), vec![(1, 0)]);
+    assert_eq!(feed.state().stats().records_rejected.conflict, 1);
+
+    // A pod that asks for no GPU, pinned with a record claiming one: counted as asking none.
+    let (mut greedy, _) = recorded(whole_pod("greedy", "uid-g"), &node);
+    if let Some(spec) = greedy.spec.as_mut() {
+        spec.containers[0].resources = Some(
+            serde_json::from_value(json!({"requests": {"cpu": "1", "nvidia.com/gpu": "0"}}))
+                .unwrap(),
+        );
+    }
+    feed.apply_pod_event(&Event::Apply(greedy));
+    assert_eq!(held(&feed, "greedy").unwrap(), Vec::<(u16, u64)>::new());
+    // More GPUs than asked for, and a GPU the node does not have.
+    let (extra, _) = recorded(whole_pod("extra", "uid-x"), &node);
+    let extra = forged(extra, |r| {
+        r["containers"][0]["gpus"] =
+            json!([{"index": 0, "whole": true}, {"index": 1, "whole": true}]);
+    });
+    feed.apply_pod_event(&Event::Apply(extra));
+    let (absent, _) = recorded(whole_pod("absent", "uid-y"), &node);
+    let absent = forged(absent, |r| {
+        r["containers"][0]["gpus"][0]["index"] = json!(7)
+    });
+    feed.apply_pod_event(&Event::Apply(absent));
+    let counts = feed.state().stats().records_rejected;
+    assert_eq!(counts.mismatch, 3, "{counts:?}");
+    // Neither took the holder's GPU.
+    assert_eq!(held(&feed, "holder").unwrap(), vec![(0, 0)]);
 }
