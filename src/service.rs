@@ -2,6 +2,8 @@
 //! watchers, the binder and both listeners, wires them together, and stops them on SIGTERM.
 //! Every decision lives in the layers below ([`crate::state`], [`crate::k8s`], [`crate::http`]).
 
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,6 +23,7 @@ use crate::http::tls;
 use crate::k8s::api::{KubeApi, kube_client, kube_client_without_retries};
 use crate::k8s::bind::{Binder, MeteredBinder};
 use crate::k8s::events::KubeEvents;
+use crate::k8s::lease::{self, Writer};
 use crate::k8s::quota;
 use crate::k8s::reclaim::{self, Reclaimer};
 use crate::k8s::requeue;
@@ -78,6 +81,22 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let watchers = tokio::spawn(watch::run(client.clone(), feed, epoch));
     // Runs on its own: a missing CRD ends it at once (no quotas), and it never gates readiness.
     tokio::spawn(quota::run(client.clone(), cluster.clone(), config.clone()));
+    // One writer: of the replicas, only the holder of the writer Lease runs requeue and
+    // reclaim, the tasks that write to the API on their own (src/k8s/lease.rs).
+    let lease_writer = Writer::default();
+    let lease_api: Api<Lease> =
+        Api::namespaced(client.clone(), &lease::namespace(&config.writer_lease));
+    let identity = lease::identity();
+    let writes = config.requeue.enabled || config.quota.reclaim.enabled;
+    let lease_holder = writes.then(|| {
+        tokio::spawn(lease::run(
+            lease_api.clone(),
+            config.writer_lease.clone(),
+            identity.clone(),
+            lease_writer.clone(),
+            metrics.clone(),
+        ))
+    });
     let requeuer = config.requeue.enabled.then(|| {
         tokio::spawn(requeue::run(
             cluster.clone(),
@@ -86,6 +105,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             KubeApi::new(client.clone()),
             metrics.clone(),
             epoch,
+            lease_writer.clone(),
         ))
     });
     let reclaimer = if config.quota.reclaim.enabled {
@@ -102,6 +122,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             reclaimer,
             metrics.clone(),
             epoch,
+            lease_writer.clone(),
         )))
     } else {
         None
@@ -240,6 +261,11 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     if let Some(reclaimer) = reclaimer {
         reclaimer.abort();
+    }
+    if let Some(lease_holder) = lease_holder {
+        lease_holder.abort();
+        // Handed over now rather than after a lease duration.
+        lease::release(&lease_api, &config.writer_lease, &identity).await;
     }
     servers.await??;
     if let Some(estimator_server) = estimator_server {

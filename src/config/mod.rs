@@ -42,7 +42,7 @@ mod tests;
 mod validate;
 
 pub use flags::{ConfigFlags, ServeFlags, set_overrides};
-pub use names::{is_extended_resource_name, is_qualified_name};
+pub use names::{is_dns_label, is_extended_resource_name, is_qualified_name};
 pub use sources::{env_overrides, env_var_name, env_vars, parse_override};
 
 /// The prefix of every environment variable this module reads.
@@ -124,6 +124,9 @@ pub const KEYS: &[&str] = &[
     "requeue.enabled",
     "requeue.maxPodsPerNode",
     "requeue.minIntervalSeconds",
+    "writerLease.name",
+    "writerLease.namespace",
+    "writerLease.durationSeconds",
     "quota.reclaim.enabled",
     "quota.reclaim.intervalSeconds",
     "quota.reclaim.coolDownSeconds",
@@ -182,6 +185,7 @@ pub struct Config {
     pub bind: BindConfig,
     pub watch: WatchConfig,
     pub requeue: RequeueConfig,
+    pub writer_lease: WriterLeaseConfig,
     pub quota: QuotaConfig,
     pub limits: Limits,
     pub estimator: EstimatorConfig,
@@ -769,6 +773,29 @@ pub struct WatchConfig {
 impl Default for WatchConfig {
     fn default() -> Self {
         Self { protobuf: true }
+    }
+}
+
+/// The Lease that makes one replica the writer (`src/k8s/lease.rs`): only its holder runs the
+/// tasks that write to the API on their own, requeue and quota reclaim.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct WriterLeaseConfig {
+    /// The Lease's name.
+    pub name: String,
+    /// Its namespace; empty: the pod's own (its service account's), else `default`.
+    pub namespace: String,
+    /// How long a holder that stops renewing keeps it; renewed every third of this.
+    pub duration_seconds: u64,
+}
+
+impl Default for WriterLeaseConfig {
+    fn default() -> Self {
+        Self {
+            name: "gpu-extender-writer".into(),
+            namespace: String::new(),
+            duration_seconds: 15,
+        }
     }
 }
 

@@ -39,3 +39,15 @@ pub fn is_extended_resource_name(name: &str) -> bool {
         && !name.starts_with("kubernetes.io/")
         && !name.starts_with("requests.")
 }
+
+/// A DNS-1123 label (a namespace's or a Lease's name): at most 63 lower-case alphanumerics and
+/// `-`, starting and ending alphanumeric.
+pub fn is_dns_label(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && name.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+}

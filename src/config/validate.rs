@@ -5,7 +5,9 @@ use std::collections::BTreeSet;
 
 use gpu_engine::ModelPattern;
 
-use super::{ADMIN_PATHS, Config, ConfigError, is_extended_resource_name, is_qualified_name};
+use super::{
+    ADMIN_PATHS, Config, ConfigError, is_dns_label, is_extended_resource_name, is_qualified_name,
+};
 
 impl Config {
     /// Checks what types cannot: ranges, names, and consistency between keys. Every problem is
@@ -229,6 +231,24 @@ impl Config {
                 "{} is out of range 1..=3600",
                 self.requeue.min_interval_seconds
             ),
+        );
+        check(
+            (3..=300).contains(&self.writer_lease.duration_seconds),
+            "writerLease.durationSeconds",
+            format!(
+                "{} is out of range 3..=300",
+                self.writer_lease.duration_seconds
+            ),
+        );
+        check(
+            is_dns_label(&self.writer_lease.name),
+            "writerLease.name",
+            format!("{:?} is not a DNS-1123 name", self.writer_lease.name),
+        );
+        check(
+            self.writer_lease.namespace.is_empty() || is_dns_label(&self.writer_lease.namespace),
+            "writerLease.namespace",
+            format!("{:?} is not a namespace name", self.writer_lease.namespace),
         );
         check(
             (1..=3600).contains(&self.quota.reclaim.interval_seconds),

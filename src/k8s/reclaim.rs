@@ -28,6 +28,7 @@ use tracing::{debug, info, warn};
 
 use super::api::PodEvict;
 use super::events::ReclaimEvents;
+use super::lease::Writer;
 use super::requeue::{Waiting, waiting_pod};
 use super::watch::is_unschedulable;
 use crate::config::Config;
@@ -178,9 +179,12 @@ impl<A: PodEvict, E: ReclaimEvents> Reclaimer<A, E> {
                         namespace,
                         request: &pod.request,
                     };
+                    // Pods this replica evicted, and pods already going (whoever evicted or
+                    // deleted them), are no victims: evicting them again frees nothing more.
                     let rank = |victim: &PodKey| {
-                        (!self.evicted.contains_key(victim))
-                            .then(|| self.state.rank(victim).unwrap_or_default().eviction_order())
+                        let rank = self.state.rank(victim).unwrap_or_default();
+                        (!self.evicted.contains_key(victim) && !rank.terminating)
+                            .then(|| rank.eviction_order())
                     };
                     choose_reclaim(&table, &quotas, &used, claimant, &policy, &excluded, rank)
                 };
@@ -287,13 +291,15 @@ pub async fn run<A: PodEvict, E: ReclaimEvents>(
     mut reclaimer: Reclaimer<A, E>,
     metrics: Metrics,
     epoch: Instant,
+    writer: Writer,
 ) {
     let every = Duration::from_secs(reclaimer.cfg.quota.reclaim.interval_seconds);
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        if !reclaimer.state.is_ready() {
+        // Only the replica holding the writer Lease evicts (src/k8s/lease.rs).
+        if !reclaimer.state.is_ready() || !writer.holds() {
             continue;
         }
         let outcome = reclaimer.round(monotonic_ms(epoch)).await;
@@ -431,6 +437,7 @@ mod tests {
             let rank = VictimRank {
                 priority: 100,
                 created_s,
+                terminating: false,
             };
             state.note_rank(&PodKey::new("b", name), rank);
         }
@@ -499,6 +506,41 @@ mod tests {
         assert_eq!(evicted.label(), Some("evicted"));
         assert_eq!(blocked.label(), Some("pdb_blocked"));
     }
+    /// A borrower already terminating (evicted by another replica, or deleted) is no victim:
+    /// evicting it again would free nothing more, and would send a second Event.
+    #[tokio::test]
+    async fn a_pod_already_terminating_is_not_evicted_again() {
+        let cfg = Arc::new(Config::default());
+        let state = cluster(&cfg);
+        let going = PodKey::new("b", "x2");
+        let rank = state.rank(&going).unwrap();
+        state.note_rank(
+            &going,
+            VictimRank {
+                terminating: true,
+                ..rank
+            },
+        );
+        let api = Arc::new(Api::default());
+        let events = Arc::new(Events::default());
+        let policy = PolicyCell::from(Arc::new(Policy::default()));
+        let mut reclaimer = Reclaimer::new(state, cfg, policy, api.clone(), events);
+        let outcome = reclaimer.round(1_000).await;
+        let Outcome::Evicted { victims, .. } = outcome else {
+            panic!("no eviction: {outcome:?}");
+        };
+        assert!(!victims.contains(&going), "{victims:?}");
+        assert!(
+            api.calls
+                .lock()
+                .unwrap()
+                .iter()
+                .all(|(pod, _)| pod != "b/x2"),
+            "{:?}",
+            api.calls.lock().unwrap()
+        );
+    }
+
     /// A node the waiting pod may not go to (a taint it does not tolerate) is never evicted on,
     /// however good its victims; the round moves on to the next node.
     #[tokio::test]

@@ -30,6 +30,7 @@ use k8s_openapi::api::core::v1::Pod;
 use tracing::{debug, warn};
 
 use super::api::{BindTime, PodTouch};
+use super::lease::Writer;
 use super::watch::is_unschedulable;
 use crate::config::Config;
 use crate::objects::translate::pod_request;
@@ -114,6 +115,7 @@ pub async fn run<A: PodTouch>(
     api: A,
     metrics: Metrics,
     epoch: Instant,
+    writer: Writer,
 ) {
     let min_interval_ms = cfg.requeue.min_interval_seconds.saturating_mul(1000);
     let per_node = usize::from(cfg.requeue.max_pods_per_node);
@@ -132,6 +134,13 @@ pub async fn run<A: PodTouch>(
         // Frees come in bursts (a job's pods ending together): take them in one round.
         tokio::time::sleep(Duration::from_millis(20)).await;
         let freed = state.take_freed();
+        // Only the replica holding the writer Lease touches pods (src/k8s/lease.rs); the others
+        // let the frees go, as the writer sees the same ones.
+        if !writer.holds() {
+            state.take_window_missed();
+            missed.clear();
+            continue;
+        }
         let time = BindTime::now(epoch);
         let now = time.monotonic_ms;
         for key in state.take_window_missed() {

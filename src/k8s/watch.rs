@@ -357,6 +357,7 @@ impl Feed {
                         .creation_timestamp
                         .as_ref()
                         .map_or(0, |time| time.0.as_second()),
+                    terminating: pod.metadata.deletion_timestamp.is_some(),
                 },
             );
         }

@@ -76,6 +76,9 @@ pub struct VictimRank {
     pub priority: i32,
     /// `metadata.creationTimestamp`, seconds since the epoch (0 when unset).
     pub created_s: i64,
+    /// `metadata.deletionTimestamp` is set: the pod is already going (evicted by a reclaim of
+    /// this or another replica, or deleted), so it is no victim to evict again.
+    pub terminating: bool,
 }
 
 impl VictimRank {

@@ -498,6 +498,7 @@ mod tests {
             let rank = crate::state::VictimRank {
                 priority: 10,
                 created_s: 100 * i as i64,
+                terminating: false,
             };
             state.note_rank(&PodKey::new(ns, name), rank);
         }
@@ -539,6 +540,7 @@ mod tests {
             crate::state::VictimRank {
                 priority: 1,
                 created_s: 0,
+                terminating: false,
             },
         );
         let kept = Snapshot::of(&state, Arc::new(policy.clone())).preempt(

@@ -8,8 +8,8 @@ use std::sync::{Arc, OnceLock};
 
 use prometheus::core::Collector;
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 use super::state_collector::{self, StateCollector};
@@ -59,6 +59,8 @@ pub struct Metrics {
     pub pod_events: IntCounterVec,
     /// Quota reclaims through the Eviction API, by result (`evicted`, `pdb_blocked`, `error`).
     pub quota_reclaims: IntCounterVec,
+    /// 1 while this replica holds the writer Lease (src/k8s/lease.rs).
+    pub writer: IntGauge,
     /// Pods evicted by quota reclaims.
     pub quota_evictions: IntCounter,
     /// Scheduler-estimator calls by method and gRPC code (`OK`, `InvalidArgument`, ...).
@@ -212,6 +214,11 @@ impl Metrics {
             ])
             .set(1);
         register(&registry, &mut names, build_info)?;
+        let writer = IntGauge::new(
+            "gpu_extender_writer",
+            "1 while this replica holds the writer Lease and runs requeue and quota reclaim.",
+        )?;
+        register(&registry, &mut names, writer.clone())?;
         // Pre-create the bounded label values so dashboards see zeros, not gaps.
         for verb in VERBS {
             request_duration.with_label_values(&[verb]);
@@ -248,6 +255,7 @@ impl Metrics {
             requeue_touches,
             pod_events,
             quota_reclaims,
+            writer,
             quota_evictions,
             estimator_requests,
             estimator_duration,

@@ -13,7 +13,7 @@ use k8s_openapi::api::events::v1::Event;
 use kube::Api;
 use kube::api::{ListParams, PostParams};
 
-use crate::harness::metric_sum;
+use crate::harness::{ExtenderLaunch, free_port, http_get, launch_extender, metric_sum};
 use crate::objects::{GpuNode, Mode, NVIDIA_GPU, PodSpec, node_of, scheduled_condition};
 use crate::preemption::{SYNC_PREEMPTION, priority_class};
 use crate::up_with_scheduler_flags;
@@ -264,9 +264,51 @@ fn quotas_reclaim_by_eviction_respecting_budgets_and_group_quotas() {
             GpuNode::new("reclaim-2", Mode::Exclusive, 2, "A100", 80).label("pool", "reclaim"),
             GpuNode::new("group-1", Mode::Exclusive, 4, "A100", 80),
         ];
-        let config = "quota:\n  reclaim:\n    intervalSeconds: 1\n    coolDownSeconds: 30\n";
+        let config = "quota:\n  reclaim:\n    intervalSeconds: 1\n    coolDownSeconds: 30\nwriterLease:\n  durationSeconds: 6\n";
         up_with_scheduler_flags(c, &nodes, config, &[SYNC_PREEMPTION]).await?;
         priority_class(&c.client, "same", 500).await?;
+        // A second replica with reclaim on, as deploy/ runs two: only the writer Lease's holder
+        // evicts, so each victim is evicted once (the eviction requests are counted below).
+        let second_admin = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()?));
+        let mut second = launch_extender(&ExtenderLaunch {
+            log: &c.dir.join("extender-2.log"),
+            config: &c.dir.join("extender.yaml"),
+            kubeconfig: &c.kubeconfig(),
+            listen: std::net::SocketAddr::from(([127, 0, 0, 1], free_port()?)),
+            admin: second_admin,
+            start: 1,
+        })
+        .await?;
+        let outcome = reclaim_with_two_replicas(c, &nodes, second_admin).await;
+        second.kill().ok();
+        second.wait().ok();
+        outcome
+    });
+}
+
+/// Writers among the two replicas: the first's and the second's `gpu_extender_writer`.
+async fn writers(c: &crate::harness::Cluster, second: std::net::SocketAddr) -> Result<(f64, f64)> {
+    let first = metric_sum(&c.metrics().await?, "gpu_extender_writer", &[]);
+    let (_, text) = http_get(second, "/metrics").await?;
+    Ok((first, metric_sum(&text, "gpu_extender_writer", &[])))
+}
+
+async fn reclaim_with_two_replicas(
+    c: &mut crate::harness::Cluster,
+    _nodes: &[GpuNode],
+    second_admin: std::net::SocketAddr,
+) -> Result<()> {
+    {
+        // One writer, whichever took the Lease first.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (a, b) = writers(c, second_admin).await?;
+            if a + b == 1.0 {
+                break;
+            }
+            ensure!(Instant::now() < deadline, "writers: {a} + {b}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
 
         // A quota over team-g and team-g2, max 2: one GPU in each, and a third waits, with the
         // group's reason.
@@ -422,6 +464,40 @@ fn quotas_reclaim_by_eviction_respecting_budgets_and_group_quotas() {
             group["also"] == serde_json::json!(["team-g2"]) && group["resources"][0]["used"] == 2.0,
             "inspect shows the group and its use together: {group}"
         );
+
+        // The writer killed: the other replica takes the duty over within the Lease's duration,
+        // and evicts nothing twice (b2 stays, kept by its budget; b1 is gone).
+        let (first_writes, _) = writers(c, second_admin).await?;
+        if first_writes == 1.0 {
+            c.kill_extender()?;
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let (_, text) = http_get(second_admin, "/metrics").await?;
+                if metric_sum(&text, "gpu_extender_writer", &[]) == 1.0 {
+                    break;
+                }
+                ensure!(
+                    Instant::now() < deadline,
+                    "the second replica never took the Lease"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        } else {
+            // The second replica writes; the first takes over once it is gone (the caller
+            // stops it after this returns: checked by the first's gauge here).
+            eprintln!("  the second replica held the writer Lease");
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let served = c.kubectl(&["get", "--raw", "/metrics"]).await?;
+        let posts = metric_sum(
+            &served,
+            "apiserver_request_total",
+            &[("subresource", "eviction"), ("verb", "POST")],
+        );
+        ensure!(
+            posts == 3.0,
+            "an eviction repeated after the takeover: {posts}"
+        );
         Ok(())
-    });
+    }
 }

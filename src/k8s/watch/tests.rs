@@ -184,7 +184,8 @@ fn pods_come_and_go() {
         feed.state().rank(&key("p")),
         Some(crate::state::VictimRank {
             priority: 7,
-            created_s: 0
+            created_s: 0,
+            terminating: false,
         })
     );
     // A repeated event (a status update) changes nothing.
