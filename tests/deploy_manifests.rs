@@ -958,6 +958,9 @@ impl Plane {
             .arg("serve")
             .arg(format!("--config={}", config_file.display()))
             .arg(format!("--kubeconfig={}", kubeconfig_file.display()))
+            // In a pod the writer Lease's namespace is read from the service account's files;
+            // here the process runs outside one, as that account.
+            .arg(format!("--set=writerLease.namespace={namespace}"))
             .args(extra)
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().unwrap())
@@ -1132,6 +1135,23 @@ fn deploy_applies_to_a_real_api_server_and_its_scheduler_config_runs() {
             None,
         );
     }
+    // The writer Lease's namespaced Role (src/k8s/lease.rs), bound to the probe the same way.
+    for role in rendered.objects.iter().filter(|o| {
+        kind(o) == "Role" && label(o, "app.kubernetes.io/component") == Some("extender")
+    }) {
+        plane.kubectl_ok(
+            &[
+                "-n",
+                namespace(role),
+                "create",
+                "rolebinding",
+                &format!("{PROBE_ACCOUNT}-{}", name(role)),
+                &format!("--role={}", name(role)),
+                &format!("--serviceaccount={ns}:{PROBE_ACCOUNT}"),
+            ],
+            None,
+        );
+    }
     // The optional ElasticQuota CRD (deploy/quota/), installed for real: the API server must
     // accept it, and `auth can-i` only answers for resource types it serves.
     let quota = kustomize(&bins, "deploy/quota");
@@ -1161,7 +1181,17 @@ fn deploy_applies_to_a_real_api_server_and_its_scheduler_config_runs() {
             args.push(&sub);
         }
         let who = format!("--as={probe_user}");
-        args.extend(["--all-namespaces", &who]);
+        // The writer Lease is one named object in the extender's namespace.
+        let lease;
+        if permission.resource == "leases" {
+            if permission.verb != "create" {
+                lease = "leases/gpu-extender-writer".to_owned();
+                args[3] = lease.as_str();
+            }
+            args.extend(["-n", ns, &who]);
+        } else {
+            args.extend(["--all-namespaces", &who]);
+        }
         let out = plane.kubectl(&args, None);
         if text(&out.stdout).trim() != "yes" {
             denied.push(format!(
@@ -1173,7 +1203,7 @@ fn deploy_applies_to_a_real_api_server_and_its_scheduler_config_runs() {
     }
     assert!(
         denied.is_empty(),
-        "the extender's ClusterRole does not allow:\n  {}",
+        "the extender's ClusterRole (and its writer Lease's Role) do not allow:\n  {}",
         denied.join("\n  ")
     );
 

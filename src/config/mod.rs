@@ -131,6 +131,7 @@ pub const KEYS: &[&str] = &[
     "quota.reclaim.intervalSeconds",
     "quota.reclaim.coolDownSeconds",
     "limits.maxConcurrentRequests",
+    "limits.maxConcurrentAdminRequests",
     "estimator.listen",
     "estimator.cluster",
     "estimator.tls.certFile",
@@ -858,12 +859,16 @@ pub struct Limits {
     /// Extender requests served at once; more wait. Filter and prioritize come one at a time
     /// from kube-scheduler's loop, binds in parallel, so this mostly bounds binds.
     pub max_concurrent_requests: u32,
+    /// Admin requests (`/metrics`, `/inspect`, the web view) served at once; more are answered
+    /// 503 at once. The probes (`/healthz`, `/readyz`) are never counted or refused.
+    pub max_concurrent_admin_requests: u32,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Self {
             max_concurrent_requests: 256,
+            max_concurrent_admin_requests: 8,
         }
     }
 }

@@ -267,6 +267,14 @@ impl Config {
             ),
         );
         check(
+            (1..=1024).contains(&self.limits.max_concurrent_admin_requests),
+            "limits.maxConcurrentAdminRequests",
+            format!(
+                "{} is out of range 1..=1024",
+                self.limits.max_concurrent_admin_requests
+            ),
+        );
+        check(
             self.limits.max_concurrent_requests >= 1,
             "limits.maxConcurrentRequests",
             "must be at least 1".into(),

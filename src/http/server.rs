@@ -228,13 +228,53 @@ pub fn guarded_admin_router(state: AppState, auth: Arc<super::auth::AdminAuth>) 
 }
 
 fn admin_routes(state: AppState) -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
+    let limit = usize::try_from(state.config.limits.max_concurrent_admin_requests)
+        .unwrap_or(1)
+        .clamp(1, Semaphore::MAX_PERMITS);
+    let gate = Arc::new(AdminGate {
+        permits: Semaphore::new(limit),
+        limit,
+        metrics: state.metrics.clone(),
+    });
+    // The heavy pages behind the cap; the probes beside it, so a flood never fails them.
+    let heavy = Router::new()
         .route("/metrics", get(metrics))
         .route("/inspect", get(inspect_table))
         .merge(super::ui::routes())
+        .layer(axum::middleware::from_fn_with_state(gate, admit_admin));
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .merge(heavy)
         .with_state(state)
+}
+
+/// The admin port's cap (`limits.maxConcurrentAdminRequests`).
+#[derive(Debug)]
+struct AdminGate {
+    permits: Semaphore,
+    limit: usize,
+    metrics: Metrics,
+}
+
+/// Serves an admin request if a permit is free now, else 503 at once: a scrape or a page that
+/// waited would only pile up behind the renders already running.
+async fn admit_admin(State(gate): State<Arc<AdminGate>>, request: Request, next: Next) -> Response {
+    let Ok(permit) = gate.permits.try_acquire() else {
+        gate.metrics.admin_requests_shed.inc();
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "gpu-extender's admin port is serving its limit of {} requests \
+                 (limits.maxConcurrentAdminRequests); retry",
+                gate.limit
+            ),
+        )
+            .into_response();
+    };
+    let response = next.run(request).await;
+    drop(permit);
+    response
 }
 
 /// A request body kube-scheduler should never send: 400 with a message saying what is wrong.

@@ -61,6 +61,8 @@ pub struct Metrics {
     pub quota_reclaims: IntCounterVec,
     /// 1 while this replica holds the writer Lease (src/k8s/lease.rs).
     pub writer: IntGauge,
+    /// Admin requests refused at `limits.maxConcurrentAdminRequests`.
+    pub admin_requests_shed: IntCounter,
     /// Pods evicted by quota reclaims.
     pub quota_evictions: IntCounter,
     /// Scheduler-estimator calls by method and gRPC code (`OK`, `InvalidArgument`, ...).
@@ -219,6 +221,11 @@ impl Metrics {
             "1 while this replica holds the writer Lease and runs requeue and quota reclaim.",
         )?;
         register(&registry, &mut names, writer.clone())?;
+        let admin_requests_shed = IntCounter::new(
+            "gpu_extender_admin_requests_shed_total",
+            "Admin requests (/metrics, /inspect, the web view) answered 503 at limits.maxConcurrentAdminRequests.",
+        )?;
+        register(&registry, &mut names, admin_requests_shed.clone())?;
         // Pre-create the bounded label values so dashboards see zeros, not gaps.
         for verb in VERBS {
             request_duration.with_label_values(&[verb]);
@@ -256,6 +263,7 @@ impl Metrics {
             pod_events,
             quota_reclaims,
             writer,
+            admin_requests_shed,
             quota_evictions,
             estimator_requests,
             estimator_duration,
