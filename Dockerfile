@@ -13,7 +13,8 @@ ARG RUST_VERSION=1.95
 
 FROM rust:${RUST_VERSION}-bookworm AS builder
 # The commit the image is built from. The build context has no .git, so without it
-# `gpu-extender --version` and the gpu_extender_build_info metric say "unknown".
+# `gpu-extender --version` and the gpu_extender_build_info metric say "unknown". The RUN below
+# sees it as the variable SOURCE_COMMIT, which build.rs reads.
 ARG SOURCE_COMMIT=
 WORKDIR /build
 # Only what the build reads (see .dockerignore): the workspace manifest and lock file, the build
@@ -29,7 +30,6 @@ COPY crates ./crates
 # the lab (gpu-lab) or the test tooling.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/build/target \
-    GPU_EXTENDER_BUILD_COMMIT="$(printf %.12s "$SOURCE_COMMIT")" \
     cargo build --release --locked -p gpu-extender --bin gpu-extender \
     && install -D -m 0755 target/release/gpu-extender /out/gpu-extender
 

@@ -7,8 +7,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Set by a build that has no `.git` (the image build: the Dockerfile's `SOURCE_COMMIT`
-/// argument); it wins over what `git` says.
-const COMMIT_ENV: &str = "GPU_EXTENDER_BUILD_COMMIT";
+/// argument, which a `RUN` sees as a variable); it wins over what `git` says. Not prefixed
+/// `GPU_EXTENDER_`: the binary reads variables with that prefix as configuration, and cargo
+/// passes a build's variables on to `cargo run` and `cargo test`.
+const COMMIT_ENV: &str = "SOURCE_COMMIT";
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     stamp_identity();
@@ -28,15 +30,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// `GPU_EXTENDER_COMMIT` (the commit, 12 hex digits, or `unknown`) and `GPU_EXTENDER_RUSTC`
+/// `BUILD_INFO_COMMIT` (the commit, 12 hex digits, or `unknown`) and `BUILD_INFO_RUSTC`
 /// (`rustc --version`) for `env!`.
 fn stamp_identity() {
     println!("cargo:rerun-if-env-changed={COMMIT_ENV}");
     let commit = match std::env::var(COMMIT_ENV) {
-        Ok(commit) if !commit.trim().is_empty() => commit.trim().to_owned(),
+        Ok(commit) if !commit.trim().is_empty() => commit.trim().chars().take(12).collect(),
         _ => git_commit().unwrap_or_else(|| "unknown".to_owned()),
     };
-    println!("cargo:rustc-env=GPU_EXTENDER_COMMIT={commit}");
+    println!("cargo:rustc-env=BUILD_INFO_COMMIT={commit}");
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_owned());
     let version = Command::new(rustc)
         .arg("--version")
@@ -45,7 +47,7 @@ fn stamp_identity() {
         .filter(|output| output.status.success())
         .map(|output| String::from_utf8_lossy(&output.stdout).trim().to_owned())
         .unwrap_or_else(|| "unknown".to_owned());
-    println!("cargo:rustc-env=GPU_EXTENDER_RUSTC={version}");
+    println!("cargo:rustc-env=BUILD_INFO_RUSTC={version}");
 }
 
 /// The checkout's commit, and the files that change with it (so that a new commit restamps the

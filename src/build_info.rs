@@ -5,22 +5,22 @@
 /// The crate's version (`Cargo.toml`), which the chart's `appVersion` follows.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
-/// The commit, 12 hex digits: from `git` when built in a checkout, from the
-/// `GPU_EXTENDER_BUILD_COMMIT` variable when built without one (the image build sets it from the
-/// Dockerfile's `SOURCE_COMMIT` argument), else `unknown`.
-pub const COMMIT: &str = env!("GPU_EXTENDER_COMMIT");
+/// The commit, 12 hex digits: from the `SOURCE_COMMIT` variable when the build has it (the
+/// image build: the Dockerfile's argument of that name), else from `git` in a checkout, else
+/// `unknown`.
+pub const COMMIT: &str = env!("BUILD_INFO_COMMIT");
 
 /// `rustc --version` of the compiler that built it.
-pub const RUSTC: &str = env!("GPU_EXTENDER_RUSTC");
+pub const RUSTC: &str = env!("BUILD_INFO_RUSTC");
 
 /// What `gpu-extender --version` prints after the name: `0.1.0 (commit 0123456789ab, rustc
 /// 1.95.0 (...))`.
 pub const LONG_VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
     " (commit ",
-    env!("GPU_EXTENDER_COMMIT"),
+    env!("BUILD_INFO_COMMIT"),
     ", ",
-    env!("GPU_EXTENDER_RUSTC"),
+    env!("BUILD_INFO_RUSTC"),
     ")"
 );
 

@@ -69,7 +69,7 @@ fn the_service_compiles_from_exactly_the_image_build_context() {
             .arg("--target-dir")
             .arg(cache.join("target-image-context"))
             .env_remove("CARGO_TARGET_DIR")
-            .env("GPU_EXTENDER_BUILD_COMMIT", "0123456789ab")
+            .env("SOURCE_COMMIT", "0123456789ab")
             .env("CARGO_TERM_COLOR", "never")
             .stdin(Stdio::null())
             .output()

@@ -181,7 +181,13 @@ fn agent_reports_drive_placement_health_and_survive_the_agent() {
         let t4_line = explained
             .lines()
             .find(|l| l.starts_with("t4 "))
-            .with_context(|| format!("no t4 line in:\n{explained}"))?;
+            .with_context(|| {
+                format!(
+                    "no t4 line in:\n{explained}\n(explain exited {}: {})",
+                    output.status,
+                    String::from_utf8_lossy(&output.stderr)
+                )
+            })?;
         ensure!(
             t4_line.contains("1 of the 4 GPU(s) the pod may use are healthy, it needs 2"),
             "explain for t4: {t4_line}"

@@ -110,9 +110,15 @@ fn a_rolling_upgrade_reads_every_record_format_and_loses_nothing() {
             "the future-version pod holds {future:?}"
         );
         let metrics = c.metrics().await?;
+        let corrupt = metric_sum(&metrics, "gpu_extender_records_corrupt", &[]);
         ensure!(
-            metric_sum(&metrics, "gpu_extender_records_corrupt", &[]) == 1.0,
-            "records_corrupt is not 1"
+            corrupt == 1.0,
+            "records_corrupt is {corrupt}, not 1: {}",
+            metrics
+                .lines()
+                .filter(|l| l.contains("records_"))
+                .collect::<Vec<_>>()
+                .join("\n")
         );
 
         // New pods go only where the old ones are not.

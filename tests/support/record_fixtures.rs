@@ -52,6 +52,7 @@ pub fn fixture_pod(fixture: &Value, name: &str, uid: &str, node: &str, annotatio
         .replace("{{node}}", node);
     serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": "default", "uid": uid,
+                     "labels": fixture["labels"].as_object().cloned().unwrap_or_default(),
                      "annotations": {annotation: record}},
         "spec": {
             "nodeName": node,
