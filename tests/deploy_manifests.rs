@@ -2068,6 +2068,11 @@ fn helm_lint_passes_and_the_schema_refuses_bad_values() {
             "leaderElection:\n  enabled: false\n",
             "'/leaderElection/enabled': value must be true",
         ),
+        // The estimator on a load balancer open to every address.
+        (
+            "karmadaEstimator:\n  enabled: true\n  serviceType: LoadBalancer\n",
+            "'/karmadaEstimator/loadBalancerSourceRanges': minItems: got 0, want 1",
+        ),
     ];
     for (values, says) in bad {
         let file = scratch.join("values.yaml");

@@ -236,7 +236,12 @@ fn admin_routes(state: AppState) -> Router {
         limit,
         metrics: state.metrics.clone(),
     });
-    // The heavy pages behind the cap; the probes beside it, so a flood never fails them.
+    admin_routes_behind(state, gate)
+}
+
+/// [`admin_routes`] with the cap `gate`: the heavy pages behind it, the probes beside it, so a
+/// flood never fails them.
+fn admin_routes_behind(state: AppState, gate: Arc<AdminGate>) -> Router {
     let heavy = Router::new()
         .route("/metrics", get(metrics))
         .route("/inspect", get(inspect_table))
@@ -832,6 +837,82 @@ async fn inspect_table(State(state): State<AppState>) -> Response {
 mod tests {
     use super::*;
     use gpu_engine::Table;
+
+    /// At the cap, a further admin request is answered 503 at once; a freed permit serves the
+    /// next one.
+    #[tokio::test]
+    async fn the_admin_gate_refuses_at_its_cap_without_waiting() {
+        use tower::ServiceExt;
+        let gate = Arc::new(AdminGate {
+            permits: Semaphore::new(1),
+            limit: 1,
+            metrics: Metrics::new().unwrap(),
+        });
+        let release = Arc::new(tokio::sync::Notify::new());
+        let held = release.clone();
+        let app = Router::new()
+            .route(
+                "/slow",
+                get(move || {
+                    let held = held.clone();
+                    async move {
+                        held.notified().await;
+                        "done"
+                    }
+                }),
+            )
+            .route("/fast", get(|| async { "ok" }))
+            .layer(axum::middleware::from_fn_with_state(
+                gate.clone(),
+                admit_admin,
+            ));
+        let get_path = |path: &str| axum::http::Request::get(path).body(Body::empty()).unwrap();
+        let slow = tokio::spawn(app.clone().oneshot(get_path("/slow")));
+        // Let the slow request take the one permit.
+        while gate.permits.available_permits() > 0 {
+            tokio::task::yield_now().await;
+        }
+        let refused = app.clone().oneshot(get_path("/fast")).await.unwrap();
+        assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(gate.metrics.admin_requests_shed.get(), 1);
+        release.notify_one();
+        assert_eq!(slow.await.unwrap().unwrap().status(), StatusCode::OK);
+        let served = app.oneshot(get_path("/fast")).await.unwrap();
+        assert_eq!(served.status(), StatusCode::OK);
+    }
+
+    /// The probes are outside the cap: with every permit taken they still answer, while the
+    /// heavy pages are refused.
+    #[tokio::test]
+    async fn the_probes_answer_while_the_admin_cap_is_full() {
+        use tower::ServiceExt;
+        let state = AppState::new(
+            Arc::new(ClusterState::new(20)),
+            Arc::new(Config::default()),
+            Metrics::new().unwrap(),
+        );
+        state.cluster.set_ready();
+        let gate = Arc::new(AdminGate {
+            permits: Semaphore::new(1),
+            limit: 1,
+            metrics: state.metrics.clone(),
+        });
+        let app = admin_routes_behind(state, gate.clone());
+        let _taken = gate.permits.try_acquire().unwrap();
+        let status = |path: &'static str| {
+            let app = app.clone();
+            async move {
+                app.oneshot(axum::http::Request::get(path).body(Body::empty()).unwrap())
+                    .await
+                    .unwrap()
+                    .status()
+            }
+        };
+        assert_eq!(status("/healthz").await, StatusCode::OK);
+        assert_eq!(status("/readyz").await, StatusCode::OK);
+        assert_eq!(status("/metrics").await, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(status("/inspect").await, StatusCode::SERVICE_UNAVAILABLE);
+    }
 
     /// Filter's answer to `body`, as the handler encodes it.
     fn filter_text(state: &AppState, body: &Bytes) -> String {

@@ -279,36 +279,67 @@ fn quotas_reclaim_by_eviction_respecting_budgets_and_group_quotas() {
             start: 1,
         })
         .await?;
-        let outcome = reclaim_with_two_replicas(c, &nodes, second_admin).await;
+        let outcome = reclaim_with_two_replicas(c, &mut second, second_admin).await;
         second.kill().ok();
         second.wait().ok();
         outcome
     });
 }
 
-/// Writers among the two replicas: the first's and the second's `gpu_extender_writer`.
-async fn writers(c: &crate::harness::Cluster, second: std::net::SocketAddr) -> Result<(f64, f64)> {
-    let first = metric_sum(&c.metrics().await?, "gpu_extender_writer", &[]);
-    let (_, text) = http_get(second, "/metrics").await?;
-    Ok((first, metric_sum(&text, "gpu_extender_writer", &[])))
+/// `gpu_extender_writer` of the replica whose admin port is `admin`.
+async fn writer_gauge(admin: std::net::SocketAddr) -> Result<f64> {
+    let (_, text) = http_get(admin, "/metrics").await?;
+    Ok(metric_sum(&text, "gpu_extender_writer", &[]))
+}
+
+/// Polls until `done` holds of the first and second replica's writer gauges (a replica that no
+/// longer answers reads 0).
+async fn wait_writers(
+    c: &crate::harness::Cluster,
+    second: std::net::SocketAddr,
+    what: &str,
+    done: impl Fn(f64, f64) -> bool,
+) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let first = writer_gauge(c.admin_addr).await.unwrap_or(0.0);
+        let second = writer_gauge(second).await.unwrap_or(0.0);
+        if done(first, second) {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{what}: writers {first} and {second}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Eviction requests kube-apiserver has served (dry runs included).
+async fn eviction_posts(c: &crate::harness::Cluster) -> Result<(f64, Vec<String>)> {
+    let served = c.kubectl(&["get", "--raw", "/metrics"]).await?;
+    let lines = served
+        .lines()
+        .filter(|l| {
+            l.starts_with("apiserver_request_total{") && l.contains(r#"subresource="eviction""#)
+        })
+        .map(str::to_owned)
+        .collect();
+    let posts = metric_sum(
+        &served,
+        "apiserver_request_total",
+        &[("subresource", "eviction"), ("verb", "POST")],
+    );
+    Ok((posts, lines))
 }
 
 async fn reclaim_with_two_replicas(
     c: &mut crate::harness::Cluster,
-    _nodes: &[GpuNode],
+    second: &mut std::process::Child,
     second_admin: std::net::SocketAddr,
 ) -> Result<()> {
     {
-        // One writer, whichever took the Lease first.
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let (a, b) = writers(c, second_admin).await?;
-            if a + b == 1.0 {
-                break;
-            }
-            ensure!(Instant::now() < deadline, "writers: {a} + {b}");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        wait_writers(c, second_admin, "one writer", |a, b| a + b == 1.0).await?;
 
         // A quota over team-g and team-g2, max 2: one GPU in each, and a third waits, with the
         // group's reason.
@@ -436,19 +467,8 @@ async fn reclaim_with_two_replicas(
         reclaim_event(&c.client, "team-a", "team-b/b1").await?;
         // The API calls of the reclaim, as kube-apiserver counts them (only the extender evicts
         // here): a dry run refused by the budget, then a dry run and the eviction.
-        let served = c.kubectl(&["get", "--raw", "/metrics"]).await?;
-        let evictions: Vec<&str> = served
-            .lines()
-            .filter(|l| {
-                l.starts_with("apiserver_request_total{") && l.contains(r#"subresource="eviction""#)
-            })
-            .collect();
+        let (posts, evictions) = eviction_posts(c).await?;
         eprintln!("  evictions served: {evictions:#?}");
-        let posts = metric_sum(
-            &served,
-            "apiserver_request_total",
-            &[("subresource", "eviction"), ("verb", "POST")],
-        );
         ensure!(
             posts == 3.0,
             "three eviction requests (two dry runs, one eviction): {evictions:?}"
@@ -467,33 +487,15 @@ async fn reclaim_with_two_replicas(
 
         // The writer killed: the other replica takes the duty over within the Lease's duration,
         // and evicts nothing twice (b2 stays, kept by its budget; b1 is gone).
-        let (first_writes, _) = writers(c, second_admin).await?;
-        if first_writes == 1.0 {
+        if writer_gauge(c.admin_addr).await? == 1.0 {
             c.kill_extender()?;
-            let deadline = Instant::now() + Duration::from_secs(30);
-            loop {
-                let (_, text) = http_get(second_admin, "/metrics").await?;
-                if metric_sum(&text, "gpu_extender_writer", &[]) == 1.0 {
-                    break;
-                }
-                ensure!(
-                    Instant::now() < deadline,
-                    "the second replica never took the Lease"
-                );
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
+            wait_writers(c, second_admin, "the second takes over", |_, b| b == 1.0).await?;
         } else {
-            // The second replica writes; the first takes over once it is gone (the caller
-            // stops it after this returns: checked by the first's gauge here).
-            eprintln!("  the second replica held the writer Lease");
+            second.kill().ok();
+            second.wait().ok();
+            wait_writers(c, second_admin, "the first takes over", |a, _| a == 1.0).await?;
         }
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        let served = c.kubectl(&["get", "--raw", "/metrics"]).await?;
-        let posts = metric_sum(
-            &served,
-            "apiserver_request_total",
-            &[("subresource", "eviction"), ("verb", "POST")],
-        );
+        let (posts, _) = eviction_posts(c).await?;
         ensure!(
             posts == 3.0,
             "an eviction repeated after the takeover: {posts}"

@@ -501,6 +501,27 @@ impl PartialEq for Table {
 
 fn node_violations(node: &NodeState, max_shares_per_gpu: u16) -> Vec<String> {
     let name = &node.spec.name;
+    let mut violations = per_gpu_violations(node, max_shares_per_gpu);
+    if node.cpu_used > node.spec.cpu {
+        violations.push(format!("node {name}: CPU over-committed"));
+    }
+    if node.mem_used > node.spec.memory {
+        violations.push(format!("node {name}: memory over-committed"));
+    }
+    violations.extend(dangling_holds(node));
+    violations
+}
+
+/// The GPU part of [`node_violations`]: CPU and memory come from the pods' own requests, which
+/// a node may over-commit without any GPU being handed out twice.
+fn gpu_violations(node: &NodeState, max_shares_per_gpu: u16) -> Vec<String> {
+    let mut violations = per_gpu_violations(node, max_shares_per_gpu);
+    violations.extend(dangling_holds(node));
+    violations
+}
+
+fn per_gpu_violations(node: &NodeState, max_shares_per_gpu: u16) -> Vec<String> {
+    let name = &node.spec.name;
     let mut violations = Vec::new();
     for (gpu, usage) in node.spec.gpus.iter().zip(&node.gpus) {
         let index = gpu.index.0;
@@ -524,30 +545,16 @@ fn node_violations(node: &NodeState, max_shares_per_gpu: u16) -> Vec<String> {
             ));
         }
     }
-    if node.cpu_used > node.spec.cpu {
-        violations.push(format!("node {name}: CPU over-committed"));
-    }
-    if node.mem_used > node.spec.memory {
-        violations.push(format!("node {name}: memory over-committed"));
-    }
-    if node.dangling_holds > 0 {
-        violations.push(format!(
-            "node {name}: {} holds on GPUs it no longer has",
-            node.dangling_holds
-        ));
-    }
     violations
 }
 
-/// [`node_violations`] of the GPUs alone: CPU and memory come from the pods' own requests,
-/// which a node may over-commit without any GPU being handed out twice.
-fn gpu_violations(node: &NodeState, max_shares_per_gpu: u16) -> Vec<String> {
-    let mut violations = node_violations(node, max_shares_per_gpu);
-    violations.retain(|v| {
-        !v.ends_with(": CPU over-committed") && !v.ends_with(": memory over-committed")
-            || v.contains(" GPU ")
-    });
-    violations
+fn dangling_holds(node: &NodeState) -> Option<String> {
+    (node.dangling_holds > 0).then(|| {
+        format!(
+            "node {}: {} holds on GPUs it no longer has",
+            node.spec.name, node.dangling_holds
+        )
+    })
 }
 
 /// Removes `map`'s entry for `key` if it is `last`, the final holder of an interned value
