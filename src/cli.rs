@@ -57,7 +57,8 @@ pub struct InspectArgs {
     #[arg(long, value_name = "URL")]
     pub from: Option<String>,
     /// With --from: a bearer token for the admin listener, which answers `/inspect` only to a
-    /// user allowed `get` on it (server.adminAuth.paths), e.g. "$(kubectl create token NAME)".
+    /// user allowed `get` on it (server.adminAuth.paths) and a token issued for one of
+    /// server.adminAuth.audiences, e.g. "$(kubectl create token NAME --audience gpu-extender)".
     #[arg(
         long,
         value_name = "TOKEN",

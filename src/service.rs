@@ -18,6 +18,7 @@ use tracing::info;
 use crate::config::{ConfigFlags, ServeFlags};
 use crate::estimator::{self, EstimatorService, KubeWorkloads};
 use crate::http::auth::{AdminAuth, KubeReview};
+use crate::http::listen::{self, DoorLimits};
 use crate::http::server::{AppState, admin_router, guarded_admin_router, guarded_router, no_delay};
 use crate::http::tls;
 use crate::k8s::api::{KubeApi, kube_client, kube_client_without_retries};
@@ -55,6 +56,14 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .as_ref()
         .map(|files| {
             Ok::<_, anyhow::Error>((tls::Reloader::load(files, tls::Served::Extender)?, files))
+        })
+        .transpose()?;
+    let admin_tls = config
+        .server
+        .admin_tls
+        .as_ref()
+        .map(|files| {
+            Ok::<_, anyhow::Error>((tls::Reloader::load(files, tls::Served::Admin)?, files))
         })
         .transpose()?;
     let estimator_tls = config
@@ -150,11 +159,17 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let mut metered = MeteredBinder::new(binder, metrics.clone(), epoch, budget);
     let admin_auth = &config.server.admin_auth;
     let auth = (!admin_auth.paths.is_empty()).then(|| {
-        Arc::new(AdminAuth::new(
-            admin_auth.paths.clone(),
-            Duration::from_secs(admin_auth.cache_ttl_seconds),
-            Arc::new(KubeReview::new(client.clone())),
-        ))
+        Arc::new(
+            AdminAuth::new(
+                admin_auth.paths.clone(),
+                Duration::from_secs(admin_auth.cache_ttl_seconds),
+                Arc::new(KubeReview::new(
+                    client.clone(),
+                    admin_auth.audiences.clone(),
+                )),
+            )
+            .with_failure_limit(admin_auth.failed_tokens_per_minute, metrics.clone()),
+        )
     });
     if config.bind.events {
         metered = metered.with_events(Arc::new(KubeEvents::new(client.clone(), metrics.clone())));
@@ -200,25 +215,28 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         scheme = if tls.is_some() { "https" } else { "http" },
         prefix = %config.server.url_prefix,
         admin = %config.server.admin_listen,
+        admin_scheme = if admin_tls.is_some() { "https" } else { "http" },
         policy = config.policy.scoring.as_str(),
         "gpu-extender serving"
     );
     let shutdown = shutdown_signal();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(());
     let stop_extender = wait_for(stop_rx.clone());
+    let limits = DoorLimits::of(&config);
     let extender_server: BoxFuture<'static, std::io::Result<()>> = match tls {
-        None => axum::serve(extender_listener.tap_io(no_delay), extender)
-            .with_graceful_shutdown(stop_extender)
-            .into_future()
-            .boxed(),
+        None => listen::serve(
+            extender_listener.tap_io(no_delay),
+            extender,
+            limits,
+            "server.listen",
+            stop_extender,
+        )
+        .boxed(),
         Some((reloader, files)) => {
             let interval = Duration::from_secs(files.reload_interval_seconds);
             let listener = tls::TlsListener::new(extender_listener, reloader, interval)
                 .context("serving TLS on server.listen")?;
-            axum::serve(listener, extender)
-                .with_graceful_shutdown(stop_extender)
-                .into_future()
-                .boxed()
+            listen::serve(listener, extender, limits, "server.listen", stop_extender).boxed()
         }
     };
     let estimator_server = match (estimator_listener, estimator_tls) {
@@ -247,7 +265,23 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             )))
         }
     };
-    let admin_server = axum::serve(admin_listener, admin).with_graceful_shutdown(wait_for(stop_rx));
+    let stop_admin = wait_for(stop_rx);
+    let admin_server: BoxFuture<'static, std::io::Result<()>> = match admin_tls {
+        None => listen::serve(
+            admin_listener,
+            admin,
+            limits,
+            "server.adminListen",
+            stop_admin,
+        )
+        .boxed(),
+        Some((reloader, files)) => {
+            let interval = Duration::from_secs(files.reload_interval_seconds);
+            let listener = tls::TlsListener::new(admin_listener, reloader, interval)
+                .context("serving TLS on server.adminListen")?;
+            listen::serve(listener, admin, limits, "server.adminListen", stop_admin).boxed()
+        }
+    };
     let servers = tokio::spawn(async move { tokio::try_join!(extender_server, admin_server) });
     shutdown.await;
     info!("shutting down: draining requests");

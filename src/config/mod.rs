@@ -42,7 +42,7 @@ mod tests;
 mod validate;
 
 pub use flags::{ConfigFlags, ServeFlags, set_overrides};
-pub use names::{is_dns_label, is_extended_resource_name, is_qualified_name};
+pub use names::{is_dns_label, is_dns_subdomain, is_extended_resource_name, is_qualified_name};
 pub use sources::{env_overrides, env_var_name, env_vars, parse_override};
 
 /// The prefix of every environment variable this module reads.
@@ -115,8 +115,18 @@ pub const KEYS: &[&str] = &[
     "server.tls.keyFile",
     "server.tls.clientCaFile",
     "server.tls.reloadIntervalSeconds",
+    "server.tls.allowedClientNames",
+    "server.allowUnauthenticatedVerbs",
+    "server.schedulerNames",
+    "server.adminTls.certFile",
+    "server.adminTls.keyFile",
+    "server.adminTls.clientCaFile",
+    "server.adminTls.reloadIntervalSeconds",
+    "server.adminTls.allowedClientNames",
     "server.adminAuth.paths",
     "server.adminAuth.cacheTtlSeconds",
+    "server.adminAuth.audiences",
+    "server.adminAuth.failedTokensPerMinute",
     "server.requestTimeoutMs",
     "bind.reservationTtlSeconds",
     "bind.events",
@@ -132,12 +142,18 @@ pub const KEYS: &[&str] = &[
     "quota.reclaim.coolDownSeconds",
     "limits.maxConcurrentRequests",
     "limits.maxConcurrentAdminRequests",
+    "limits.maxConnections",
+    "limits.headerReadTimeoutMs",
+    "limits.bodyReadTimeoutMs",
+    "limits.maxBufferedBodyBytes",
+    "limits.metricsRenderIntervalMs",
     "estimator.listen",
     "estimator.cluster",
     "estimator.tls.certFile",
     "estimator.tls.keyFile",
     "estimator.tls.clientCaFile",
     "estimator.tls.reloadIntervalSeconds",
+    "estimator.tls.allowedClientNames",
 ];
 
 /// Why the configuration could not be loaded. Messages name the file, variable or key at fault.
@@ -646,13 +662,26 @@ pub struct ServerConfig {
     pub url_prefix: String,
     /// healthz, readyz, metrics and inspect.
     pub admin_listen: SocketAddr,
-    /// The largest request body accepted. The default holds 500 full Node objects (what
-    /// `nodeCacheCapable: false` sends) with room to spare.
+    /// The largest request body accepted. The default is sized for `nodeCacheCapable: true`
+    /// (what the shipped scheduler configurations set): a pod, at most etcd's 1.5 MiB, plus
+    /// node names, or preempt's victims by UID, for thousands of nodes. `nodeCacheCapable:
+    /// false` sends whole Node objects, about 10 KiB each: raise it to match.
     pub body_limit_bytes: u64,
-    /// Serve the extender listener over TLS with this certificate and key (the admin listener
-    /// stays plain HTTP).
+    /// Serve the extender listener over TLS with this certificate and key.
     pub tls: Option<TlsConfig>,
-    /// Give up on one request after this long; below kube-scheduler's `httpTimeout`.
+    /// Let a `listen` address off loopback serve the verbs without client certificates
+    /// (`tls.clientCaFile`). Off: such a configuration is refused at start, since anyone who
+    /// reaches the port could then bind pods.
+    pub allow_unauthenticated_verbs: bool,
+    /// The `spec.schedulerName`s whose pods bind may bind; a bind for any other pod is refused.
+    /// Empty: any.
+    pub scheduler_names: Vec<String>,
+    /// Serve the admin listener over TLS with these files (the bearer tokens of `adminAuth`
+    /// then never cross the network in clear text).
+    pub admin_tls: Option<TlsConfig>,
+    /// The verbs' budget: a request that waits this long for a turn at
+    /// `limits.maxConcurrentRequests` is answered 503, and bind gives up on the API server
+    /// after this long. Below kube-scheduler's `httpTimeout`.
     pub request_timeout_ms: u64,
     /// Which admin paths need a Kubernetes identity allowed to read them.
     pub admin_auth: AdminAuthConfig,
@@ -667,6 +696,13 @@ pub struct AdminAuthConfig {
     pub paths: Vec<String>,
     /// How long a review's outcome is reused for the same token and path (0: never).
     pub cache_ttl_seconds: u64,
+    /// The audiences a token must be issued for (TokenReview's `spec.audiences`), so a token
+    /// minted for another service (the API server's own, a cloud's) does not replay here.
+    /// Empty: the API server's own audiences.
+    pub audiences: Vec<String>,
+    /// Tokens the API server refused, per client address per minute, before that address is
+    /// answered 429 without a review for the rest of the minute (0: no limit).
+    pub failed_tokens_per_minute: u32,
 }
 
 /// The admin paths [`AdminAuthConfig::paths`] may name.
@@ -679,6 +715,8 @@ impl Default for AdminAuthConfig {
         Self {
             paths: vec!["/inspect".into(), "/ui/data".into()],
             cache_ttl_seconds: 10,
+            audiences: vec!["gpu-extender".into()],
+            failed_tokens_per_minute: 10,
         }
     }
 }
@@ -689,8 +727,11 @@ impl Default for ServerConfig {
             listen: SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 8888)),
             url_prefix: "/scheduler".into(),
             admin_listen: SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 9090)),
-            body_limit_bytes: 64 * 1024 * 1024,
+            body_limit_bytes: 8 * 1024 * 1024,
             tls: None,
+            allow_unauthenticated_verbs: false,
+            scheduler_names: Vec::new(),
+            admin_tls: None,
             request_timeout_ms: 2000,
             admin_auth: AdminAuthConfig::default(),
         }
@@ -711,6 +752,10 @@ pub struct TlsConfig {
     pub client_ca_file: Option<PathBuf>,
     /// How often the files are read again; a change is served to new connections.
     pub reload_interval_seconds: u64,
+    /// With `clientCaFile`: the names (DNS or IP subjectAltNames) a client certificate must be
+    /// valid for, any one of them; a certificate the CA signed for another name is refused.
+    /// Empty: any certificate the CA signed.
+    pub allowed_client_names: Vec<String>,
 }
 
 impl Default for TlsConfig {
@@ -720,6 +765,7 @@ impl Default for TlsConfig {
             key_file: PathBuf::new(),
             client_ca_file: None,
             reload_interval_seconds: 10,
+            allowed_client_names: Vec::new(),
         }
     }
 }
@@ -862,6 +908,22 @@ pub struct Limits {
     /// Admin requests (`/metrics`, `/inspect`, the web view) served at once; more are answered
     /// 503 at once. The probes (`/healthz`, `/readyz`) are never counted or refused.
     pub max_concurrent_admin_requests: u32,
+    /// Open connections per listener (verbs, admin); further clients wait in the kernel's
+    /// accept queue until one closes.
+    pub max_connections: u32,
+    /// An HTTP/1 client that has not sent a request's headers this long after it started (or
+    /// after the connection went idle) is disconnected.
+    pub header_read_timeout_ms: u64,
+    /// A request whose body has not arrived whole this long after its headers is answered 408.
+    /// Bodies are read before a request waits for its turn, so a slow sender holds no turn.
+    pub body_read_timeout_ms: u64,
+    /// Request bytes held at once across every request being read or served; a body that
+    /// would pass it waits (within `bodyReadTimeoutMs`), so memory stays bounded whatever the
+    /// number of clients.
+    pub max_buffered_body_bytes: u64,
+    /// `/metrics` is rendered at most once per this interval; scrapes within it get the same
+    /// text (0: every scrape renders, one render at a time).
+    pub metrics_render_interval_ms: u64,
 }
 
 impl Default for Limits {
@@ -869,6 +931,11 @@ impl Default for Limits {
         Self {
             max_concurrent_requests: 256,
             max_concurrent_admin_requests: 8,
+            max_connections: 1024,
+            header_read_timeout_ms: 5000,
+            body_read_timeout_ms: 5000,
+            max_buffered_body_bytes: 256 * 1024 * 1024,
+            metrics_render_interval_ms: 5000,
         }
     }
 }

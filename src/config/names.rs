@@ -18,7 +18,9 @@ pub fn is_qualified_name(key: &str) -> bool {
     name_ok && prefix.is_none_or(is_dns_subdomain)
 }
 
-fn is_dns_subdomain(s: &str) -> bool {
+/// A DNS-1123 subdomain (a scheduler's name, a qualified name's prefix): dot-separated labels of
+/// lower-case alphanumerics and `-`, at most 253 in all.
+pub fn is_dns_subdomain(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 253
         && s.split('.').all(|label| {

@@ -43,7 +43,7 @@ fn defaults_are_the_documented_names_and_valid() {
     assert_eq!(cfg.server.listen.to_string(), "127.0.0.1:8888");
     assert_eq!(cfg.server.admin_listen.to_string(), "0.0.0.0:9090");
     assert_eq!(cfg.server.url_prefix, "/scheduler");
-    assert_eq!(cfg.server.body_limit_bytes, 64 << 20);
+    assert_eq!(cfg.server.body_limit_bytes, 8 << 20);
     assert_eq!(cfg.server.request_timeout_ms, 2000);
     assert_eq!(cfg.bind.reservation_ttl_seconds, 120);
     assert_eq!(cfg.reservation_ttl_ms(), 120_000);
@@ -95,6 +95,7 @@ server:
   adminListen: 127.0.0.1:9091
   bodyLimitBytes: 1048576
   tls: {certFile: /tls/tls.crt, keyFile: /tls/tls.key}
+  allowUnauthenticatedVerbs: true
   requestTimeoutMs: 1500
 bind:
   reservationTtlSeconds: 30
@@ -378,6 +379,7 @@ fn every_key_has_an_env_var_and_exists_in_the_schema() {
         ..TlsConfig::default()
     });
     cfg.server.tls.clone_from(&tls);
+    cfg.server.admin_tls.clone_from(&tls);
     cfg.estimator.tls = tls;
     let tree = serde_yaml_ng::to_value(&cfg).unwrap();
     for key in KEYS {
@@ -426,6 +428,7 @@ fn flags_become_overrides() {
         set: vec![
             "policy.scoring=fgd".into(),
             "policy.typicalPods.learn=true".into(),
+            "server.allowUnauthenticatedVerbs=true".into(),
         ],
         ..ConfigFlags::default()
     };
@@ -504,4 +507,88 @@ fn name_checks() {
     assert!(is_extended_resource_name("nvidia.com/gpu"));
     assert!(!is_extended_resource_name("gpu"));
     assert!(!is_extended_resource_name("kubernetes.io/gpu"));
+}
+
+#[test]
+fn verbs_off_loopback_need_client_certificates_or_an_explicit_opt_out() {
+    let refused = from_yaml("server: {listen: 0.0.0.0:8888}")
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("server.listen"), "{refused}");
+    assert!(refused.contains("clientCaFile"), "{refused}");
+    assert!(refused.contains("allowUnauthenticatedVerbs"), "{refused}");
+    // TLS without client certificates is still anyone's.
+    assert!(from_yaml("server: {listen: 0.0.0.0:8888, tls: {certFile: /c, keyFile: /k}}").is_err());
+    assert!(
+        from_yaml(
+            "server: {listen: 0.0.0.0:8888, tls: {certFile: /c, keyFile: /k, clientCaFile: /ca}}"
+        )
+        .is_ok()
+    );
+    assert!(from_yaml("server: {listen: 0.0.0.0:8888, allowUnauthenticatedVerbs: true}").is_ok());
+    assert!(
+        from_yaml("server: {listen: '[::1]:8888'}").is_ok(),
+        "loopback"
+    );
+}
+
+#[test]
+fn pinned_client_names_need_a_client_ca_and_must_be_names() {
+    let no_ca = from_yaml(
+        "server: {adminTls: {certFile: /c, keyFile: /k, allowedClientNames: [kube-scheduler]}}",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        no_ca.contains("server.adminTls.allowedClientNames: needs clientCaFile"),
+        "{no_ca}"
+    );
+    let garbage = from_yaml(
+        "server: {tls: {certFile: /c, keyFile: /k, clientCaFile: /ca, allowedClientNames: ['not a name']}}",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        garbage.contains("neither a DNS name nor an IP address"),
+        "{garbage}"
+    );
+    let cfg = from_yaml(
+        "server: {tls: {certFile: /c, keyFile: /k, clientCaFile: /ca, allowedClientNames: [kube-scheduler.gpu-extender.svc, 10.0.0.1]}}",
+    )
+    .unwrap();
+    assert_eq!(
+        cfg.server.tls.map(|t| t.allowed_client_names.len()),
+        Some(2)
+    );
+}
+
+#[test]
+fn door_limits_are_checked() {
+    for (yaml, key) in [
+        ("limits: {maxConnections: 0}", "limits.maxConnections"),
+        (
+            "limits: {headerReadTimeoutMs: 10}",
+            "limits.headerReadTimeoutMs",
+        ),
+        ("limits: {bodyReadTimeoutMs: 0}", "limits.bodyReadTimeoutMs"),
+        (
+            "limits: {maxBufferedBodyBytes: 1024}",
+            "limits.maxBufferedBodyBytes",
+        ),
+        (
+            "limits: {metricsRenderIntervalMs: 3600000}",
+            "limits.metricsRenderIntervalMs",
+        ),
+        (
+            "server: {schedulerNames: [Not_A_Name]}",
+            "server.schedulerNames",
+        ),
+        (
+            "server: {adminAuth: {audiences: ['']}}",
+            "server.adminAuth.audiences",
+        ),
+    ] {
+        let error = from_yaml(yaml).unwrap_err().to_string();
+        assert!(error.contains(key), "{yaml}: {error}");
+    }
 }

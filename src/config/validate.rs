@@ -6,7 +6,8 @@ use std::collections::BTreeSet;
 use gpu_engine::ModelPattern;
 
 use super::{
-    ADMIN_PATHS, Config, ConfigError, is_dns_label, is_extended_resource_name, is_qualified_name,
+    ADMIN_PATHS, Config, ConfigError, is_dns_label, is_dns_subdomain, is_extended_resource_name,
+    is_qualified_name,
 };
 
 impl Config {
@@ -157,8 +158,44 @@ impl Config {
             "server.requestTimeoutMs",
             format!("{} is out of range 1..=600000", s.request_timeout_ms),
         );
+        check(
+            s.listen.ip().is_loopback()
+                || s.allow_unauthenticated_verbs
+                || s.tls.as_ref().is_some_and(|t| t.client_ca_file.is_some()),
+            "server.listen",
+            format!(
+                "{} is off loopback, so anyone who reaches it could bind pods: serve it with \
+                 server.tls and server.tls.clientCaFile (kube-scheduler then presents a client \
+                 certificate), or set server.allowUnauthenticatedVerbs: true where something \
+                 else guards the port",
+                s.listen
+            ),
+        );
+        for name in &s.scheduler_names {
+            check(
+                is_dns_subdomain(name),
+                "server.schedulerNames",
+                format!("{name:?} is not a scheduler name (a DNS-1123 subdomain)"),
+            );
+        }
+        for audience in &s.admin_auth.audiences {
+            check(
+                !audience.trim().is_empty(),
+                "server.adminAuth.audiences",
+                "an audience must not be empty".into(),
+            );
+        }
+        check(
+            s.admin_auth.failed_tokens_per_minute <= 10_000,
+            "server.adminAuth.failedTokensPerMinute",
+            format!(
+                "{} is out of range 0..=10000",
+                s.admin_auth.failed_tokens_per_minute
+            ),
+        );
         for (section, tls) in [
             ("server.tls", &s.tls),
+            ("server.adminTls", &s.admin_tls),
             ("estimator.tls", &self.estimator.tls),
         ] {
             let Some(tls) = tls else { continue };
@@ -184,6 +221,18 @@ impl Config {
                 &format!("{section}.reloadIntervalSeconds"),
                 format!("{} is out of range 1..=3600", tls.reload_interval_seconds),
             );
+            check(
+                tls.allowed_client_names.is_empty() || tls.client_ca_file.is_some(),
+                &format!("{section}.allowedClientNames"),
+                "needs clientCaFile: without it clients present no certificate to check".into(),
+            );
+            for name in &tls.allowed_client_names {
+                check(
+                    rustls::pki_types::ServerName::try_from(name.as_str()).is_ok(),
+                    &format!("{section}.allowedClientNames"),
+                    format!("{name:?} is neither a DNS name nor an IP address"),
+                );
+            }
         }
         for path in &s.admin_auth.paths {
             check(
@@ -278,6 +327,38 @@ impl Config {
             self.limits.max_concurrent_requests >= 1,
             "limits.maxConcurrentRequests",
             "must be at least 1".into(),
+        );
+        let limits = &self.limits;
+        check(
+            (1..=65_536).contains(&limits.max_connections),
+            "limits.maxConnections",
+            format!("{} is out of range 1..=65536", limits.max_connections),
+        );
+        for (key, millis) in [
+            ("limits.headerReadTimeoutMs", limits.header_read_timeout_ms),
+            ("limits.bodyReadTimeoutMs", limits.body_read_timeout_ms),
+        ] {
+            check(
+                (100..=600_000).contains(&millis),
+                key,
+                format!("{millis} is out of range 100..=600000"),
+            );
+        }
+        check(
+            limits.max_buffered_body_bytes >= s.body_limit_bytes,
+            "limits.maxBufferedBodyBytes",
+            format!(
+                "{} is below server.bodyLimitBytes ({}): the largest body could never be read",
+                limits.max_buffered_body_bytes, s.body_limit_bytes
+            ),
+        );
+        check(
+            limits.metrics_render_interval_ms <= 600_000,
+            "limits.metricsRenderIntervalMs",
+            format!(
+                "{} is out of range 0..=600000",
+                limits.metrics_render_interval_ms
+            ),
         );
 
         if problems.is_empty() {

@@ -9,12 +9,19 @@
 //! path, so a scraper polling every few seconds costs the API server two reviews per interval,
 //! not two per request. A review that fails (the API server unreachable) is answered 503 and
 //! not kept.
+//!
+//! Tokens are reviewed for an audience (`server.adminAuth.audiences`, `gpu-extender` by
+//! default), so a token issued to some other service, which that service could replay, is not
+//! accepted here. A client address whose tokens the API server refused
+//! `server.adminAuth.failedTokensPerMinute` times in a minute is answered 429 without a review
+//! until the minute is over: guessing tokens costs the guesser, not the API server.
 
 use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::extract::{Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -27,6 +34,8 @@ use kube::Api;
 use kube::api::PostParams;
 use parking_lot::Mutex;
 use tracing::{debug, warn};
+
+use crate::telemetry::Metrics;
 
 /// What a review decided for one token and path.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,6 +61,8 @@ pub trait Review: Send + Sync {
 #[derive(Clone)]
 pub struct KubeReview {
     client: kube::Client,
+    /// The audiences a token must be for; empty: the API server's own.
+    audiences: Vec<String>,
 }
 
 impl std::fmt::Debug for KubeReview {
@@ -61,8 +72,10 @@ impl std::fmt::Debug for KubeReview {
 }
 
 impl KubeReview {
-    pub fn new(client: kube::Client) -> Self {
-        Self { client }
+    /// Reviews through `client`, accepting tokens issued for one of `audiences` (empty: the
+    /// API server's own audiences).
+    pub fn new(client: kube::Client, audiences: Vec<String>) -> Self {
+        Self { client, audiences }
     }
 
     async fn ask(&self, token: &str, path: &str) -> Result<Verdict, String> {
@@ -70,7 +83,7 @@ impl KubeReview {
         let review = TokenReview {
             spec: TokenReviewSpec {
                 token: Some(token.to_owned()),
-                audiences: None,
+                audiences: (!self.audiences.is_empty()).then(|| self.audiences.clone()),
             },
             ..TokenReview::default()
         };
@@ -89,6 +102,11 @@ impl KubeReview {
                 ));
             }
         };
+        // An authenticator that does not know audiences answers without them: such a token
+        // was not checked to be ours, so it is refused (as kube-rbac-proxy does).
+        if let Some(refusal) = audience_refusal(&self.audiences, status.audiences.as_deref()) {
+            return Ok(Verdict::Unauthenticated(refusal));
+        }
         let name = user.username.clone().unwrap_or_default();
         let access: Api<SubjectAccessReview> = Api::all(self.client.clone());
         let review = SubjectAccessReview {
@@ -135,8 +153,73 @@ impl Review for KubeReview {
     }
 }
 
+/// Why a token the API server accepted is not for us: `wanted` audiences were asked and the
+/// review's `granted` ones share none of them.
+fn audience_refusal(wanted: &[String], granted: Option<&[String]>) -> Option<String> {
+    if wanted.is_empty() {
+        return None;
+    }
+    let granted = granted.unwrap_or_default();
+    (!granted.iter().any(|audience| wanted.contains(audience))).then(|| {
+        format!(
+            "the token is not issued for {} (server.adminAuth.audiences)",
+            wanted.join(", ")
+        )
+    })
+}
+
 /// Outcomes kept at most; beyond it the oldest half is dropped (tokens are few in practice).
 const CACHE_LIMIT: usize = 4096;
+
+/// Client addresses whose failures are counted at most; beyond it the counts of finished
+/// minutes are dropped, then all (a flood from many addresses then starts afresh, which costs
+/// it as much as it costs us).
+const FAILURE_LIMIT: usize = 4096;
+
+/// The window of `failedTokensPerMinute`.
+const FAILURE_WINDOW: Duration = Duration::from_secs(60);
+
+/// Refused tokens per client address ([`AdminAuth::with_failure_limit`]).
+#[derive(Debug, Default)]
+struct Failures {
+    /// Refusals allowed per address per window; 0: no limit.
+    per_minute: u32,
+    /// Per address: when its window started and the refusals in it.
+    counts: Mutex<HashMap<IpAddr, (Instant, u32)>>,
+    metrics: Option<Metrics>,
+}
+
+impl Failures {
+    /// Whether `address` has used up its refusals for the current window at `now`.
+    fn exhausted(&self, address: IpAddr, now: Instant) -> bool {
+        self.per_minute > 0
+            && self
+                .counts
+                .lock()
+                .get(&address)
+                .is_some_and(|(start, count)| {
+                    now.duration_since(*start) < FAILURE_WINDOW && *count >= self.per_minute
+                })
+    }
+
+    fn note(&self, address: IpAddr, now: Instant) {
+        if self.per_minute == 0 {
+            return;
+        }
+        let mut counts = self.counts.lock();
+        if counts.len() >= FAILURE_LIMIT && !counts.contains_key(&address) {
+            counts.retain(|_, (start, _)| now.duration_since(*start) < FAILURE_WINDOW);
+            if counts.len() >= FAILURE_LIMIT {
+                counts.clear();
+            }
+        }
+        let entry = counts.entry(address).or_insert((now, 0));
+        if now.duration_since(entry.0) >= FAILURE_WINDOW {
+            *entry = (now, 0);
+        }
+        entry.1 = entry.1.saturating_add(1);
+    }
+}
 
 /// The guard of the admin listener: which paths, who reviews, and the outcomes kept.
 pub struct AdminAuth {
@@ -144,6 +227,7 @@ pub struct AdminAuth {
     review: Arc<dyn Review>,
     ttl: Duration,
     cache: Mutex<HashMap<(String, String), (Instant, Verdict)>>,
+    failures: Failures,
 }
 
 impl std::fmt::Debug for AdminAuth {
@@ -163,6 +247,20 @@ impl AdminAuth {
             review,
             ttl,
             cache: Mutex::new(HashMap::new()),
+            failures: Failures::default(),
+        }
+    }
+
+    /// The same guard answering 429 to a client address once `per_minute` of its tokens were
+    /// refused within a minute (0: no limit), counted in `metrics`.
+    pub fn with_failure_limit(self, per_minute: u32, metrics: Metrics) -> Self {
+        Self {
+            failures: Failures {
+                per_minute,
+                counts: Mutex::default(),
+                metrics: Some(metrics),
+            },
+            ..self
         }
     }
 
@@ -225,6 +323,27 @@ pub async fn guard(State(auth): State<Arc<AdminAuth>>, request: Request, next: N
         })
         .map(str::trim)
         .filter(|t| !t.is_empty());
+    // Requests served without a socket (tests) share one address.
+    let address = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |info| info.0.ip());
+    if auth.failures.exhausted(address, Instant::now()) {
+        if let Some(metrics) = &auth.failures.metrics {
+            metrics.admin_tokens_throttled.inc();
+        }
+        let mut response = refuse(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "{path}: too many refused tokens from {address} \
+                 (server.adminAuth.failedTokensPerMinute); retry in a minute\n"
+            ),
+        );
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, header::HeaderValue::from_static("60"));
+        return response;
+    }
     let Some(token) = token else {
         return refuse(
             StatusCode::UNAUTHORIZED,
@@ -238,6 +357,7 @@ pub async fn guard(State(auth): State<Arc<AdminAuth>>, request: Request, next: N
     match auth.verdict(token, &path).await {
         Ok(Verdict::Allowed) => next.run(request).await,
         Ok(Verdict::Unauthenticated(reason)) => {
+            auth.failures.note(address, Instant::now());
             debug!(%path, %reason, "admin request refused: token not accepted");
             refuse(
                 StatusCode::UNAUTHORIZED,
@@ -383,5 +503,69 @@ mod tests {
             4,
             "failures are asked again"
         );
+    }
+
+    #[tokio::test]
+    async fn an_address_whose_tokens_keep_failing_is_answered_429_without_a_review() {
+        let review = Arc::new(Scripted::default());
+        let metrics = Metrics::new().unwrap();
+        let auth = Arc::new(
+            AdminAuth::new(vec!["/inspect".into()], Duration::ZERO, review.clone())
+                .with_failure_limit(3, metrics.clone()),
+        );
+        let app = axum::Router::new()
+            .route("/inspect", get(|| async { "report" }))
+            .layer(axum::middleware::from_fn_with_state(auth, guard));
+        for guess in ["a", "b", "c"] {
+            assert_eq!(
+                call(&app, "/inspect", Some(guess)).await.0,
+                StatusCode::UNAUTHORIZED
+            );
+        }
+        let (status, body) = call(&app, "/inspect", Some("reader")).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+        assert!(body.contains("failedTokensPerMinute"), "{body}");
+        assert_eq!(review.calls.load(Ordering::SeqCst), 3, "no fourth review");
+        assert_eq!(metrics.admin_tokens_throttled.get(), 1);
+    }
+
+    #[test]
+    fn refused_tokens_are_counted_per_address_and_per_minute() {
+        let failures = Failures {
+            per_minute: 2,
+            ..Failures::default()
+        };
+        let start = Instant::now();
+        let guesser = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
+        let other = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
+        failures.note(guesser, start);
+        assert!(!failures.exhausted(guesser, start));
+        failures.note(guesser, start);
+        assert!(failures.exhausted(guesser, start));
+        assert!(
+            !failures.exhausted(other, start),
+            "another address is not held"
+        );
+        let later = start + FAILURE_WINDOW;
+        assert!(
+            !failures.exhausted(guesser, later),
+            "a new minute starts afresh"
+        );
+        let unlimited = Failures::default();
+        for _ in 0..100 {
+            unlimited.note(guesser, start);
+        }
+        assert!(!unlimited.exhausted(guesser, start));
+    }
+
+    #[test]
+    fn a_token_must_be_issued_for_one_of_the_audiences_asked() {
+        let ours = vec!["gpu-extender".to_owned()];
+        assert_eq!(audience_refusal(&ours, Some(&ours)), None);
+        let theirs = vec!["https://kubernetes.default.svc".to_owned()];
+        assert!(audience_refusal(&ours, Some(&theirs)).is_some());
+        // An authenticator that ignores audiences answers none: refused.
+        assert!(audience_refusal(&ours, None).is_some());
+        assert_eq!(audience_refusal(&[], None), None, "no audience asked");
     }
 }

@@ -30,6 +30,7 @@ use crate::state::{
 use crate::telemetry::Metrics;
 use gpu_engine::{NodeState, RejectReason};
 
+use super::body::{BodyReader, read_whole_body};
 use super::wire::{
     CandidateArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderPreemptionArgs,
     ExtenderPreemptionResult, FilterAnswer, HostScore, MetaPod, MetaVictims, NodeList,
@@ -50,6 +51,8 @@ pub struct AppState {
     pub metrics: Metrics,
     /// Largest request body accepted, in bytes.
     pub body_limit: usize,
+    /// `/metrics` as last rendered (`limits.metricsRenderIntervalMs`).
+    metrics_page: Arc<MetricsPage>,
 }
 
 impl AppState {
@@ -61,6 +64,9 @@ impl AppState {
             cluster,
             policy: config.engine_policy().into(),
             body_limit: usize::try_from(config.server.body_limit_bytes).unwrap_or(usize::MAX),
+            metrics_page: Arc::new(MetricsPage::new(Duration::from_millis(
+                config.limits.metrics_render_interval_ms,
+            ))),
             config,
             binder: None,
             metrics,
@@ -164,9 +170,20 @@ pub fn guarded_router(
         budget: queue_budget,
         metrics: state.metrics.clone(),
     });
-    // The spans outermost, so that a shed request is traced too.
+    let reader = Arc::new(BodyReader::with_limits(
+        state.body_limit,
+        Duration::from_millis(state.config.limits.body_read_timeout_ms),
+        usize::try_from(state.config.limits.max_buffered_body_bytes).unwrap_or(usize::MAX),
+        state.metrics.clone(),
+    ));
+    // The spans outermost, so that a shed request is traced too; the body read whole before
+    // the turn is taken, so that a slow sender holds none ([`super::body`]).
     verb_routes(state, prefix)
         .layer(axum::middleware::from_fn_with_state(gate, admit))
+        .layer(axum::middleware::from_fn_with_state(
+            reader,
+            read_whole_body,
+        ))
         .layer(request_spans())
 }
 
@@ -811,18 +828,51 @@ pub(crate) async fn json_off_the_workers<T: Serialize>(
     }
 }
 
+/// `/metrics` as last rendered, reused for `interval`: at thousands of nodes a render is
+/// megabytes and tens of milliseconds, so a scraper (or anyone) asking often gets the page of
+/// the last render rather than a new one each time. One render runs at a time; scrapes that
+/// arrive during it wait for it and share it.
+#[derive(Debug)]
+struct MetricsPage {
+    interval: Duration,
+    last: tokio::sync::Mutex<Option<(Instant, Bytes)>>,
+}
+
+impl MetricsPage {
+    fn new(interval: Duration) -> Self {
+        Self {
+            interval,
+            last: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// The page: the last render if it is younger than the interval, else a new one.
+    async fn get(&self, metrics: &Metrics) -> Result<Bytes, String> {
+        // Held across the render: the scrapes behind it then find it fresh.
+        let mut last = self.last.lock().await;
+        if let Some((at, page)) = last.as_ref()
+            && at.elapsed() < self.interval
+        {
+            return Ok(page.clone());
+        }
+        let metrics = metrics.clone();
+        let page = off_the_workers(move || metrics.render())
+            .await?
+            .map_err(|error| error.to_string())?;
+        let page = Bytes::from(page);
+        *last = Some((Instant::now(), page.clone()));
+        Ok(page)
+    }
+}
+
 async fn metrics(State(state): State<AppState>) -> Response {
-    let metrics = state.metrics.clone();
-    let rendered = off_the_workers(move || metrics.render())
-        .await
-        .and_then(|rendered| rendered.map_err(|error| error.to_string()));
-    match rendered {
-        Ok(text) => (
+    match state.metrics_page.get(&state.metrics).await {
+        Ok(page) => (
             [(
                 header::CONTENT_TYPE,
                 "text/plain; version=0.0.4; charset=utf-8",
             )],
-            text,
+            page,
         )
             .into_response(),
         Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, error).into_response(),
@@ -883,6 +933,39 @@ mod tests {
 
     /// The probes are outside the cap: with every permit taken they still answer, while the
     /// heavy pages are refused.
+    #[tokio::test]
+    async fn metrics_are_rendered_once_per_interval_and_afresh_after_it() {
+        let metrics = Metrics::new().unwrap();
+        let page = |metrics: &Metrics| {
+            let metrics = metrics.clone();
+            async move {
+                let text = MetricsPage::new(Duration::from_secs(3600));
+                let first = text.get(&metrics).await.unwrap();
+                metrics.requests_shed.inc();
+                let second = text.get(&metrics).await.unwrap();
+                (first, second)
+            }
+        };
+        let (first, second) = page(&metrics).await;
+        assert_eq!(first, second, "within the interval: the same page");
+        let fresh = MetricsPage::new(Duration::ZERO);
+        let before = fresh.get(&metrics).await.unwrap();
+        metrics.requests_shed.inc();
+        let after = fresh.get(&metrics).await.unwrap();
+        let shed = |page: &Bytes| {
+            String::from_utf8_lossy(page)
+                .lines()
+                .find_map(|line| line.strip_prefix("gpu_extender_requests_shed_total "))
+                .map(str::to_owned)
+        };
+        assert_eq!(shed(&before).as_deref(), Some("1"));
+        assert_eq!(
+            shed(&after).as_deref(),
+            Some("2"),
+            "no interval: every scrape renders"
+        );
+    }
+
     #[tokio::test]
     async fn the_probes_answer_while_the_admin_cap_is_full() {
         use tower::ServiceExt;

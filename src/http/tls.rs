@@ -14,8 +14,11 @@
 //! match its certificate (a rotation caught between the two writes), leave the previous
 //! configuration in force with a warning, and are read again at the next tick.
 //!
-//! Handshakes run in tasks of their own, [`HANDSHAKE_TIMEOUT`] at most each, so a client that
-//! stalls mid-handshake holds up no other; [`TlsListener`] hands axum only finished handshakes.
+//! Handshakes run in tasks of their own, [`HANDSHAKE_TIMEOUT`] at most each and
+//! [`MAX_HANDSHAKES`] at once (past it, new clients wait in the kernel's accept queue), so a
+//! client that stalls mid-handshake holds up no other and a flood of them holds bounded memory;
+//! [`TlsListener`] hands the server only finished handshakes. With `allowedClientNames`, a
+//! client certificate the CA signed is accepted only for one of those names.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -25,11 +28,11 @@ use std::time::Duration;
 use anyhow::Context;
 use arc_swap::ArcSwap;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 use tokio::task::AbortHandle;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
@@ -39,6 +42,10 @@ use crate::config::TlsConfig;
 
 /// The longest a client may take to complete its TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Handshakes in progress at once per listener. kube-scheduler keeps its connections (HTTP/2),
+/// so it handshakes rarely; this bounds what clients that never finish can hold.
+pub const MAX_HANDSHAKES: usize = 128;
 
 /// Finished handshakes waiting for axum to take them.
 const ACCEPT_QUEUE: usize = 64;
@@ -56,6 +63,9 @@ pub enum Served {
     /// The Karmada estimator's gRPC listener (`estimator.tls`): HTTP/2, which gRPC clients
     /// insist on in ALPN.
     Estimator,
+    /// The admin listener (`server.adminTls`): HTTP/2, then HTTP/1.1 (Prometheus and browsers
+    /// speak either).
+    Admin,
 }
 
 impl Served {
@@ -63,12 +73,13 @@ impl Served {
         match self {
             Self::Extender => "server.tls",
             Self::Estimator => "estimator.tls",
+            Self::Admin => "server.adminTls",
         }
     }
 
     fn alpn(self) -> &'static [&'static [u8]] {
         match self {
-            Self::Extender => &[b"h2", b"http/1.1"],
+            Self::Extender | Self::Admin => &[b"h2", b"http/1.1"],
             Self::Estimator => &[b"h2"],
         }
     }
@@ -262,7 +273,9 @@ impl TlsListener {
         let local = tcp.local_addr()?;
         let (tx, incoming) = mpsc::channel(ACCEPT_QUEUE);
         let current = reloader.current();
-        let accept = tokio::spawn(accept_loop(tcp, current, tx));
+        let names = ClientNames::of(&reloader.files, reloader.served)
+            .map_err(|error| std::io::Error::new(std::io::ErrorKind::InvalidInput, error))?;
+        let accept = tokio::spawn(accept_loop(tcp, current, Arc::new(names), tx));
         let reload = tokio::spawn(reloader.run(interval));
         Ok(Self {
             incoming,
@@ -310,17 +323,72 @@ impl axum::serve::Listener for TlsListener {
     }
 }
 
+/// The names a client certificate must be valid for (`allowedClientNames`); empty: any the
+/// CA signed.
+#[derive(Debug)]
+struct ClientNames {
+    key: String,
+    names: Vec<ServerName<'static>>,
+}
+
+impl ClientNames {
+    fn of(files: &TlsConfig, served: Served) -> Result<Self, String> {
+        let key = format!("{}.allowedClientNames", served.key());
+        let names = files
+            .allowed_client_names
+            .iter()
+            .map(|name| {
+                ServerName::try_from(name.clone())
+                    .map_err(|_| format!("{key}: {name:?} is neither a DNS name nor an IP address"))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self { key, names })
+    }
+
+    /// Why the client of `stream` is refused, if it is: its certificate is valid for none of
+    /// the names. Without names, or without a client certificate (the verifier already
+    /// decided whether one is required), nothing is refused here.
+    fn refusal(&self, stream: &TlsStream<TcpStream>) -> Option<String> {
+        if self.names.is_empty() {
+            return None;
+        }
+        let Some(leaf) = stream
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|chain| chain.first())
+        else {
+            return Some(format!("no client certificate, and {} is set", self.key));
+        };
+        let certificate = match webpki::EndEntityCert::try_from(leaf) {
+            Ok(certificate) => certificate,
+            Err(error) => return Some(format!("the client certificate does not parse: {error}")),
+        };
+        let valid = self
+            .names
+            .iter()
+            .any(|name| certificate.verify_is_valid_for_subject_name(name).is_ok());
+        (!valid).then(|| format!("the client certificate is valid for none of {}", self.key))
+    }
+}
+
 async fn accept_loop(
     tcp: TcpListener,
     current: Arc<ArcSwap<ServerConfig>>,
+    names: Arc<ClientNames>,
     ready: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
 ) {
+    let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
     loop {
+        // The permit first: past the cap, clients wait in the kernel's queue, not here.
+        let Ok(permit) = Arc::clone(&handshakes).acquire_owned().await else {
+            return; // Never: the semaphore is not closed.
+        };
         let (mut socket, peer) = match tcp.accept().await {
             Ok(accepted) => accepted,
             Err(error) => {
                 // As axum's own listener does: out of file descriptors and the like pass.
-                warn!(%error, "accepting a connection on the extender listener failed");
+                warn!(%error, "accepting a TLS connection failed");
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }
@@ -328,9 +396,17 @@ async fn accept_loop(
         crate::http::server::no_delay(&mut socket);
         let acceptor = TlsAcceptor::from(current.load_full());
         let ready = ready.clone();
+        let names = Arc::clone(&names);
         tokio::spawn(async move {
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(socket)).await {
+            let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(socket)).await;
+            // The handshake is over, whatever its outcome: the next client may start its own.
+            drop(permit);
+            match handshake {
                 Ok(Ok(stream)) => {
+                    if let Some(reason) = names.refusal(&stream) {
+                        warn!(%peer, %reason, "TLS client refused");
+                        return;
+                    }
                     let protocol = stream
                         .get_ref()
                         .1

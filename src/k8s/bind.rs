@@ -79,6 +79,7 @@ impl<A: PodApi> Binder<A> {
         if let Some(outcome) = check_pod(&key, &pod, request)? {
             return Ok(outcome);
         }
+        check_scheduler(&key, &pod, &self.cfg.server.scheduler_names)?;
         let translate = |source| BindError::Request {
             pod: key.clone(),
             source,
@@ -432,6 +433,24 @@ fn check_pod(
             node: node.to_owned(),
         }),
     }
+}
+
+/// Refuses a pod whose `spec.schedulerName` (kube-scheduler's `default-scheduler` when unset)
+/// is not one of `served`; an empty `served` accepts any.
+fn check_scheduler(key: &PodKey, pod: &Pod, served: &[String]) -> Result<(), BindError> {
+    let scheduler = pod
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.scheduler_name.as_deref())
+        .unwrap_or("default-scheduler");
+    if served.is_empty() || served.iter().any(|name| name == scheduler) {
+        return Ok(());
+    }
+    Err(BindError::OtherScheduler {
+        pod: key.clone(),
+        scheduler: scheduler.to_owned(),
+        served: served.join(", "),
+    })
 }
 
 #[cfg(test)]

@@ -755,7 +755,7 @@ pub fn slim_node(node: &Node) -> Node {
 }
 
 /// A Pod with only what translation and the record read: names, uid, the `gpuCount` label, our
-/// own annotations, container resources, node name and phase; and its controller and
+/// own annotations, container resources, node and scheduler names and phase; and its controller and
 /// `PodScheduled` condition, which the requeue task and the estimator read. Keeps 150,000 cached pods small
 /// (`kubectl.kubernetes.io/last-applied-configuration` alone can be kilobytes).
 pub fn slim_pod(pod: &Pod, cfg: &Config) -> Pod {
@@ -810,6 +810,8 @@ pub fn slim_pod(pod: &Pod, cfg: &Config) -> Pod {
         },
         spec: pod.spec.as_ref().map(|spec| PodSpec {
             node_name: spec.node_name.clone(),
+            // Bind refuses pods of a scheduler it does not serve (`server.schedulerNames`).
+            scheduler_name: spec.scheduler_name.clone(),
             containers: spec.containers.iter().map(slim_container).collect(),
             init_containers: spec
                 .init_containers

@@ -66,6 +66,16 @@ pub enum BindError {
     },
     #[error("pod {pod} is already bound to node {node}")]
     BoundElsewhere { pod: PodKey, node: String },
+    /// The pod names a scheduler this extender does not serve (`server.schedulerNames`): the
+    /// bind did not come from the kube-scheduler it works for.
+    #[error(
+        "pod {pod} asks for scheduler {scheduler:?}, which this extender does not bind for (server.schedulerNames: {served})"
+    )]
+    OtherScheduler {
+        pod: PodKey,
+        scheduler: String,
+        served: String,
+    },
     #[error("pod {pod}: {source}")]
     Request {
         pod: PodKey,
@@ -118,6 +128,7 @@ impl BindError {
         match self {
             Self::PodGone(_) | Self::PodReplaced { .. } => "pod_gone",
             Self::BoundElsewhere { .. } => "bound_elsewhere",
+            Self::OtherScheduler { .. } => "other_scheduler",
             Self::Request { .. } => "invalid_request",
             Self::NodeUnknown(_) => "node_gone",
             Self::NoLongerFits { .. } | Self::Table { .. } => "no_fit",

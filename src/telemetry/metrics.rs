@@ -63,6 +63,12 @@ pub struct Metrics {
     pub writer: IntGauge,
     /// Admin requests refused at `limits.maxConcurrentAdminRequests`.
     pub admin_requests_shed: IntCounter,
+    /// Verb request bodies refused before their turn, by reason (`too_large`, `too_slow`,
+    /// `over_budget`, `unreadable`; src/http/body.rs).
+    pub request_bodies_refused: IntCounterVec,
+    /// Admin requests answered 429 because their client address passed
+    /// `server.adminAuth.failedTokensPerMinute`.
+    pub admin_tokens_throttled: IntCounter,
     /// Pods evicted by quota reclaims.
     pub quota_evictions: IntCounter,
     /// Scheduler-estimator calls by method and gRPC code (`OK`, `InvalidArgument`, ...).
@@ -226,6 +232,19 @@ impl Metrics {
             "Admin requests (/metrics, /inspect, the web view) answered 503 at limits.maxConcurrentAdminRequests.",
         )?;
         register(&registry, &mut names, admin_requests_shed.clone())?;
+        let request_bodies_refused = IntCounterVec::new(
+            Opts::new(
+                "gpu_extender_request_bodies_refused_total",
+                "Verb request bodies refused before their turn: too_large (server.bodyLimitBytes), too_slow (limits.bodyReadTimeoutMs), over_budget (limits.maxBufferedBodyBytes), unreadable.",
+            ),
+            &["reason"],
+        )?;
+        register(&registry, &mut names, request_bodies_refused.clone())?;
+        let admin_tokens_throttled = IntCounter::new(
+            "gpu_extender_admin_tokens_throttled_total",
+            "Admin requests answered 429 without a token review: their client address had passed server.adminAuth.failedTokensPerMinute.",
+        )?;
+        register(&registry, &mut names, admin_tokens_throttled.clone())?;
         // Pre-create the bounded label values so dashboards see zeros, not gaps.
         for verb in VERBS {
             request_duration.with_label_values(&[verb]);
@@ -244,6 +263,9 @@ impl Metrics {
         }
         for method in ESTIMATOR_METHODS {
             estimator_duration.with_label_values(&[method]);
+        }
+        for reason in ["too_large", "too_slow", "over_budget", "unreadable"] {
+            request_bodies_refused.with_label_values(&[reason]);
         }
         names.extend(state_collector::family_names().map(str::to_owned));
         Ok(Self {
@@ -264,6 +286,8 @@ impl Metrics {
             quota_reclaims,
             writer,
             admin_requests_shed,
+            request_bodies_refused,
+            admin_tokens_throttled,
             quota_evictions,
             estimator_requests,
             estimator_duration,

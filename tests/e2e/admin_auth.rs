@@ -1,8 +1,9 @@
 //! The admin listener's guard (`server.adminAuth`) against a real kube-apiserver: bearer tokens
 //! of real ServiceAccounts (TokenRequest API, `kubectl create token`), the shipped
 //! `deploy/inspect-reader/clusterrole.yaml` bound to one of them; `/inspect` is 401 without a
-//! token or with a forged one, 403 for a user RBAC does not allow, 200 for the reader; the open
-//! paths need no token; `inspect --from --token` reads the report.
+//! token, with a forged one or with one issued for another audience, 403 for a user RBAC does
+//! not allow, 200 for the reader; the open paths need no token; `inspect --from --token` reads
+//! the report; an address whose tokens keep failing is answered 429.
 
 use std::path::Path;
 use std::process::Command;
@@ -21,9 +22,13 @@ fn inspect_needs_a_token_rbac_allows_and_the_open_paths_need_none() {
             &[GpuNode::new("t4", Mode::Share, 4, "Tesla-T4", 16)],
         )
         .await?;
-        // No cache, so that each request below is reviewed by the API server.
-        c.start_extender("server:\n  adminAuth:\n    paths: [/inspect]\n    cacheTtlSeconds: 0\n")
-            .await?;
+        // No cache, so that each request below is reviewed by the API server; the default
+        // audience (gpu-extender); three refused tokens a minute before 429.
+        c.start_extender(
+            "server:\n  adminAuth:\n    paths: [/inspect]\n    cacheTtlSeconds: 0\n    \
+             failedTokensPerMinute: 3\n",
+        )
+        .await?;
         let reader_role = Path::new(ROOT).join("deploy/inspect-reader/clusterrole.yaml");
         c.kubectl(&["apply", "-f", &reader_role.to_string_lossy()])
             .await?;
@@ -39,20 +44,28 @@ fn inspect_needs_a_token_rbac_allows_and_the_open_paths_need_none() {
             "--serviceaccount=default:reader",
         ])
         .await?;
-        let token = async |account: &str| -> Result<String> {
-            Ok(c.kubectl(&["-n", "default", "create", "token", account])
-                .await?
-                .trim()
-                .to_owned())
+        let token = async |account: &str, audience: Option<&str>| -> Result<String> {
+            let mut args = vec!["-n", "default", "create", "token", account];
+            if let Some(audience) = audience {
+                args.extend(["--audience", audience]);
+            }
+            Ok(c.kubectl(&args).await?.trim().to_owned())
         };
-        let reader = token("reader").await?;
-        let stranger = token("stranger").await?;
+        let reader = token("reader", Some("gpu-extender")).await?;
+        let stranger = token("stranger", Some("gpu-extender")).await?;
+        // A token the API server issued for itself: valid, but not for this extender.
+        let elsewhere = token("reader", None).await?;
         let admin = c.admin_addr;
 
         let (status, body) = http_get_bearer(admin, "/inspect", None).await?;
         ensure!(status == 401, "no token: {status} {body}");
         let (status, body) = http_get_bearer(admin, "/inspect", Some("forged.token")).await?;
         ensure!(status == 401, "a forged token: {status} {body}");
+        let (status, body) = http_get_bearer(admin, "/inspect", Some(&elsewhere)).await?;
+        ensure!(
+            status == 401,
+            "the reader's token for another audience: {status} {body}"
+        );
         let (status, body) = http_get_bearer(admin, "/inspect", Some(&stranger)).await?;
         ensure!(
             status == 403 && body.contains("system:serviceaccount:default:stranger"),
@@ -105,6 +118,22 @@ fn inspect_needs_a_token_rbac_allows_and_the_open_paths_need_none() {
             !ok && out.contains("401"),
             "inspect --from without a token: {out}"
         );
+
+        // Two tokens were refused above; the third refusal uses up the minute's allowance, and
+        // then even the reader's good token is answered 429 from this address, unreviewed.
+        let (status, body) = http_get_bearer(admin, "/inspect", Some("guess.three")).await?;
+        ensure!(status == 401, "the third refused token: {status} {body}");
+        let (status, body) = http_get_bearer(admin, "/inspect", Some(&reader)).await?;
+        ensure!(
+            status == 429 && body.contains("failedTokensPerMinute"),
+            "after three refused tokens: {status} {body}"
+        );
+        let throttled = gpu_test_support::metrics::metric_sum(
+            &c.metrics().await?,
+            "gpu_extender_admin_tokens_throttled_total",
+            &[],
+        );
+        ensure!(throttled == 1.0, "throttled counted: {throttled}");
         Ok(())
     });
 }

@@ -473,6 +473,11 @@ impl Cluster {
         Ok(())
     }
 
+    /// The running extender's process id.
+    pub fn extender_pid(&self) -> Option<u32> {
+        self.extender.as_ref().map(|proc| proc.child.id())
+    }
+
     /// Kills the extender with SIGKILL (a crash: nothing is flushed or released).
     pub fn kill_extender(&mut self) -> Result<()> {
         if let Some(mut proc) = self.extender.take() {

@@ -15,6 +15,7 @@ mod admin_auth;
 mod autoscaling;
 mod burst;
 mod configs;
+mod doors;
 mod failover;
 mod faults;
 mod image;

@@ -104,7 +104,15 @@ fn chromium_draws_what_inspect_reports() {
         ])
         .await?;
         let token = c
-            .kubectl(&["-n", "default", "create", "token", "viewer"])
+            .kubectl(&[
+                "-n",
+                "default",
+                "create",
+                "token",
+                "viewer",
+                "--audience",
+                "gpu-extender",
+            ])
             .await?
             .trim()
             .to_owned();

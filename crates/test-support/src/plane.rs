@@ -216,7 +216,9 @@ pub struct ExtenderLaunch<'a> {
 
 /// Starts `gpu-extender serve` as `launch` says and waits until `/readyz` answers 200, that is
 /// until its table holds every node and pod the API server had; a process that exits or never
-/// gets ready is an error with its log's tail.
+/// gets ready is an error with its log's tail. `/metrics` is rendered at every scrape
+/// (`GPU_EXTENDER_LIMITS_METRICS_RENDER_INTERVAL_MS=0`, unless `launch.env` says otherwise):
+/// tests read the counters right after what they count.
 pub async fn launch_extender(launch: &ExtenderLaunch<'_>) -> Result<Child> {
     let mut log = std::fs::OpenOptions::new()
         .create(true)
@@ -242,6 +244,7 @@ pub async fn launch_extender(launch: &ExtenderLaunch<'_>) -> Result<Child> {
         }
     }
     command
+        .env("GPU_EXTENDER_LIMITS_METRICS_RENDER_INTERVAL_MS", "0")
         .envs(launch.env.iter().copied())
         .env("NO_COLOR", "1")
         .stdin(Stdio::null())

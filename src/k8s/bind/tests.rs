@@ -129,18 +129,20 @@ fn share(name: &str, gib: u32) -> Pod {
 }
 
 fn world(pods: &[Pod]) -> World {
-    let cfg = Arc::new(Config::default());
+    world_with(Config::default(), &[share_node(), whole_node()], pods)
+}
+
+/// A binder configured by `cfg` over `nodes` and `pods`, as the watch delivered them.
+fn world_with(cfg: Config, nodes: &[Node], pods: &[Pod]) -> World {
+    let cfg = Arc::new(cfg);
     let policy = Arc::new(cfg.engine_policy());
     let state = TableWriter::new(ClusterState::for_config(&cfg));
     let mut feed = Feed::new(state.clone(), Arc::clone(&cfg), Arc::clone(&policy));
-    for event in [
-        Event::Init,
-        Event::InitApply(share_node()),
-        Event::InitApply(whole_node()),
-        Event::InitDone,
-    ] {
-        feed.apply_node_event(&event);
+    feed.apply_node_event(&Event::Init);
+    for node in nodes {
+        feed.apply_node_event(&Event::InitApply(node.clone()));
     }
+    feed.apply_node_event(&Event::InitDone);
     feed.apply_pod_event(&Event::Init);
     for pod in pods {
         feed.apply_pod_event(&Event::InitApply(pod.clone()));
@@ -367,6 +369,43 @@ async fn pods_and_nodes_that_vanished() {
         "no API write for any of these"
     );
     assert_eq!(world.feed.state().read().pod_count(), 0);
+}
+
+#[tokio::test]
+async fn pods_of_another_scheduler_are_refused_when_scheduler_names_are_set() {
+    let mut cfg = Config::default();
+    cfg.server.scheduler_names = vec!["gpu-scheduler".into()];
+    let mut ours = share("ours", 4);
+    let mut theirs = share("theirs", 4);
+    let unnamed = share("unnamed", 4);
+    for (pod, scheduler) in [(&mut ours, "gpu-scheduler"), (&mut theirs, "other")] {
+        if let Some(spec) = pod.spec.as_mut() {
+            spec.scheduler_name = Some(scheduler.into());
+        }
+    }
+    let world = world_with(
+        cfg,
+        &[share_node()],
+        &[ours.clone(), theirs.clone(), unnamed.clone()],
+    );
+    let bound = world.binder.bind(&ask("ours", "gpu-a"), at(0)).await;
+    assert!(bound.is_ok(), "{bound:?}");
+    let err = world
+        .binder
+        .bind(&ask("theirs", "gpu-a"), at(0))
+        .await
+        .unwrap_err();
+    assert_eq!(err.label(), "other_scheduler");
+    assert!(err.to_string().contains(r#"scheduler "other""#), "{err}");
+    // No schedulerName is kube-scheduler's default-scheduler, which is not served either.
+    let err = world
+        .binder
+        .bind(&ask("unnamed", "gpu-a"), at(0))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("default-scheduler"), "{err}");
+    assert_eq!(world.api.writes().len(), 1, "only ours was bound");
+    assert_eq!(held(&world, "theirs"), None);
 }
 
 #[tokio::test]

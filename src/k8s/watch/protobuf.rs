@@ -439,6 +439,7 @@ fn pod_spec(spec: pb::PodSpec) -> core::PodSpec {
         containers: spec.containers.into_iter().map(container).collect(),
         init_containers: non_empty(spec.init_containers.into_iter().map(container).collect()),
         node_name: present(spec.node_name),
+        scheduler_name: present(spec.scheduler_name),
         priority: spec.priority,
         overhead: non_empty_map(quantities(spec.overhead)),
         resources: spec.resources.map(resources),

@@ -482,8 +482,16 @@ fn slim_pods_keep_what_translation_reads() {
             "x".repeat(10_000),
         ),
     ]));
+    if let Some(spec) = p.spec.as_mut() {
+        spec.scheduler_name = Some("gpu-scheduler".to_owned());
+    }
     let slim = slim_pod(&p, &cfg);
     assert_eq!(pod_request(&slim, &cfg), pod_request(&p, &cfg));
+    assert_eq!(
+        slim.spec.as_ref().and_then(|s| s.scheduler_name.as_deref()),
+        Some("gpu-scheduler"),
+        "bind reads it"
+    );
     assert_eq!(slim.metadata.labels.as_ref().map(BTreeMap::len), Some(1));
     assert_eq!(
         slim.metadata.annotations.as_ref().map(BTreeMap::len),

@@ -39,16 +39,19 @@ app.kubernetes.io/component: gpu-scheduler
 
 {{/*
 The extender's configuration file: config, with server.tls pointing at the mounted Secret when
-tls.enabled.
+tls.enabled, and server.schedulerNames the profile's name (schedulerName) unless config sets it.
 */}}
 {{- define "gpu-extender.config" -}}
 {{- $config := deepCopy .Values.config -}}
-{{- if .Values.tls.enabled -}}
 {{- $server := get $config "server" | default dict -}}
+{{- if .Values.tls.enabled -}}
 {{- $dir := include "gpu-extender.tlsDir" . -}}
 {{- $_ := set $server "tls" (dict "certFile" (printf "%s/tls.crt" $dir) "keyFile" (printf "%s/tls.key" $dir)) -}}
-{{- $_ := set $config "server" $server -}}
 {{- end -}}
+{{- if not (hasKey $server "schedulerNames") -}}
+{{- $_ := set $server "schedulerNames" (list .Values.schedulerName) -}}
+{{- end -}}
+{{- $_ := set $config "server" $server -}}
 {{- toYaml $config -}}
 {{- end }}
 

@@ -221,6 +221,7 @@ fn conversion_gives_what_json_would_give() {
     }
     if let Some(spec) = full.spec.as_mut() {
         spec.priority = Some(100);
+        spec.scheduler_name = Some("gpu-scheduler".into());
     }
     if let Some(status) = full.status.as_mut() {
         status.conditions.push(pb::PodCondition {
@@ -250,6 +251,7 @@ fn conversion_gives_what_json_would_give() {
     );
     let spec = converted.spec.unwrap_or_default();
     assert_eq!(spec.priority, Some(100));
+    assert_eq!(spec.scheduler_name.as_deref(), Some("gpu-scheduler"));
     assert_eq!(spec.init_containers, None);
     assert_eq!(spec.overhead, None);
     let resources = spec.containers[0].resources.clone().unwrap_or_default();
