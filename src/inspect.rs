@@ -22,6 +22,28 @@ pub struct ClusterReport {
     /// Why `ElasticQuota`s were ignored (invalid or overlapping).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ignored_quotas: Vec<String>,
+    /// Allocation records the watch refused to apply (docs/annotations.md, "Who may write the
+    /// record"), by pod; absent without any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rejected_records: Vec<RejectedRecord>,
+}
+
+/// An allocation record the watch saw on a pod and did not apply.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RejectedRecord {
+    /// `namespace/name`.
+    pub pod: String,
+    /// The pod's UID, which the Event about it names.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub uid: String,
+    /// `changed`, `removed`, `mismatch` or `conflict` (the `reason` of
+    /// `gpu_extender_records_rejected_total`).
+    pub reason: String,
+    /// What was wrong, in words.
+    pub detail: String,
+    /// Updates of the pod seen carrying the refused record.
+    pub times: u64,
 }
 
 /// One namespace's GPU quota and what it uses, in the units quotas are written in (GPUs, GiB of
@@ -236,6 +258,7 @@ impl ClusterReport {
             totals,
             quotas: self.quotas.clone(),
             ignored_quotas: self.ignored_quotas.clone(),
+            rejected_records: self.rejected_records.clone(),
         }
     }
 
@@ -357,6 +380,13 @@ impl ClusterReport {
         }
         for problem in &self.ignored_quotas {
             let _ = writeln!(out, "Ignored: {problem}");
+        }
+        for rejected in &self.rejected_records {
+            let _ = writeln!(
+                out,
+                "Record not applied on pod {} ({}, seen {} times): {}",
+                rejected.pod, rejected.reason, rejected.times, rejected.detail
+            );
         }
         out
     }

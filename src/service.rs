@@ -23,7 +23,7 @@ use crate::http::server::{AppState, admin_router, guarded_admin_router, guarded_
 use crate::http::tls;
 use crate::k8s::api::{KubeApi, kube_client, kube_client_without_retries};
 use crate::k8s::bind::{Binder, MeteredBinder};
-use crate::k8s::events::KubeEvents;
+use crate::k8s::events::{self, KubeEvents};
 use crate::k8s::lease::{self, Writer};
 use crate::k8s::quota;
 use crate::k8s::reclaim::{self, Reclaimer};
@@ -96,16 +96,20 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let lease_api: Api<Lease> =
         Api::namespaced(client.clone(), &lease::namespace(&config.writer_lease));
     let identity = lease::identity();
-    let writes = config.requeue.enabled || config.quota.reclaim.enabled;
-    let lease_holder = writes.then(|| {
-        tokio::spawn(lease::run(
-            lease_api.clone(),
-            config.writer_lease.clone(),
-            identity.clone(),
-            lease_writer.clone(),
-            metrics.clone(),
-        ))
-    });
+    // Always held by one replica: besides requeue and reclaim, the writer tells pods whose
+    // allocation record the watch refused (an Event each).
+    let lease_holder = tokio::spawn(lease::run(
+        lease_api.clone(),
+        config.writer_lease.clone(),
+        identity.clone(),
+        lease_writer.clone(),
+        metrics.clone(),
+    ));
+    let teller = tokio::spawn(events::tell_rejected_records(
+        cluster.clone(),
+        KubeEvents::new(client.clone(), metrics.clone()),
+        lease_writer.clone(),
+    ));
     let requeuer = config.requeue.enabled.then(|| {
         tokio::spawn(requeue::run(
             cluster.clone(),
@@ -296,11 +300,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(reclaimer) = reclaimer {
         reclaimer.abort();
     }
-    if let Some(lease_holder) = lease_holder {
-        lease_holder.abort();
-        // Handed over now rather than after a lease duration.
-        lease::release(&lease_api, &config.writer_lease, &identity).await;
-    }
+    teller.abort();
+    lease_holder.abort();
+    // Handed over now rather than after a lease duration.
+    lease::release(&lease_api, &config.writer_lease, &identity).await;
     servers.await??;
     if let Some(estimator_server) = estimator_server {
         estimator_server.await??;

@@ -449,8 +449,13 @@ mod tests {
 
     /// A leaf for 127.0.0.1 signed by `ca`: (certificate PEM, key PEM, certificate DER).
     fn leaf(ca: &Ca) -> (String, String, Vec<u8>) {
+        leaf_for(ca, "127.0.0.1")
+    }
+
+    /// A leaf for `name` signed by `ca`: (certificate PEM, key PEM, certificate DER).
+    fn leaf_for(ca: &Ca, name: &str) -> (String, String, Vec<u8>) {
         let key = rcgen::KeyPair::generate().unwrap();
-        let params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap();
+        let params = rcgen::CertificateParams::new(vec![name.to_owned()]).unwrap();
         let cert = params.signed_by(&key, &ca.issuer).unwrap();
         (cert.pem(), key.serialize_pem(), cert.der().to_vec())
     }
@@ -640,6 +645,38 @@ mod tests {
         std::fs::remove_dir_all(&dir).ok();
     }
 
+    #[tokio::test]
+    async fn pinned_client_names_refuse_other_certificates_of_the_same_ca() {
+        let dir = scratch("pinned");
+        let mut files = files(&dir);
+        let ca = ca();
+        let (cert, key, _) = leaf(&ca);
+        write(&files, &cert, &key);
+        let client_ca = self::ca();
+        let client_ca_file = dir.join("client-ca.crt");
+        std::fs::write(&client_ca_file, &client_ca.pem).unwrap();
+        files.client_ca_file = Some(client_ca_file);
+        files.allowed_client_names = vec!["kube-scheduler.gpu-extender.svc".to_owned()];
+        let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let (addr, server) = serve(&files, Duration::from_secs(3600), app).await;
+
+        let (pinned_cert, pinned_key, _) = leaf_for(&client_ca, "kube-scheduler.gpu-extender.svc");
+        let (_, status) = exchange(addr, &ca, Some((&pinned_cert, &pinned_key)))
+            .await
+            .unwrap();
+        assert_eq!(status, "HTTP/1.1 200 OK");
+        // Signed by the same CA, for another name: the handshake passes the CA check, then the
+        // connection is closed unanswered.
+        let (other_cert, other_key, _) = leaf_for(&client_ca, "someone-else.default.svc");
+        let refused = exchange(addr, &ca, Some((&other_cert, &other_key))).await;
+        assert!(
+            refused.as_ref().is_err() || refused.as_ref().is_ok_and(|(_, line)| line.is_empty()),
+            "another name of the same CA was answered: {refused:?}"
+        );
+        server.abort();
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
     #[test]
     fn each_listener_offers_its_protocol_and_names_its_keys() {
         let dir = scratch("served");
@@ -655,6 +692,7 @@ mod tests {
         for (served, protocols) in [
             (Served::Extender, vec![b"h2".to_vec(), b"http/1.1".to_vec()]),
             (Served::Estimator, vec![b"h2".to_vec()]),
+            (Served::Admin, vec![b"h2".to_vec(), b"http/1.1".to_vec()]),
         ] {
             let reloader = Reloader::load(&files, served).unwrap();
             assert_eq!(reloader.current().load().alpn_protocols, protocols);

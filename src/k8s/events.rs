@@ -1,16 +1,28 @@
 //! Kubernetes Events on pods for bind decisions, so `kubectl describe pod` says which GPUs a pod
-//! got, and for quota reclaims, on the evicted pods and the pod they were evicted for. Published
-//! in the background: an event is a courtesy, and a failure to publish one (no RBAC, a busy API
+//! got; for quota reclaims, on the evicted pods and the pod they were evicted for; and for
+//! allocation records the watch refused, on the pod that carries one. Published in the
+//! background: an event is a courtesy, and a failure to publish one (no RBAC, a busy API
 //! server) must never fail or delay the bind or eviction that caused it.
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder};
 use tracing::warn;
 
+use super::lease::Writer;
 use crate::explain::describe_allocation;
-use crate::state::BindRequest;
+use crate::inspect::RejectedRecord;
+use crate::state::{BindRequest, ClusterState};
 use crate::telemetry::Metrics;
 use gpu_engine::{NodeName, PodAllocation, PodKey};
+
+/// The `reason` of the event on a pod whose allocation record the watch refused.
+pub const RECORD_REJECTED_REASON: &str = "AllocationRecordRejected";
+
+/// How often refused records are looked for to tell.
+const REJECTED_INTERVAL: Duration = Duration::from_secs(2);
 
 /// The `reason` of the event recorded after a bind.
 pub const BOUND_REASON: &str = "GpusAllocated";
@@ -159,6 +171,50 @@ impl BindEvents for KubeEvents {
             secondary: None,
         };
         self.publish(event, reference);
+    }
+}
+
+/// The event note on a pod whose allocation record was refused.
+pub fn rejected_note(rejected: &RejectedRecord) -> String {
+    format!(
+        "the gpu-extender.io/allocation record on this pod was not applied ({}: {}); the \
+         scheduler counts the pod as the extender bound it, or from its requests. Only the \
+         extender writes the record, once, at bind",
+        rejected.reason, rejected.detail
+    )
+}
+
+impl KubeEvents {
+    /// A Warning on the pod of `rejected`.
+    pub fn record_rejected(&self, rejected: &RejectedRecord) {
+        let (namespace, name) = rejected.pod.split_once('/').unwrap_or(("", &rejected.pod));
+        let mut reference = pod_reference(&PodKey::new(namespace, name));
+        reference.uid = (!rejected.uid.is_empty()).then(|| rejected.uid.clone());
+        let event = Event {
+            type_: EventType::Warning,
+            reason: RECORD_REJECTED_REASON.to_owned(),
+            note: Some(rejected_note(rejected)),
+            action: "Watch".to_owned(),
+            secondary: None,
+        };
+        self.publish(event, reference);
+    }
+}
+
+/// Tells each pod whose record the watch refused, once per refusal, with an Event; only while
+/// this replica is the writer (`writer`), so two replicas do not both tell it. Runs until
+/// aborted.
+pub async fn tell_rejected_records(cluster: Arc<ClusterState>, events: KubeEvents, writer: Writer) {
+    let mut ticks = tokio::time::interval(REJECTED_INTERVAL);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        if !writer.holds() {
+            continue;
+        }
+        for rejected in cluster.take_untold_rejections() {
+            events.record_rejected(&rejected);
+        }
     }
 }
 

@@ -396,7 +396,7 @@ impl Feed {
                 Ok(None) => Some((Rejection::Removed, "removed after bind".to_owned())),
             };
             if let Some((why, detail)) = rejected {
-                self.reject_record(&key, why, &detail);
+                self.reject_record(&key, pod, why, &detail);
             }
             return;
         }
@@ -404,7 +404,7 @@ impl Feed {
             Ok(Some(allocation)) => match self.judge_record(table, &key, pod, allocation) {
                 Ok(allocation) => Ok(Some(allocation)),
                 Err((why, detail)) => {
-                    self.reject_record(&key, why, &detail);
+                    self.reject_record(&key, pod, why, &detail);
                     Err(record::RecordError::Corrupt {
                         key: self.cfg.annotations.allocation.clone(),
                         problem: detail,
@@ -534,9 +534,16 @@ impl Feed {
         Ok(allocation)
     }
 
-    /// Counts and reports a record that is not applied.
-    fn reject_record(&self, key: &PodKey, why: Rejection, detail: &str) {
-        warn!(pod = %key, reason = why.as_str(), %detail, "allocation record not applied: the extender writes it, once, at bind");
+    /// Counts a record that is not applied, and keeps it for `inspect` and an Event on the
+    /// pod; logged when it is news (a tampered pod's every status update repeats it).
+    fn reject_record(&self, key: &PodKey, pod: &Pod, why: Rejection, detail: &str) {
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        if self
+            .state
+            .note_rejected_record(key, uid, why.as_str(), detail)
+        {
+            warn!(pod = %key, reason = why.as_str(), %detail, "allocation record not applied: the extender writes it, once, at bind");
+        }
         self.state.update_stats(|s| {
             let counter = match why {
                 Rejection::Changed => &mut s.records_rejected.changed,
@@ -606,6 +613,7 @@ impl Feed {
     }
 
     fn pod_gone(&mut self, table: &mut Table, key: &PodKey) {
+        self.state.forget_rejected_record(key);
         let memo = self.take_memo(key);
         if let Some(memo) = &memo
             && let Applied::WaitingForNode { node, .. } = &memo.applied

@@ -63,6 +63,8 @@ pub struct ClusterState {
     node_claims: RwLock<NodeClaimsMap>,
     /// The GPU quotas in force (`ElasticQuota`s, see [`super::quota`]); empty without the CRD.
     pub(super) quotas: RwLock<Arc<QuotaSet>>,
+    /// Allocation records the watch refused to apply ([`super::rejected`]).
+    pub(super) rejected: Mutex<super::rejected::RejectedRecords>,
 }
 
 /// What the node-level filters read of each node, by name ([`ClusterState::node_claims`]).
@@ -169,6 +171,7 @@ impl ClusterState {
             freed_signal: tokio::sync::Notify::new(),
             rebuilds: Mutex::new(Vec::new()),
             quotas: RwLock::new(Arc::new(QuotaSet::default())),
+            rejected: Mutex::default(),
         }
     }
 

@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod decide;
 pub mod policy;
 pub mod quota;
+pub mod rejected;
 pub mod snapshot;
 pub mod verbs;
 

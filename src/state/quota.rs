@@ -42,6 +42,7 @@ impl ClusterState {
         report.quotas = inspect::quota_reports(&quotas, &usage(&table));
         drop(table);
         report.ignored_quotas = quotas.problems.clone();
+        report.rejected_records = self.rejected_records();
         report
     }
 }

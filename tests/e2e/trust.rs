@@ -271,6 +271,44 @@ fn a_tenant_cannot_rewrite_what_the_scheduler_believes() {
                 .join("\n")
         );
         eprintln!("e2e trust: without the policy: {taken:#?}");
+        // inspect names each pod whose record was refused, and the pod's owner is told by an
+        // Event (sent by the writer replica every 2 s).
+        let report = c.inspect().await?;
+        let listed: BTreeSet<String> = report["rejectedRecords"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| r["pod"].as_str().map(str::to_owned))
+            .collect();
+        for pod in ["share", "whole-a", "pinned-none-open", "pinned-one-open"] {
+            ensure!(
+                listed.contains(&format!("{NS}/{pod}")),
+                "inspect's rejectedRecords miss {pod}: {listed:?}"
+            );
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let events = c
+                .kubectl(&[
+                    "-n",
+                    NS,
+                    "get",
+                    "events",
+                    "--field-selector",
+                    "reason=AllocationRecordRejected,involvedObject.name=share",
+                    "-o",
+                    "jsonpath={.items[*].message}",
+                ])
+                .await?;
+            if events.contains("was not applied") {
+                break;
+            }
+            ensure!(
+                std::time::Instant::now() < deadline,
+                "no AllocationRecordRejected Event on pod share: {events:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
 
         // Put the bound pods' records back as they were (the admin may, before the policy), so
         // that each forgery below is a change again.

@@ -691,6 +691,24 @@ fn a_record_is_fixed_once_bound_and_forgeries_are_not_applied() {
     feed.apply_pod_event(&Event::Apply(a.clone()));
     assert_eq!(rejected(&feed).changed, 2);
     assert_eq!(feed.state().stats().records_corrupt, 0);
+    // Kept for inspect and an Event, the latest refusal a pod: a removed, b changed.
+    let kept: Vec<(String, String, String)> = feed
+        .state()
+        .rejected_records()
+        .into_iter()
+        .map(|r| (r.pod, r.uid, r.reason))
+        .collect();
+    assert_eq!(
+        kept,
+        vec![
+            ("ns/a".to_owned(), "uid-a".to_owned(), "removed".to_owned()),
+            ("ns/b".to_owned(), "uid-b".to_owned(), "changed".to_owned()),
+        ]
+    );
+    assert_eq!(feed.state().take_untold_rejections().len(), 2);
+    // Forgotten with the pod.
+    feed.apply_pod_event(&Event::Delete(a));
+    assert_eq!(feed.state().rejected_records().len(), 1);
     assert_invariants(&feed);
 }
 
