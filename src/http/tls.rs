@@ -43,9 +43,11 @@ use crate::config::TlsConfig;
 /// The longest a client may take to complete its TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Handshakes in progress at once per listener. kube-scheduler keeps its connections (HTTP/2),
-/// so it handshakes rarely; this bounds what clients that never finish can hold.
-pub const MAX_HANDSHAKES: usize = 128;
+/// Handshakes in progress at once per listener: what clients that never finish can hold is
+/// bounded (a few KiB each), and the bound is high enough that stalled clients, each cut off
+/// after [`HANDSHAKE_TIMEOUT`], rarely make a real one wait. kube-scheduler keeps its
+/// connections (HTTP/2), so it handshakes rarely.
+pub const MAX_HANDSHAKES: usize = 1024;
 
 /// Finished handshakes waiting for axum to take them.
 const ACCEPT_QUEUE: usize = 64;
@@ -642,6 +644,27 @@ mod tests {
         std::fs::write(&files.key_file, &key_b).unwrap();
         assert_eq!(reloader.check(), Reload::Reloaded);
         assert!(!Arc::ptr_eq(&before, &reloader.current().load_full()));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[tokio::test]
+    async fn clients_that_stall_their_handshake_hold_up_no_other() {
+        let dir = scratch("stall");
+        let files = files(&dir);
+        let ca = ca();
+        let (cert, key, _) = leaf(&ca);
+        write(&files, &cert, &key);
+        let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let (addr, server) = serve(&files, Duration::from_secs(3600), app).await;
+        // Connections that never send a ClientHello.
+        let mut stalled = Vec::new();
+        for _ in 0..100 {
+            stalled.push(TcpStream::connect(addr).await.unwrap());
+        }
+        let (_, status) = exchange(addr, &ca, None).await.unwrap();
+        assert_eq!(status, "HTTP/1.1 200 OK");
+        drop(stalled);
+        server.abort();
         std::fs::remove_dir_all(&dir).ok();
     }
 
