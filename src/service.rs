@@ -16,7 +16,7 @@ use tokio::net::TcpListener;
 use tracing::info;
 
 use crate::config::{ConfigFlags, ServeFlags};
-use crate::estimator::{self, EstimatorService, KubeWorkloads};
+use crate::estimator::{self, CachedWorkloads, EstimatorService, EstimatorThread, KubeWorkloads};
 use crate::http::auth::{AdminAuth, KubeReview};
 use crate::http::listen::{self, DoorLimits};
 use crate::http::server::{AppState, admin_router, guarded_admin_router, guarded_router, no_delay};
@@ -71,7 +71,11 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .tls
         .as_ref()
         .map(|files| {
-            Ok::<_, anyhow::Error>((tls::Reloader::load(files, tls::Served::Estimator)?, files))
+            let interval = Duration::from_secs(files.reload_interval_seconds);
+            Ok::<_, anyhow::Error>((
+                tls::Reloader::load(files, tls::Served::Estimator)?,
+                interval,
+            ))
         })
         .transpose()?;
     let client = kube_client(args.kubeconfig.as_deref()).await?;
@@ -183,8 +187,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         policy.clone(),
         config.clone(),
         metrics.clone(),
-    )
-    .with_workloads(Arc::new(KubeWorkloads::new(client.clone())));
+    );
     let state = AppState::new(cluster.clone(), config.clone(), metrics)
         .with_policy(policy)
         .with_binder(Arc::new(metered));
@@ -206,14 +209,6 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 config.server.admin_listen
             )
         })?;
-    let estimator_listener = match config.estimator.listen {
-        Some(addr) => Some(
-            TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("listening on {addr} (estimator.listen)"))?,
-        ),
-        None => None,
-    };
     info!(
         extender = %config.server.listen,
         scheme = if tls.is_some() { "https" } else { "http" },
@@ -243,30 +238,38 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             listen::serve(listener, extender, limits, "server.listen", stop_extender).boxed()
         }
     };
-    let estimator_server = match (estimator_listener, estimator_tls) {
-        (None, _) => None,
-        (Some(listener), None) => {
-            info!(listen = %config.estimator.listen.map(|a| a.to_string()).unwrap_or_default(),
-                cluster = %config.estimator.cluster, tls = false,
-                "Karmada scheduler-estimator serving");
-            Some(tokio::spawn(estimator::serve(
-                listener,
-                estimator,
-                wait_for(stop_rx.clone()),
-            )))
-        }
-        (Some(listener), Some((reloader, files))) => {
-            let interval = Duration::from_secs(files.reload_interval_seconds);
-            let listener = tls::TlsListener::new(listener, reloader, interval)
-                .context("serving TLS on estimator.listen")?;
-            info!(listen = %config.estimator.listen.map(|a| a.to_string()).unwrap_or_default(),
-                cluster = %config.estimator.cluster, tls = true,
-                "Karmada scheduler-estimator serving");
-            Some(tokio::spawn(estimator::serve_tls(
-                listener.into_stream(),
-                estimator,
-                wait_for(stop_rx.clone()),
-            )))
+    let estimator_server = match config.estimator.listen {
+        None => None,
+        Some(addr) => {
+            let stop = wait_for(stop_rx.clone());
+            let kubeconfig = args.kubeconfig.clone();
+            let cluster_name = config.estimator.cluster.clone();
+            // On a thread and runtime of its own, with an API client of its own: its calls
+            // neither hold the verbs' workers nor queue on the binder's client.
+            Some(
+                EstimatorThread::start(async move {
+                    let listener = TcpListener::bind(addr)
+                        .await
+                        .with_context(|| format!("listening on {addr} (estimator.listen)"))?;
+                    let client = kube_client(kubeconfig.as_deref()).await?;
+                    let workloads = CachedWorkloads::new(KubeWorkloads::new(client));
+                    let estimator = estimator.with_workloads(Arc::new(workloads));
+                    info!(listen = %addr, cluster = %cluster_name, tls = estimator_tls.is_some(),
+                        "Karmada scheduler-estimator serving");
+                    let server = match estimator_tls {
+                        None => estimator::serve(listener, estimator, stop).boxed(),
+                        Some((reloader, interval)) => {
+                            let listener = tls::TlsListener::new(listener, reloader, interval)
+                                .context("serving TLS on estimator.listen")?;
+                            estimator::serve_tls(listener.into_stream(), estimator, stop).boxed()
+                        }
+                    };
+                    Ok(server
+                        .map(|served| served.context("serving estimator.listen"))
+                        .boxed())
+                })
+                .await?,
+            )
         }
     };
     let stop_admin = wait_for(stop_rx);
@@ -306,7 +309,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     lease::release(&lease_api, &config.writer_lease, &identity).await;
     servers.await??;
     if let Some(estimator_server) = estimator_server {
-        estimator_server.await??;
+        estimator_server.stopped().await?;
     }
     info!("stopped");
     Ok(())

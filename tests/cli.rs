@@ -163,6 +163,52 @@ fn a_missing_kubeconfig_is_one_clear_line() {
     }
 }
 
+#[test]
+fn serve_refuses_an_estimator_off_loopback_without_client_certificates() {
+    let dir = scratch("estimator-off-loopback");
+    // Never read: the configuration is refused before the API server is looked for.
+    let kubeconfig = dir.join("kubeconfig");
+    let serve = |extra: &[(&str, &str)]| {
+        command(
+            &dir,
+            &["serve", "--kubeconfig", kubeconfig.to_str().unwrap()],
+        )
+        .env("GPU_EXTENDER_ESTIMATOR_LISTEN", "0.0.0.0:10352")
+        .envs(extra.iter().copied())
+        .output()
+        .unwrap()
+    };
+    let refused = serve(&[]);
+    assert!(!refused.status.success());
+    let err = stderr(&refused);
+    for key in [
+        "estimator.listen: 0.0.0.0:10352 is not a loopback address",
+        "estimator.tls.clientCaFile",
+        "estimator.allowUnauthenticated",
+    ] {
+        assert!(err.contains(key), "{key} is not named:\n{err}");
+    }
+    assert!(!err.contains("kubeconfig"), "{err}");
+    // A server certificate alone is not enough: clients must present theirs.
+    let server_only = serve(&[
+        ("GPU_EXTENDER_ESTIMATOR_TLS_CERT_FILE", "/tls/tls.crt"),
+        ("GPU_EXTENDER_ESTIMATOR_TLS_KEY_FILE", "/tls/tls.key"),
+    ]);
+    assert!(
+        stderr(&server_only).contains("estimator.tls.clientCaFile"),
+        "{}",
+        stderr(&server_only)
+    );
+    // With the explicit opt-out the configuration passes, and the start goes on to the
+    // kubeconfig (missing here).
+    let opted_out = serve(&[("GPU_EXTENDER_ESTIMATOR_ALLOW_UNAUTHENTICATED", "true")]);
+    assert!(!opted_out.status.success());
+    let err = stderr(&opted_out);
+    assert!(!err.contains("estimator.listen"), "{err}");
+    assert!(err.contains("kubeconfig"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// A stand-in API server on loopback: the node list, the pod list (both empty) and one pod
 /// asking for a whole GPU, as JSON; its kubeconfig is written into `dir`.
 fn fake_api_server(dir: &Path) -> PathBuf {

@@ -368,6 +368,41 @@ fn the_karmada_estimator_component_serves_where_its_services_point() {
     let listen = config["estimator"]["listen"]
         .as_str()
         .unwrap_or_else(|| panic!("estimator.listen is not set by {env:?}: {config:?}"));
+    // Off loopback with client certificates required (check-config refuses it otherwise),
+    // served from the keys of the Secret mounted where the files are named.
+    let tls = &config["estimator"]["tls"];
+    for (key, file) in [
+        ("certFile", "tls.crt"),
+        ("keyFile", "tls.key"),
+        ("clientCaFile", "ca.crt"),
+    ] {
+        let path = tls[key]
+            .as_str()
+            .unwrap_or_else(|| panic!("estimator.tls.{key} is not set: {config:?}"));
+        let (dir, name) = path.rsplit_once('/').unwrap();
+        assert_eq!(name, file, "estimator.tls.{key}");
+        let mount = extender["volumeMounts"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .find(|m| m["mountPath"].as_str() == Some(dir))
+            .unwrap_or_else(|| panic!("estimator.tls.{key}: nothing mounted at {dir}"));
+        let volume = rendered.pod_spec()["volumes"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .find(|v| v["name"] == mount["name"])
+            .unwrap_or_else(|| panic!("no volume {:?}", mount["name"]));
+        assert_eq!(
+            volume["secret"]["secretName"].as_str(),
+            Some("gpu-extender-estimator-tls"),
+            "estimator.tls.{key}"
+        );
+    }
+    assert_eq!(
+        config["estimator"]["allowUnauthenticated"].as_bool(),
+        Some(false)
+    );
     let port: u64 = listen.rsplit_once(':').unwrap().1.parse().unwrap();
     let named = Value::String("estimator".into());
     assert_eq!(rendered.port_number(extender, &named), port);
@@ -2026,7 +2061,13 @@ fn helm_chart_renders_the_objects_of_deploy() {
 fn helm_lint_passes_and_the_schema_refuses_bad_values() {
     let test = "helm_lint_passes_and_the_schema_refuses_bad_values";
     let Some(helm) = helm(test) else { return };
-    for set in [&[][..], EVERY_OPTION] {
+    // The estimator without a Secret is accepted only with the explicit opt-out.
+    let unauthenticated_estimator = &[
+        "karmadaEstimator.enabled=true",
+        "karmadaEstimator.allowUnauthenticated=true",
+        "karmadaEstimator.tls.secretName=",
+    ][..];
+    for set in [&[][..], EVERY_OPTION, unauthenticated_estimator] {
         let out = helm.on_chart("lint", "gpu-extender", set, None);
         let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
         assert!(
@@ -2072,6 +2113,11 @@ fn helm_lint_passes_and_the_schema_refuses_bad_values() {
         (
             "karmadaEstimator:\n  enabled: true\n  serviceType: LoadBalancer\n",
             "'/karmadaEstimator/loadBalancerSourceRanges': minItems: got 0, want 1",
+        ),
+        // The estimator off loopback with neither client certificates nor the opt-out.
+        (
+            "karmadaEstimator:\n  enabled: true\n  tls:\n    secretName: \"\"\n",
+            "'/karmadaEstimator/tls/secretName': minLength: got 0, want 1",
         ),
     ];
     for (values, says) in bad {

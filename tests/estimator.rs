@@ -1,7 +1,7 @@
 //! The Karmada scheduler-estimator service (`gpu_extender::estimator`) called without a socket:
-//! answers from the table (per-GPU fit, node claims, pods already there), and bad requests
-//! answered with a gRPC code and a reason, never a panic (also for arbitrary bytes and random
-//! well-formed requests).
+//! answers from the table (per-GPU fit, node claims, pods already there), bad requests answered
+//! with a gRPC code and a reason, never a panic (also for arbitrary bytes and random well-formed
+//! requests), and calls past `estimator.maxConcurrentRequests` refused at once.
 
 #![allow(
     clippy::unwrap_used,
@@ -17,6 +17,7 @@ use gpu_engine::{
     PodAllocation, PodKey, Table,
 };
 use gpu_extender::config::Config;
+use gpu_extender::estimator::proto::service::estimator_server::Estimator;
 use gpu_extender::estimator::proto::{core, pb, resource};
 use gpu_extender::estimator::{EstimatorService, WorkloadError, Workloads};
 use gpu_extender::state::{ClusterState, PolicyCell};
@@ -28,7 +29,7 @@ use k8s_openapi::jiff::Timestamp;
 use proptest::prelude::*;
 use prost::Message as _;
 use serde_json::json;
-use tonic::Code;
+use tonic::{Code, Request};
 
 const GPU_MEM: &str = "aliyun.com/gpu-mem";
 const WHOLE: &str = "nvidia.com/gpu";
@@ -496,6 +497,110 @@ async fn unschedulable_replicas_are_the_current_replica_sets_pods_waiting_past_t
         .unschedulable_replicas(&unschedulable_request("Deployment", "train", 0), now)
         .await;
     assert_eq!(answer.unwrap_err().code(), Code::Unimplemented);
+}
+
+/// A Deployment lookup that reports it has started and then waits for a permit of `release`:
+/// a `GetUnschedulableReplicas` call held in flight.
+struct Held {
+    inside: tokio::sync::mpsc::UnboundedSender<()>,
+    release: Arc<tokio::sync::Semaphore>,
+}
+
+impl Workloads for Held {
+    fn current_replica_set<'a>(
+        &'a self,
+        _namespace: &'a str,
+        _name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, WorkloadError>> {
+        Box::pin(async move {
+            self.inside.send(()).unwrap();
+            let _turn = self.release.acquire().await.unwrap();
+            Ok(Some("rs-new".to_owned()))
+        })
+    }
+}
+
+#[tokio::test]
+async fn calls_past_the_cap_are_refused_at_once_and_counted() {
+    let mut cfg = Config::default();
+    cfg.estimator.max_concurrent_requests = 1;
+    let cluster = Arc::new(ClusterState::with_table(Table::new(
+        cfg.policy.max_pods_per_shared_gpu,
+    )));
+    let policy = PolicyCell::from(Arc::new(cfg.engine_policy()));
+    let metrics = Metrics::new().unwrap();
+    let (inside_tx, mut inside) = tokio::sync::mpsc::unbounded_channel();
+    let release = Arc::new(tokio::sync::Semaphore::new(0));
+    let held = Held {
+        inside: inside_tx,
+        release: Arc::clone(&release),
+    };
+    let service = Arc::new(
+        EstimatorService::new(cluster, policy, Arc::new(cfg), metrics.clone())
+            .with_workloads(Arc::new(held)),
+    );
+    let first = tokio::spawn({
+        let service = Arc::clone(&service);
+        async move {
+            Estimator::get_unschedulable_replicas(
+                &*service,
+                Request::new(unschedulable_request("Deployment", "train", 0)),
+            )
+            .await
+        }
+    });
+    inside.recv().await.unwrap();
+
+    // The one turn is taken: every method is refused at once, saying why.
+    let refused = [
+        Estimator::max_available_replicas(
+            &*service,
+            Request::new(request(&[(GPU_MEM, "1")], None)),
+        )
+        .await
+        .map(|_| ()),
+        Estimator::max_available_component_sets(
+            &*service,
+            Request::new(pb::MaxAvailableComponentSetsRequest::default()),
+        )
+        .await
+        .map(|_| ()),
+        Estimator::get_unschedulable_replicas(
+            &*service,
+            Request::new(unschedulable_request("Deployment", "train", 0)),
+        )
+        .await
+        .map(|_| ()),
+    ];
+    for answer in refused {
+        let status = answer.unwrap_err();
+        assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+        assert!(
+            status.message().contains("estimator.maxConcurrentRequests"),
+            "{status:?}"
+        );
+    }
+    assert_eq!(metrics.estimator_requests_shed.get(), 3);
+    let counted = |method: &str, code: &str| {
+        metrics
+            .estimator_requests
+            .with_label_values(&[method, code])
+            .get()
+    };
+    assert_eq!(counted("MaxAvailableReplicas", "ResourceExhausted"), 1);
+
+    // The call in flight is answered; its turn is then free again.
+    release.add_permits(1);
+    let answered = first.await.unwrap().unwrap();
+    assert_eq!(answered.get_ref().unschedulable_replicas, 0);
+    assert_eq!(counted("GetUnschedulableReplicas", "OK"), 1);
+    let after = Estimator::max_available_replicas(
+        &*service,
+        Request::new(request(&[(GPU_MEM, "1")], None)),
+    )
+    .await;
+    assert!(after.is_ok(), "{after:?}");
+    assert_eq!(metrics.estimator_requests_shed.get(), 3);
 }
 
 /// A resource name: mostly ones the extender knows, sometimes not.

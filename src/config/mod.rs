@@ -154,6 +154,8 @@ pub const KEYS: &[&str] = &[
     "estimator.tls.clientCaFile",
     "estimator.tls.reloadIntervalSeconds",
     "estimator.tls.allowedClientNames",
+    "estimator.allowUnauthenticated",
+    "estimator.maxConcurrentRequests",
 ];
 
 /// Why the configuration could not be loaded. Messages name the file, variable or key at fault.
@@ -771,11 +773,12 @@ impl Default for TlsConfig {
 }
 
 /// Karmada's scheduler-estimator gRPC service ([`crate::estimator`]).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct EstimatorConfig {
     /// Where the `Estimator` service listens (plain gRPC, or TLS with `tls`); unset: not served.
     /// karmada-scheduler dials port 10352 unless told otherwise (`--scheduler-estimator-port`).
+    /// Off loopback, validation requires `tls.clientCaFile` unless `allow_unauthenticated`.
     pub listen: Option<SocketAddr>,
     /// The member cluster's name in Karmada: requests naming another cluster are refused.
     /// Empty: any name is accepted.
@@ -783,6 +786,25 @@ pub struct EstimatorConfig {
     /// Serve gRPC over TLS (ALPN `h2`) with these files, as karmada-scheduler dials with
     /// `--scheduler-estimator-ca-file` (and a client certificate when `clientCaFile` is set).
     pub tls: Option<TlsConfig>,
+    /// Serve a `listen` address off loopback without requiring client certificates: for an
+    /// estimator behind something else that authenticates its callers (a mesh's mutual TLS, an
+    /// authenticating proxy). Without it such an address needs `tls.clientCaFile`.
+    pub allow_unauthenticated: bool,
+    /// Estimator calls served at once, over all connections; more are answered
+    /// `RESOURCE_EXHAUSTED` at once.
+    pub max_concurrent_requests: u32,
+}
+
+impl Default for EstimatorConfig {
+    fn default() -> Self {
+        Self {
+            listen: None,
+            cluster: String::new(),
+            tls: None,
+            allow_unauthenticated: false,
+            max_concurrent_requests: 16,
+        }
+    }
 }
 
 /// Binding.

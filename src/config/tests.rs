@@ -265,6 +265,63 @@ fn an_invalid_value_names_the_key_and_the_choices() {
 }
 
 #[test]
+fn an_estimator_off_loopback_requires_client_certificates_or_the_opt_out() {
+    // Off loopback without a client CA: refused, naming the keys that would fix it.
+    for listen in ["0.0.0.0:10352", "192.0.2.7:10352", "[::]:10352"] {
+        for tls in ["", "  tls: {certFile: /c, keyFile: /k}\n"] {
+            let err = from_yaml(&format!("estimator:\n  listen: \"{listen}\"\n{tls}"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("estimator.listen"), "{err}");
+            for key in [
+                "estimator.tls.clientCaFile",
+                "estimator.tls.certFile",
+                "estimator.allowUnauthenticated",
+            ] {
+                assert!(err.contains(key), "{listen} {tls:?}: {err}");
+            }
+        }
+    }
+    // With client certificates required, or the explicit opt-out, it starts.
+    let mutual = "estimator:\n  listen: 0.0.0.0:10352\n  tls: {certFile: /c, keyFile: /k, \
+                  clientCaFile: /ca}\n";
+    assert!(from_yaml(mutual).is_ok());
+    let opted_out = "estimator:\n  listen: 0.0.0.0:10352\n  allowUnauthenticated: true\n";
+    assert!(
+        from_yaml(opted_out)
+            .unwrap()
+            .estimator
+            .allow_unauthenticated
+    );
+    // Loopback (v4, v6 and v4-mapped) needs neither.
+    for listen in ["127.0.0.1:10352", "[::1]:10352", "[::ffff:127.0.0.1]:10352"] {
+        let config = from_yaml(&format!("estimator:\n  listen: \"{listen}\"\n"));
+        assert!(config.is_ok(), "{listen}: {config:?}");
+    }
+    // The environment's address counts the same as the file's.
+    let env = [(
+        "GPU_EXTENDER_ESTIMATOR_LISTEN".to_owned(),
+        "0.0.0.0:10352".to_owned(),
+    )];
+    let err = Config::from_sources(None, &env, &[])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("estimator.allowUnauthenticated"), "{err}");
+}
+
+#[test]
+fn estimator_concurrency_is_bounded() {
+    assert_eq!(Config::default().estimator.max_concurrent_requests, 16);
+    for bad in [0, 1025] {
+        let err = from_yaml(&format!("estimator:\n  maxConcurrentRequests: {bad}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("estimator.maxConcurrentRequests"), "{err}");
+    }
+    assert!(from_yaml("estimator:\n  maxConcurrentRequests: 1\n").is_ok());
+}
+
+#[test]
 fn env_overrides_the_file_and_flags_override_env() {
     let yaml = "policy:\n  scoring: spread\n  maxPodsPerSharedGpu: 10\n";
     let vars = env(&[

@@ -234,6 +234,31 @@ impl Config {
                 );
             }
         }
+        let e = &self.estimator;
+        if let Some(listen) = e.listen {
+            let authenticated = e
+                .tls
+                .as_ref()
+                .is_some_and(|tls| tls.client_ca_file.is_some());
+            check(
+                listen.ip().to_canonical().is_loopback()
+                    || authenticated
+                    || e.allow_unauthenticated,
+                "estimator.listen",
+                format!(
+                    "{listen} is not a loopback address, so callers must present a client \
+                     certificate: set estimator.tls.certFile, estimator.tls.keyFile and \
+                     estimator.tls.clientCaFile (the CA of karmada-scheduler's \
+                     --scheduler-estimator-cert-file), or set estimator.allowUnauthenticated: \
+                     true where something in front of the estimator authenticates its callers"
+                ),
+            );
+        }
+        check(
+            (1..=1024).contains(&e.max_concurrent_requests),
+            "estimator.maxConcurrentRequests",
+            format!("{} is out of range 1..=1024", e.max_concurrent_requests),
+        );
         for path in &s.admin_auth.paths {
             check(
                 ADMIN_PATHS.contains(&path.as_str()),

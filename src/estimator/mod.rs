@@ -4,14 +4,16 @@
 //! ([`gpu_engine::capacity`]). Off unless `estimator.listen` is set.
 //!
 //! [`proto`] holds the messages generated from Karmada's files, [`template`] reads a request's
-//! replica template into a pod, [`workload`] finds the pods of a workload Karmada names, and
-//! [`server`] serves the RPCs.
+//! replica template into a pod, [`workload`] finds the pods of a workload Karmada names,
+//! [`server`] serves the RPCs, and [`thread`] runs the server on a thread and runtime of its own.
 
 pub mod proto;
 pub mod server;
 pub mod template;
+pub mod thread;
 pub mod workload;
 
 pub use server::{EstimatorService, serve, serve_tls};
 pub use template::{Template, TemplateError};
-pub use workload::{KubeWorkloads, WorkloadError, Workloads};
+pub use thread::EstimatorThread;
+pub use workload::{CachedWorkloads, KubeWorkloads, WorkloadError, WorkloadSource, Workloads};

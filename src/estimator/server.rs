@@ -3,7 +3,10 @@
 //! cordon admit the template ([`NodeClaims`](crate::objects::admission::NodeClaims)), and counts with
 //! [`max_replicas`]. Pods already bound and capacity reserved at bind are in the table, so they
 //! are honoured as they are.
-//! Requests are counted and timed by method and gRPC code (docs/metrics.md).
+//! Requests are counted and timed by method and gRPC code (docs/metrics.md); at most
+//! `estimator.maxConcurrentRequests` are served at once over all connections, the rest answered
+//! `RESOURCE_EXHAUSTED` at once (karmada-scheduler then schedules that workload with its
+//! general estimator's answers alone).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -15,6 +18,7 @@ use futures::{Stream, StreamExt as _};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, SemaphorePermit};
 use tonic::transport::server::Connected;
 use tonic::{Code, Request, Response, Status};
 
@@ -43,6 +47,9 @@ pub struct EstimatorService {
     /// Where a workload's current ReplicaSet is found (`GetUnschedulableReplicas`); without
     /// it that method answers `Unimplemented`.
     workloads: Option<Arc<dyn Workloads>>,
+    /// One permit per call served at once (`estimator.maxConcurrentRequests`), shared by every
+    /// connection.
+    permits: Arc<Semaphore>,
 }
 
 impl std::fmt::Debug for EstimatorService {
@@ -62,12 +69,16 @@ impl EstimatorService {
         config: Arc<Config>,
         metrics: Metrics,
     ) -> Self {
+        let limit = usize::try_from(config.estimator.max_concurrent_requests)
+            .unwrap_or(1)
+            .clamp(1, Semaphore::MAX_PERMITS);
         Self {
             cluster,
             policy,
             config,
             metrics,
             workloads: None,
+            permits: Arc::new(Semaphore::new(limit)),
         }
     }
 
@@ -195,6 +206,19 @@ impl EstimatorService {
             .collect())
     }
 
+    /// A turn to serve one call, if one is free now: a call that waited would only pile up
+    /// behind those running while karmada-scheduler's own timeout (3 s by default) runs out.
+    fn admit(&self) -> Result<SemaphorePermit<'_>, Status> {
+        self.permits.try_acquire().map_err(|_| {
+            self.metrics.estimator_requests_shed.inc();
+            Status::resource_exhausted(format!(
+                "the GPU extender's estimator is serving its limit of {} calls \
+                 (estimator.maxConcurrentRequests); retry",
+                self.config.estimator.max_concurrent_requests
+            ))
+        })
+    }
+
     fn check_cluster(&self, asked: &str) -> Result<(), Status> {
         let served = &self.config.estimator.cluster;
         if !served.is_empty() && asked != served {
@@ -230,6 +254,7 @@ pub fn code_label(code: Code) -> &'static str {
         Code::Unavailable => "Unavailable",
         Code::Unimplemented => "Unimplemented",
         Code::NotFound => "NotFound",
+        Code::ResourceExhausted => "ResourceExhausted",
         _ => "Other",
     }
 }
@@ -241,7 +266,9 @@ impl Estimator for EstimatorService {
         request: Request<pb::MaxAvailableReplicasRequest>,
     ) -> Result<Response<pb::MaxAvailableReplicasResponse>, Status> {
         let started = Instant::now();
-        let answer = self.max_available_replicas(request.get_ref());
+        let answer = self
+            .admit()
+            .and_then(|_turn| self.max_available_replicas(request.get_ref()));
         self.observe(METHODS[0], started, &answer);
         let max_replicas = i32::try_from(answer?).unwrap_or(i32::MAX);
         Ok(Response::new(pb::MaxAvailableReplicasResponse {
@@ -254,12 +281,15 @@ impl Estimator for EstimatorService {
         request: Request<pb::MaxAvailableComponentSetsRequest>,
     ) -> Result<Response<pb::MaxAvailableComponentSetsResponse>, Status> {
         let started = Instant::now();
-        let answer = self.check_cluster(&request.get_ref().cluster).and_then(|()| {
-            Err::<pb::MaxAvailableComponentSetsResponse, _>(Status::unimplemented(
-                "MaxAvailableComponentSets (multi-component workloads) is not supported by the GPU \
-                 extender's estimator",
-            ))
-        });
+        let answer = self
+            .admit()
+            .and_then(|_turn| self.check_cluster(&request.get_ref().cluster))
+            .and_then(|()| {
+                Err::<pb::MaxAvailableComponentSetsResponse, _>(Status::unimplemented(
+                    "MaxAvailableComponentSets (multi-component workloads) is not supported by \
+                     the GPU extender's estimator",
+                ))
+            });
         self.observe(METHODS[1], started, &answer);
         answer.map(Response::new)
     }
@@ -269,9 +299,13 @@ impl Estimator for EstimatorService {
         request: Request<pb::UnschedulableReplicasRequest>,
     ) -> Result<Response<pb::UnschedulableReplicasResponse>, Status> {
         let started = Instant::now();
-        let answer = self
-            .unschedulable_replicas(request.get_ref(), Timestamp::now())
-            .await;
+        let answer = match self.admit() {
+            Ok(_turn) => {
+                self.unschedulable_replicas(request.get_ref(), Timestamp::now())
+                    .await
+            }
+            Err(status) => Err(status),
+        };
         self.observe(METHODS[2], started, &answer);
         let unschedulable_replicas = i32::try_from(answer?).unwrap_or(i32::MAX);
         Ok(Response::new(pb::UnschedulableReplicasResponse {

@@ -75,6 +75,8 @@ pub struct Metrics {
     pub estimator_requests: IntCounterVec,
     /// Time to answer one scheduler-estimator call, by method.
     pub estimator_duration: HistogramVec,
+    /// Scheduler-estimator calls refused at `estimator.maxConcurrentRequests`.
+    pub estimator_requests_shed: IntCounter,
     /// Every family's name, in registration order.
     names: Arc<Vec<String>>,
     /// The families read from the shared state, once [`Metrics::watch_state`] named it.
@@ -194,6 +196,11 @@ impl Metrics {
         )?;
         register(&registry, &mut names, estimator_requests.clone())?;
         register(&registry, &mut names, estimator_duration.clone())?;
+        let estimator_requests_shed = IntCounter::new(
+            "gpu_extender_estimator_requests_shed_total",
+            "Karmada scheduler-estimator calls answered RESOURCE_EXHAUSTED at estimator.maxConcurrentRequests.",
+        )?;
+        register(&registry, &mut names, estimator_requests_shed.clone())?;
         register(&registry, &mut names, pod_events.clone())?;
         register(&registry, &mut names, requeue_touches.clone())?;
         register(&registry, &mut names, request_duration.clone())?;
@@ -291,6 +298,7 @@ impl Metrics {
             quota_evictions,
             estimator_requests,
             estimator_duration,
+            estimator_requests_shed,
         })
     }
 

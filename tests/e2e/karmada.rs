@@ -7,19 +7,28 @@
 //! controller reports), promises more, before the pods and after. Then a Deployment's replicas
 //! wait in the full cluster, and Karmada's client asks how many have been unschedulable
 //! (`GetUnschedulableReplicas`): those of the Deployment's current ReplicaSet only. Over mutual
-//! TLS (`estimator.tls`), Karmada's client answers with its CA and certificate, and not without.
+//! TLS (`estimator.tls`), on this machine's address off loopback (where the extender requires
+//! client certificates), Karmada's client is answered with its CA and certificate, and not
+//! without; a handshake without a client certificate is refused with TLS's alert; and SIGTERM
+//! stops the estimator's own thread with the rest.
 
 use std::collections::BTreeMap;
+use std::io::{Read as _, Write as _};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
+use gpu_test_support::port::host_address;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{ListParams, PostParams};
 use rcgen::ExtendedKeyUsagePurpose;
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{Value, json};
 
 use crate::harness::{Cluster, ROOT, free_port};
@@ -124,15 +133,59 @@ fn estimate_dialled(
     Ok((read("accurate")?, read("general")?))
 }
 
+/// How a TLS client without a certificate fares against the estimator at `addr` (trusting
+/// `ca_pem`, offering gRPC's `h2`): the error its first read after the handshake gets, which
+/// carries the server's alert. An answer is an error of this function.
+fn refused_without_certificate(addr: SocketAddr, ca_pem: &str) -> Result<String> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_slice(ca_pem.as_bytes())?)?;
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let socket = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    socket.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let name = ServerName::try_from(addr.ip().to_string())?;
+    let connection = rustls::ClientConnection::new(Arc::new(config), name)?;
+    let mut tls = rustls::StreamOwned::new(connection, socket);
+    // In TLS 1.3 the client's side of the handshake ends before the server has judged the
+    // (missing) certificate: its verdict arrives with the first read.
+    if let Err(error) = tls
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .and_then(|()| tls.flush())
+    {
+        return Ok(error.to_string());
+    }
+    let mut answer = [0u8; 64];
+    match tls.read(&mut answer) {
+        Ok(0) => bail!("the estimator closed the connection without a TLS alert"),
+        Ok(n) => bail!("the estimator answered a client without a certificate ({n} bytes)"),
+        Err(error) => Ok(error.to_string()),
+    }
+}
+
 #[test]
 #[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
 fn karmada_estimator_over_mutual_tls() {
     crate::harness::run("karmada_estimator_tls", async |c| {
         let dir = c.dir.join("estimator-tls");
         std::fs::create_dir_all(&dir)?;
+        // Off loopback, as karmada-scheduler reaches it: there the extender requires client
+        // certificates (tests/cli.rs shows it refusing to start without).
+        let host = host_address().unwrap_or_else(|| {
+            eprintln!(
+                "karmada_estimator_over_mutual_tls: this machine has no address off loopback; \
+                 the estimator is tested on 127.0.0.1 only"
+            );
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        });
         let serving = Ca::new("estimator serving CA")?;
         let clients = Ca::new("karmada-scheduler client CA")?;
-        let (cert, key, _) = serving.leaf(&["127.0.0.1"], ExtendedKeyUsagePurpose::ServerAuth)?;
+        let (cert, key, _) =
+            serving.leaf(&[&host.to_string()], ExtendedKeyUsagePurpose::ServerAuth)?;
         let (client_cert, client_key, _) =
             clients.leaf(&["karmada-scheduler"], ExtendedKeyUsagePurpose::ClientAuth)?;
         let file = |name: &str, text: &str| -> Result<String> {
@@ -145,13 +198,14 @@ fn karmada_estimator_over_mutual_tls() {
             file("client.crt", &client_cert)?,
             file("client.key", &client_key)?,
         );
-        let port = free_port()?;
-        let addr = format!("127.0.0.1:{port}");
+        let socket = SocketAddr::new(host, free_port()?);
+        let addr = socket.to_string();
+        eprintln!("karmada_estimator_over_mutual_tls: the estimator listens on {addr}");
         up(
             c,
             &[GpuNode::new("t4-a", Mode::Share, 4, "Tesla-T4", 16)],
             &format!(
-                "estimator:\n  listen: {addr}\n  cluster: member\n  tls:\n    certFile: {cert}\n    \
+                "estimator:\n  listen: \"{addr}\"\n  cluster: member\n  tls:\n    certFile: {cert}\n    \
                  keyFile: {key}\n    clientCaFile: {client_ca}\n"
             ),
         )
@@ -194,6 +248,32 @@ fn karmada_estimator_over_mutual_tls() {
                 "{what}: the estimator answered"
             );
         }
+        // The refusal is the handshake's: TLS's alert for a missing client certificate.
+        let serving_pem = serving.pem.clone();
+        let refusal =
+            tokio::task::spawn_blocking(move || refused_without_certificate(socket, &serving_pem))
+                .await??;
+        ensure!(
+            refusal.contains("CertificateRequired"),
+            "a client without a certificate: {refusal}"
+        );
+
+        // SIGTERM stops the estimator's own thread and runtime with the rest: the extender
+        // drains, and its last word is that it stopped (not killed after the grace period).
+        c.stop_extender();
+        let log = std::fs::read_to_string(c.dir.join("extender.log"))?;
+        let last_run = log
+            .rsplit("===== extender start #")
+            .next()
+            .unwrap_or_default();
+        let lines: Vec<&str> = last_run.lines().collect();
+        ensure!(
+            lines
+                .iter()
+                .any(|line| line.trim_end().ends_with("stopped")),
+            "the extender did not stop cleanly; its log ends:\n{}",
+            lines[lines.len().saturating_sub(10)..].join("\n")
+        );
         Ok(())
     });
 }

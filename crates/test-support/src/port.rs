@@ -1,6 +1,7 @@
-//! Loopback addresses for the servers a test starts.
+//! Addresses for the servers a test starts: loopback ones, and this machine's own address off
+//! loopback for a server that must be tested where other machines could reach it.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::{IpAddr, SocketAddr, TcpListener, UdpSocket};
 
 use anyhow::{Context, Result, bail};
 
@@ -29,6 +30,22 @@ pub fn free_port() -> Result<u16> {
     bail!("no free loopback port found in 20000-32767")
 }
 
+/// This machine's own address off loopback, if it has one this process can listen on: the source
+/// address of its route to an outside address (found by connecting a UDP socket, which sends
+/// nothing), IPv4 first.
+pub fn host_address() -> Option<IpAddr> {
+    let probe = |local: &str, outside: &str| {
+        let socket = UdpSocket::bind(local).ok()?;
+        socket.connect(outside).ok()?;
+        let ip = socket.local_addr().ok()?.ip();
+        let usable =
+            !ip.is_loopback() && !ip.is_unspecified() && TcpListener::bind((ip, 0)).is_ok();
+        usable.then_some(ip)
+    };
+    // Documentation addresses (TEST-NET-3, 2001:db8::/32): routed like any, never answered.
+    probe("0.0.0.0:0", "203.0.113.1:9").or_else(|| probe("[::]:0", "[2001:db8::1]:9"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -41,6 +58,16 @@ mod tests {
         let addr = free_addr()?;
         assert!(addr.ip().is_loopback());
         TcpListener::bind(addr)?;
+        Ok(())
+    }
+
+    #[test]
+    fn the_host_address_is_off_loopback_and_bindable() -> Result<()> {
+        // A machine without a route out has none; one it names must be usable.
+        if let Some(ip) = host_address() {
+            assert!(!ip.is_loopback() && !ip.is_unspecified(), "{ip}");
+            TcpListener::bind((ip, 0))?;
+        }
         Ok(())
     }
 }

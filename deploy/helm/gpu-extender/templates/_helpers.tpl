@@ -36,6 +36,7 @@ app.kubernetes.io/component: gpu-scheduler
 {{/* Where the TLS Secret is mounted in each container. */}}
 {{- define "gpu-extender.tlsDir" -}}/etc/gpu-extender/tls{{- end }}
 {{- define "gpu-extender.schedulerTlsDir" -}}/etc/kubernetes/gpu-extender-tls{{- end }}
+{{- define "gpu-extender.estimatorTlsDir" -}}/etc/gpu-extender/estimator-tls{{- end }}
 
 {{/*
 The extender's configuration file: config, with server.tls pointing at the mounted Secret when
