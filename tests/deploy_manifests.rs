@@ -179,6 +179,14 @@ impl Rendered {
         &self.deployment()["spec"]["template"]["spec"]
     }
 
+    /// The Deployment's ServiceAccount: (namespace, name).
+    fn service_account(&self) -> (String, String) {
+        let account = self.pod_spec()["serviceAccountName"]
+            .as_str()
+            .expect("the Deployment names its serviceAccountName");
+        (namespace(self.deployment()).to_owned(), account.to_owned())
+    }
+
     /// Every container of the pod, sidecars (restartable init containers) included.
     fn containers(&self) -> Vec<&Value> {
         let spec = self.pod_spec();
@@ -764,6 +772,86 @@ fn the_pod_is_locked_down() {
     }
 }
 
+/// kubectl applies objects in the order `kubectl kustomize` prints them: the admission policies
+/// come before the RBAC they narrow and the workloads that use it, in deploy/ and in
+/// deploy/node-agent/.
+#[test]
+#[ignore = "needs the Kubernetes binaries; make test runs it, or cargo test --test deploy_manifests -- --ignored"]
+fn admission_policies_are_applied_before_the_rights_they_narrow() {
+    let bins = k8s_bins("admission_policies_are_applied_before_the_rights_they_narrow");
+    for dir in ["deploy", "deploy/node-agent"] {
+        let objects = parse_documents(&kustomize(&bins, dir), dir);
+        let position = |kinds: &[&str]| -> Vec<usize> {
+            objects
+                .iter()
+                .enumerate()
+                .filter(|(_, o)| kinds.contains(&kind(o)))
+                .map(|(i, _)| i)
+                .collect()
+        };
+        let policies = position(&[
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        ]);
+        let narrowed = position(&[
+            "ServiceAccount",
+            "Role",
+            "ClusterRole",
+            "RoleBinding",
+            "ClusterRoleBinding",
+            "Deployment",
+            "DaemonSet",
+        ]);
+        assert!(!policies.is_empty() && !narrowed.is_empty(), "{dir}");
+        let order: Vec<String> = objects.iter().map(describe).collect();
+        assert!(
+            policies.iter().max() < narrowed.iter().min(),
+            "{dir}: an admission policy comes after what it narrows:\n{}",
+            order.join("\n")
+        );
+    }
+}
+
+/// Every ingress rule of the NetworkPolicies in deploy/ names its sources (a rule without `from`
+/// admits every source), and the gpu-scheduler pods admit nothing on the extender's scheduling
+/// port, which kube-scheduler reaches over the pod's loopback. Read from the files themselves.
+#[test]
+fn network_policies_admit_named_sources_only() {
+    let mut policies = Vec::new();
+    for file in [
+        "deploy/networkpolicy.yaml",
+        "deploy/karmada-estimator/networkpolicy.yaml",
+    ] {
+        let text = std::fs::read_to_string(Path::new(ROOT).join(file)).unwrap();
+        policies.extend(parse_documents(&text, file));
+    }
+    assert_eq!(policies.len(), 2);
+    for policy in &policies {
+        let who = describe(policy);
+        let rules = policy["spec"]["ingress"].as_sequence().unwrap();
+        assert!(!rules.is_empty(), "{who}");
+        for rule in rules {
+            let from = rule["from"].as_sequence();
+            assert!(
+                from.is_some_and(|peers| !peers.is_empty()
+                    && peers
+                        .iter()
+                        .all(|p| p.as_mapping().is_some_and(|m| !m.is_empty()))),
+                "{who}: a rule that admits every source: {rule:?}"
+            );
+        }
+    }
+    let scheduler = find(&policies, "NetworkPolicy", "gpu-scheduler");
+    let ports: Vec<&str> = scheduler["spec"]["ingress"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r["ports"].as_sequence().unwrap())
+        .map(|p| p["port"].as_str().unwrap())
+        .collect();
+    assert_eq!(ports, ["admin", "https"]);
+}
+
 /// The sidecar's command line is one the binary accepts (`gpu-extender serve --config=...`).
 /// Read from `deploy/deployment.yaml` itself, so this needs no Kubernetes binaries.
 #[test]
@@ -972,18 +1060,7 @@ impl Plane {
             ],
             None,
         );
-        let admin = std::fs::read_to_string(self.dir.join("kubeconfig")).unwrap();
-        let mut kubeconfig: Value = serde_yaml_ng::from_str(&admin).unwrap();
-        kubeconfig["users"][0]["user"]
-            .as_mapping_mut()
-            .unwrap()
-            .insert("token".into(), token.trim().into());
-        let kubeconfig_file = self.dir.join("extender.kubeconfig");
-        std::fs::write(
-            &kubeconfig_file,
-            serde_yaml_ng::to_string(&kubeconfig).unwrap(),
-        )
-        .unwrap();
+        let kubeconfig_file = self.kubeconfig_with_token("extender.kubeconfig", &token);
         let config_file = self.dir.join("extender-config.yaml");
         std::fs::write(&config_file, config_text).unwrap();
         let log = self.dir.join("extender.log");
@@ -1442,6 +1519,163 @@ fn deploy_applies_to_a_real_api_server_and_its_scheduler_config_runs() {
         !extender_log.contains("forbidden") && !extender_log.contains(" 403"),
         "the extender was refused something:\n{extender_log}"
     );
+
+    // 9. The pod's ServiceAccount, shared by kube-scheduler and the extender, with every right
+    //    deploy/ binds to it: pod-write-policy.yaml lets it set the requeue annotation on that
+    //    pod and refuses any other change.
+    let (_, account) = rendered.service_account();
+    pod_writes_are_held_to_the_requeue_annotation(&plane, ns, &account);
+}
+
+/// A key that names the requeue annotation (`annotations.requeue`'s default).
+const REQUEUE: &str = "gpu-extender.io/requeue";
+
+/// As `system:serviceaccount:<ns>:<account>` (the Deployment's ServiceAccount, holding what
+/// deploy/ binds to it), on the bound pod `gpu-probe`: setting the requeue annotation is allowed;
+/// an image, a label, another annotation, the allocation record and the requeue annotation's
+/// removal are refused by pod-write-policy.yaml; kube-scheduler's own writes (status,
+/// deletion) stay allowed. Another account with `patch` on pods is not held to it.
+fn pod_writes_are_held_to_the_requeue_annotation(plane: &Plane, ns: &str, account: &str) {
+    let user = format!("system:serviceaccount:{ns}:{account}");
+    let as_account = |user: &str, args: &[&str]| {
+        let groups = format!("--as-group=system:serviceaccounts:{ns}");
+        let mut all = vec![
+            "--as",
+            user,
+            "--as-group=system:serviceaccounts",
+            &groups,
+            "--as-group=system:authenticated",
+            "-n",
+            "default",
+        ];
+        all.extend_from_slice(args);
+        let out = plane.kubectl(&all, None);
+        (
+            out.status.success(),
+            format!("{}{}", text(&out.stdout), text(&out.stderr)),
+        )
+    };
+    let said = "may update a pod only to set its annotation gpu-extender.io/requeue";
+    // Applied in step 3; a policy takes effect once the API server has compiled it.
+    eventually("the pod-write policy takes effect", || {
+        let (ok, out) = as_account(
+            &user,
+            &["label", "--dry-run=server", "pod", "gpu-probe", "probe=yes"],
+        );
+        !ok && out.contains(said)
+    });
+    let (ok, out) = as_account(
+        &user,
+        &[
+            "annotate",
+            "--overwrite",
+            "pod",
+            "gpu-probe",
+            &format!("{REQUEUE}=2026-01-01T00:00:00Z"),
+        ],
+    );
+    assert!(ok, "the requeue annotation was refused: {out}");
+    let stamp = plane.kubectl_ok(
+        &[
+            "get",
+            "pod",
+            "gpu-probe",
+            "-o",
+            &format!(
+                "jsonpath={{.metadata.annotations.{}}}",
+                REQUEUE.replace('.', "\\.")
+            ),
+        ],
+        None,
+    );
+    assert_eq!(stamp, "2026-01-01T00:00:00Z");
+    let record = format!("{}={{}}", "gpu-extender.io/allocation");
+    let requeue_removed = format!("{REQUEUE}-");
+    let refused: [(&str, &[&str]); 5] = [
+        (
+            "a new image",
+            &[
+                "set",
+                "image",
+                "pod/gpu-probe",
+                "c=registry.invalid/other:2",
+            ],
+        ),
+        ("a label", &["label", "pod", "gpu-probe", "stolen=yes"]),
+        (
+            "another annotation",
+            &["annotate", "pod", "gpu-probe", "team.example.com/owner=ml"],
+        ),
+        (
+            "the allocation record",
+            &["annotate", "--overwrite", "pod", "gpu-probe", &record],
+        ),
+        (
+            "the requeue annotation removed",
+            &["annotate", "pod", "gpu-probe", &requeue_removed],
+        ),
+    ];
+    for (what, args) in refused {
+        let (ok, out) = as_account(&user, args);
+        // The record is also the record policy's; either refusal names its policy.
+        assert!(
+            !ok && (out.contains(said)
+                || (what == "the allocation record" && out.contains("denied request"))),
+            "{what} as {user}: not refused by the policy:\n{out}"
+        );
+    }
+    // No pod update is among kube-scheduler's own rights: it writes through subresources.
+    // (`auth can-i` answers "no" with exit status 1.)
+    for verb in ["update", "patch"] {
+        let can = plane.kubectl(
+            &[
+                "auth",
+                "can-i",
+                verb,
+                "pods",
+                "--all-namespaces",
+                "--as=system:kube-scheduler",
+            ],
+            None,
+        );
+        assert_eq!(
+            text(&can.stdout).trim(),
+            "no",
+            "kube-scheduler's roles grant {verb} on pods"
+        );
+    }
+    // An account of another name, with `patch` on pods from the extender's ClusterRole (step 4),
+    // is not held to the policy.
+    let (ok, out) = as_account(
+        &format!("system:serviceaccount:{ns}:{PROBE_ACCOUNT}"),
+        &["label", "--dry-run=server", "pod", "gpu-probe", "probe=yes"],
+    );
+    assert!(ok, "{PROBE_ACCOUNT} was refused a label: {out}");
+    // kube-scheduler's writes with the same account: a nomination through pods/status, and the
+    // deletion of a preemption victim.
+    // (An update of pods/status, as the account may not read pods/status, which kubectl patch
+    // would first.)
+    let mut pod: serde_json::Value = serde_json::from_str(&plane.kubectl_ok(
+        &["-n", "default", "get", "pod", "gpu-probe", "-o", "json"],
+        None,
+    ))
+    .unwrap();
+    pod["status"]["nominatedNodeName"] = serde_json::json!("gpu-node-1");
+    let status_file = plane.dir.join("gpu-probe-status.json");
+    std::fs::write(&status_file, pod.to_string()).unwrap();
+    let (ok, out) = as_account(
+        &user,
+        &[
+            "replace",
+            "--raw",
+            "/api/v1/namespaces/default/pods/gpu-probe/status",
+            "-f",
+            status_file.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "a status update was refused: {out}");
+    let (ok, out) = as_account(&user, &["delete", "pod", "gpu-probe", "--wait=false"]);
+    assert!(ok, "a deletion was refused: {out}");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1458,14 +1692,7 @@ fn agent_node(name: &str) -> String {
 impl Plane {
     /// A kubeconfig of the plane's server with `token` instead of the admin's credentials.
     fn kubeconfig_with_token(&self, file: &str, token: &str) -> PathBuf {
-        let admin = std::fs::read_to_string(self.dir.join("kubeconfig")).unwrap();
-        let mut kubeconfig: Value = serde_yaml_ng::from_str(&admin).unwrap();
-        let user = kubeconfig["users"][0]["user"].as_mapping_mut().unwrap();
-        user.clear();
-        user.insert("token".into(), token.trim().into());
-        let path = self.dir.join(file);
-        std::fs::write(&path, serde_yaml_ng::to_string(&kubeconfig).unwrap()).unwrap();
-        path
+        self.plane.kubeconfig_with_token(file, token).unwrap()
     }
 
     /// A token of the agent's service account; bound to a Node when `node` is given, as a
@@ -1708,6 +1935,56 @@ fn node_agent_applies_and_may_change_only_its_own_node() {
     let (ok, said) = as_agent(&bound_to_a, &["delete", "node", "agent-node-a"]);
     assert!(!ok && said.contains("forbidden"), "{said}");
     assert_eq!(plane.node_annotation("agent-node-a", "other"), "kept");
+
+    // 5. The agent moved to another namespace (as an overlay's namespace transformer moves its
+    //    ServiceAccount and the ClusterRoleBinding's subject) is held all the same: the policy
+    //    names the account, not its namespace.
+    plane.kubectl_ok(&["create", "namespace", "elsewhere"], None);
+    plane.kubectl_ok(
+        &["-n", "elsewhere", "create", "serviceaccount", AGENT_ACCOUNT],
+        None,
+    );
+    plane.kubectl_ok(
+        &[
+            "create",
+            "clusterrolebinding",
+            "node-agent-elsewhere",
+            &format!("--clusterrole={AGENT_ACCOUNT}"),
+            &format!("--serviceaccount=elsewhere:{AGENT_ACCOUNT}"),
+        ],
+        None,
+    );
+    let token = plane.kubectl_ok(
+        &[
+            "-n",
+            "elsewhere",
+            "create",
+            "token",
+            AGENT_ACCOUNT,
+            "--duration=1h",
+            "--bound-object-kind=Node",
+            "--bound-object-name",
+            "agent-node-a",
+        ],
+        None,
+    );
+    let moved = plane.kubeconfig_with_token("agent-elsewhere.kubeconfig", &token);
+    let (ok, said) = as_agent(&moved, &["label", "node", "agent-node-a", "stolen=yes"]);
+    assert!(
+        !ok && said.contains("only the annotation gpu-extender.io/gpus"),
+        "{said}"
+    );
+    let (ok, said) = as_agent(
+        &moved,
+        &[
+            "annotate",
+            "--overwrite",
+            "node",
+            "agent-node-a",
+            r#"gpu-extender.io/gpus={"version": 1, "gpus": []}"#,
+        ],
+    );
+    assert!(ok, "its own annotation, refused: {said}");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1725,6 +2002,8 @@ const EVERY_OPTION: &[&str] = &[
     "inspectReader.enabled=true",
     "tls.enabled=true",
     "karmadaEstimator.enabled=true",
+    // The placeholder of deploy/karmada-estimator/networkpolicy.yaml.
+    "karmadaEstimator.from[0].ipBlock.cidr=192.0.2.0/24",
     "kubeScheduler.percentageOfNodesToScore=20",
 ];
 /// What Helm adds to deploy/'s objects: its own labels, the pod template's configuration
@@ -1998,6 +2277,32 @@ fn helm_chart_renders_the_objects_of_deploy() {
     };
     assert_eq!(secret_mount("gpu-extender", cert), "gpu-extender-tls");
     assert_eq!(secret_mount("kube-scheduler", ca), "gpu-extender-tls");
+    // kube-scheduler sees the CA alone: every Secret it mounts is limited to ca.crt, so the
+    // private key is nowhere in its filesystem.
+    for mount in with_tls.container("kube-scheduler")["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+    {
+        let volume = with_tls.pod_spec()["volumes"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == mount["name"])
+            .unwrap();
+        assert!(
+            volume.get("projected").is_none(),
+            "kube-scheduler mounts a projected volume: {volume:?}"
+        );
+        if let Some(secret) = volume.get("secret") {
+            let items: Vec<(&str, &str)> = secret["items"]
+                .as_sequence()
+                .unwrap_or_else(|| panic!("kube-scheduler mounts a whole Secret: {volume:?}"))
+                .iter()
+                .map(|i| (i["key"].as_str().unwrap(), i["path"].as_str().unwrap()))
+                .collect();
+            assert_eq!(items, [("ca.crt", "ca.crt")], "{volume:?}");
+        }
+    }
     // The window: set when given (EVERY_OPTION sets 20), left out by default, as deploy/ leaves
     // it (kube-scheduler's adaptive default), whatever the policy, and when 0 is given
     // (decision 0012; a 5% window with fgd-plus did not keep its placements on other clusters).
@@ -2047,7 +2352,13 @@ fn helm_chart_renders_the_objects_of_deploy() {
     let with_component = kustomize_with_karmada_estimator(&bins, &scratch);
     let _ = std::fs::remove_dir_all(&scratch);
     assert_same_objects(
-        &helm_objects(&helm.template(&ns, &["karmadaEstimator.enabled=true"])),
+        &helm_objects(&helm.template(
+            &ns,
+            &[
+                "karmadaEstimator.enabled=true",
+                "karmadaEstimator.from[0].ipBlock.cidr=192.0.2.0/24",
+            ],
+        )),
         &parse_documents(
             &without_config_map_hashes(&with_component),
             "deploy/ with karmada-estimator",
@@ -2066,6 +2377,7 @@ fn helm_lint_passes_and_the_schema_refuses_bad_values() {
         "karmadaEstimator.enabled=true",
         "karmadaEstimator.allowUnauthenticated=true",
         "karmadaEstimator.tls.secretName=",
+        "karmadaEstimator.from[0].ipBlock.cidr=192.0.2.0/24",
     ][..];
     for set in [&[][..], EVERY_OPTION, unauthenticated_estimator] {
         let out = helm.on_chart("lint", "gpu-extender", set, None);
@@ -2111,13 +2423,23 @@ fn helm_lint_passes_and_the_schema_refuses_bad_values() {
         ),
         // The estimator on a load balancer open to every address.
         (
-            "karmadaEstimator:\n  enabled: true\n  serviceType: LoadBalancer\n",
+            "karmadaEstimator:\n  enabled: true\n  serviceType: LoadBalancer\n  from: [{ipBlock: {cidr: 192.0.2.0/24}}]\n",
             "'/karmadaEstimator/loadBalancerSourceRanges': minItems: got 0, want 1",
         ),
         // The estimator off loopback with neither client certificates nor the opt-out.
         (
-            "karmadaEstimator:\n  enabled: true\n  tls:\n    secretName: \"\"\n",
+            "karmadaEstimator:\n  enabled: true\n  from: [{ipBlock: {cidr: 192.0.2.0/24}}]\n  tls:\n    secretName: \"\"\n",
             "'/karmadaEstimator/tls/secretName': minLength: got 0, want 1",
+        ),
+        // The estimator behind the NetworkPolicy with no source admitted.
+        (
+            "karmadaEstimator:\n  enabled: true\n",
+            "'/karmadaEstimator/from': minItems: got 0, want 1",
+        ),
+        // A NetworkPolicy peer that is not one.
+        (
+            "networkPolicy:\n  metricsFrom: [{namespace: monitoring}]\n",
+            "additional properties 'namespace' not allowed",
         ),
     ];
     for (values, says) in bad {
@@ -2133,6 +2455,104 @@ fn helm_lint_passes_and_the_schema_refuses_bad_values() {
         }
     }
     let _ = std::fs::remove_dir_all(scratch);
+
+    // A cluster without ValidatingAdmissionPolicy (before 1.30) is refused whole: the chart's
+    // policies narrow the rights its RBAC grants.
+    let chart = Path::new(ROOT).join(CHART);
+    let out = run(
+        helm.command(&[
+            "template",
+            "gpu-extender",
+            chart.to_str().unwrap(),
+            "--kube-version",
+            "1.29.9",
+            "--set",
+            "nodeAgent.enabled=true",
+        ]),
+        None,
+    );
+    let said = text(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("requires kubeVersion: >=1.30.0-0"),
+        "helm template for Kubernetes 1.29:\n{said}"
+    );
+}
+
+/// The chart's NetworkPolicies admit what the values name: `networkPolicy.metricsFrom` as given,
+/// and an empty list no one (no rule at all: a rule without `from` would admit everyone);
+/// `karmadaEstimator.from` likewise on the estimator's port.
+#[test]
+#[ignore = "needs helm; make test runs it, or cargo test --test deploy_manifests -- --ignored"]
+fn helm_network_policies_admit_the_sources_in_the_values() {
+    let test = "helm_network_policies_admit_the_sources_in_the_values";
+    let Some(helm) = helm(test) else { return };
+    let policy = |set: &[&str], name: &str| -> Value {
+        find(
+            &helm_objects(&helm.template("gpu-extender", set)),
+            "NetworkPolicy",
+            name,
+        )
+        .clone()
+    };
+    let closed = policy(&["networkPolicy.metricsFrom=null"], "gpu-scheduler");
+    assert_eq!(
+        closed["spec"]["ingress"].as_sequence().map(Vec::len),
+        Some(0),
+        "{closed:?}"
+    );
+    assert_eq!(closed["spec"]["policyTypes"][0].as_str(), Some("Ingress"));
+    let prometheus = policy(
+        &[
+            "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.team=obs",
+            "networkPolicy.metricsFrom[0].podSelector.matchLabels.app=prometheus",
+        ],
+        "gpu-scheduler",
+    );
+    let peers: Value = serde_yaml_ng::from_str(
+        "[{namespaceSelector: {matchLabels: {team: obs}}, podSelector: {matchLabels: {app: prometheus}}}]",
+    )
+    .unwrap();
+    assert_eq!(prometheus["spec"]["ingress"][0]["from"], peers);
+    let estimator = policy(
+        &[
+            "karmadaEstimator.enabled=true",
+            "karmadaEstimator.from[0].ipBlock.cidr=203.0.113.0/24",
+        ],
+        "gpu-scheduler-estimator",
+    );
+    assert_eq!(
+        estimator["spec"]["ingress"][0]["from"][0]["ipBlock"]["cidr"].as_str(),
+        Some("203.0.113.0/24")
+    );
+}
+
+/// The chart's pod-write policy names the requeue annotation the configuration names.
+#[test]
+#[ignore = "needs helm; make test runs it, or cargo test --test deploy_manifests -- --ignored"]
+fn helm_pod_write_policy_follows_the_requeue_key() {
+    let test = "helm_pod_write_policy_follows_the_requeue_key";
+    let Some(helm) = helm(test) else { return };
+    let key = |set: &[&str]| -> String {
+        let objects = helm_objects(&helm.template("gpu-extender", set));
+        let policy = find(
+            &objects,
+            "ValidatingAdmissionPolicy",
+            "gpu-extender-pod-writes",
+        );
+        policy["spec"]["variables"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"].as_str() == Some("key"))
+            .and_then(|v| v["expression"].as_str())
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(key(&[]), format!("'{REQUEUE}'"));
+    assert_eq!(
+        key(&["config.annotations.requeue=example.com/retry"]),
+        "'example.com/retry'"
+    );
 }
 
 /// The chart's schema names the configuration keys the binary reads, section by section, and

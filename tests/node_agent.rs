@@ -271,15 +271,49 @@ fn a_missing_driver_or_unreadable_fixture_is_an_error_not_an_empty_reading() {
     );
 }
 
+/// NVML through the real library, on whatever machine the test runs: where the driver is there
+/// (`/dev/nvidiactl`), the reader opens it and reads every GPU with its UUID, name and memory, and
+/// the extender reads the report back; where it is not, opening fails with a clear driver error.
 #[test]
-fn nvml_without_a_driver_is_a_clear_error() {
-    // Where the test runs on a machine with the driver, NVML opens and there is nothing to see.
-    if std::path::Path::new("/dev/nvidiactl").exists() {
+fn nvml_reads_the_driver_or_says_clearly_that_it_is_missing() {
+    if !Path::new("/dev/nvidiactl").exists() {
+        let error = NvmlSource::open().unwrap_err();
+        assert!(matches!(error, SourceError::Driver(_)), "{error:?}");
+        assert!(error.to_string().contains("libnvidia-ml"), "{error}");
         return;
     }
-    let error = NvmlSource::open().unwrap_err();
-    assert!(matches!(error, SourceError::Driver(_)), "{error:?}");
-    assert!(error.to_string().contains("libnvidia-ml"), "{error}");
+    let source = NvmlSource::open()
+        .unwrap_or_else(|e| panic!("/dev/nvidiactl exists but NVML does not open: {e}"));
+    let reading = Reader::new(source).read().unwrap();
+    assert!(
+        !reading.gpus.is_empty(),
+        "the driver is there but NVML lists no GPU: {:?}",
+        reading.problems
+    );
+    for gpu in &reading.gpus {
+        let device = gpu
+            .device
+            .as_ref()
+            .unwrap_or_else(|| panic!("GPU {} could not be read: {:?}", gpu.index, gpu.unhealthy));
+        assert!(device.uuid.starts_with("GPU-"), "{device:?}");
+        assert!(!device.name.trim().is_empty(), "{device:?}");
+        assert!(device.memory_mib > 0, "{device:?}");
+    }
+    let n = reading.gpus.len();
+    assert!(
+        reading.links.len() == n && reading.links.iter().all(|row| row.len() == n),
+        "links are not {n}x{n}: {:?}",
+        reading.links
+    );
+    assert_eq!(as_extender_reads(&reading).gpus.len(), n);
+    eprintln!(
+        "NVML read {n} GPUs: {:?}",
+        reading
+            .gpus
+            .iter()
+            .filter_map(|g| g.device.as_ref().map(|d| &d.name))
+            .collect::<Vec<_>>()
+    );
 }
 
 /// A scripted API: the node's annotations, and every apply.

@@ -9,6 +9,8 @@
 //!   (its leader-election Lease, the built-in scheduler roles), bound to the Deployment's
 //!   service account, so nothing in `deploy/` grants rights this test does not account for.
 //!
+//! - docs/install.md's table of the extender's rights must list exactly what those rules grant.
+//!
 //! No cluster needed: the manifests are read from the files `deploy/kustomization.yaml` lists.
 //! `tests/deploy_manifests.rs` asks a real API server the same questions.
 
@@ -179,6 +181,110 @@ fn extender_rules_grant_exactly_the_api_calls_the_code_makes() {
             .collect::<Vec<_>>()
             .join("; "),
     );
+}
+
+/// The rows of the extender's RBAC table in docs/install.md (`| API group | resource | verbs |
+/// used by |`): every (group, resource, verb) with the names the resource cell limits it to
+/// (`` `leases` (`gpu-extender-writer` only) ``). The group `core` is the empty group.
+fn documented_grants(install_md: &str) -> Vec<Grant> {
+    const HEADER: &str = "| API group | resource | verbs | used by |";
+    let mut lines = install_md.lines().skip_while(|l| l.trim() != HEADER);
+    assert!(
+        lines.next().is_some(),
+        "docs/install.md has no table headed {HEADER}"
+    );
+    let mut grants = Vec::new();
+    for row in lines
+        .skip_while(|l| l.starts_with("|---"))
+        .take_while(|l| l.starts_with('|'))
+    {
+        let cells: Vec<&str> = row.trim_matches('|').split('|').map(str::trim).collect();
+        let [group, resource, verbs, ..] = cells.as_slice() else {
+            panic!("docs/install.md: a row of the RBAC table without its columns: {row}");
+        };
+        let group = match *group {
+            "core" => "",
+            named => named.trim_matches('`'),
+        };
+        // The backticked words of the resource cell: the resource, then any names it is
+        // limited to.
+        let ticked: Vec<&str> = resource.split('`').skip(1).step_by(2).collect();
+        let [resource, names @ ..] = ticked.as_slice() else {
+            panic!("docs/install.md: no `resource` in the RBAC table's row {row}");
+        };
+        for verb in verbs.split(',').map(str::trim) {
+            grants.push(Grant {
+                permission: Permission::new(group, resource, verb),
+                resource_names: names.iter().map(|n| (*n).to_owned()).collect(),
+            });
+        }
+    }
+    assert!(
+        !grants.is_empty(),
+        "docs/install.md: the RBAC table has no rows"
+    );
+    grants
+}
+
+/// docs/install.md's table of the extender's rights lists exactly what `deploy/` grants it
+/// (its ClusterRole and the writer Lease's Role), each with the names it is limited to: a row
+/// the manifests do not grant, or a grant the table leaves out, fails.
+#[test]
+fn the_install_docs_rbac_table_is_what_deploy_grants_the_extender() {
+    let docs = std::fs::read_to_string(Path::new(ROOT).join("docs/install.md")).unwrap();
+    let key = |g: &Grant| (g.permission.clone(), g.resource_names.clone());
+    let documented: BTreeSet<_> = documented_grants(&docs).iter().map(key).collect();
+    let objects = deploy_objects();
+    let granted: BTreeSet<_> = rbac_roles(&objects)
+        .filter(|r| label(r, COMPONENT) == Some(EXTENDER))
+        .flat_map(manifests::grants)
+        .map(|g| key(&g))
+        .collect();
+    let show = |set: Vec<&(Permission, Vec<String>)>| -> String {
+        let rows: Vec<String> = set
+            .iter()
+            .map(|(p, names)| match names.as_slice() {
+                [] => p.to_string(),
+                names => format!("{p} of {}", names.join(", ")),
+            })
+            .collect();
+        if rows.is_empty() {
+            "none".to_owned()
+        } else {
+            rows.join("\n    ")
+        }
+    };
+    assert!(
+        documented == granted,
+        "docs/install.md's RBAC table against deploy/rbac-extender.yaml.\n\
+         In the table, not granted:\n    {}\n\
+         Granted, not in the table:\n    {}",
+        show(documented.difference(&granted).collect()),
+        show(granted.difference(&documented).collect()),
+    );
+}
+
+/// The table reader on a small table: what it reads, and that it cannot read nothing.
+#[test]
+fn the_rbac_table_reader_reads_groups_names_and_verbs() {
+    let text = "intro\n\n| API group | resource | verbs | used by |\n|---|---|---|---|\n\
+                | core | `pods/binding` | create | binds |\n\
+                | `coordination.k8s.io` | `leases` (`writer` only) | get, update | the Lease |\n\
+                \nafter | not | a | row |\n";
+    let rows: Vec<String> = documented_grants(text)
+        .iter()
+        .map(|g| format!("{} {:?}", g.permission, g.resource_names))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            "create pods/binding (core) []",
+            "get leases (coordination.k8s.io) [\"writer\"]",
+            "update leases (coordination.k8s.io) [\"writer\"]",
+        ]
+    );
+    let missing = std::panic::catch_unwind(|| documented_grants("no table here"));
+    assert!(missing.is_err());
 }
 
 #[test]

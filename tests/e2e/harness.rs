@@ -29,6 +29,11 @@ pub const SHIPPED_EXTENDER_URL: &str = "http://127.0.0.1:8888/scheduler";
 /// `__KUBECONFIG__`, which `control-plane.sh scheduler` replaces with the plane's scheduler
 /// kubeconfig.
 pub const SHIPPED_KUBECONFIG: &str = "/etc/kubernetes/scheduler.conf";
+/// Where deploy/ runs the extender, and as whom ([`Cluster::run_extender_as_deployed`]).
+const DEPLOYED_NAMESPACE: &str = "gpu-extender";
+const DEPLOYED_ACCOUNT: &str = "gpu-scheduler";
+/// The user the extender is when it runs as deploy/ runs it.
+pub const DEPLOYED_USER: &str = "system:serviceaccount:gpu-extender:gpu-scheduler";
 /// The scheduler configuration most scenarios run: the `gpu-scheduler` profile.
 pub const PROFILE_CONFIG: &str = "scheduler-config/gpu-scheduler-profile.yaml";
 /// The profile GPU pods select in most scenarios.
@@ -217,6 +222,9 @@ pub struct Cluster {
     /// The kubeconfig the extender gets, when not the admin one (see
     /// [`Cluster::route_extender_through`]).
     extender_kubeconfig: Option<PathBuf>,
+    /// The kubeconfig of the ServiceAccount the extender runs as, when it runs as deploy/ runs it
+    /// (see [`Cluster::run_extender_as_deployed`]); for the extender only, never for `kubectl`.
+    extender_identity: Option<PathBuf>,
     extender_starts: u32,
     /// Set when the scenario failed: logs are printed on drop.
     pub failed: bool,
@@ -273,6 +281,7 @@ impl Cluster {
             extender: None,
             extender_config: String::new(),
             extender_kubeconfig: None,
+            extender_identity: None,
             extender_starts: 0,
             failed: false,
         };
@@ -308,27 +317,42 @@ impl Cluster {
     /// The status codes kube-apiserver answered to Binding creates for `pod`, oldest first,
     /// from its audit log (`control-plane.sh` audits Bindings only).
     pub fn audited_bindings(&self, pod: &str) -> Result<Vec<u16>> {
+        Ok(self
+            .audited_binding_events(pod)?
+            .iter()
+            .filter_map(|event| event["responseStatus"]["code"].as_u64())
+            .map(|code| u16::try_from(code).unwrap_or(u16::MAX))
+            .collect())
+    }
+
+    /// Who created `pod`'s Bindings (the users kube-apiserver authenticated), oldest first.
+    pub fn audited_binders(&self, pod: &str) -> Result<Vec<String>> {
+        Ok(self
+            .audited_binding_events(pod)?
+            .iter()
+            .filter_map(|event| event["user"]["username"].as_str().map(str::to_owned))
+            .collect())
+    }
+
+    /// The audit log's events of answered Binding creates for `pod`, oldest first.
+    fn audited_binding_events(&self, pod: &str) -> Result<Vec<serde_json::Value>> {
         let path = self.dir.join("audit.log");
         let text = match std::fs::read_to_string(&path) {
             Ok(text) => text,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
             Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
         };
-        let mut codes = Vec::new();
         // The last line may be half written: only whole JSON lines count.
-        for event in text
+        Ok(text
             .lines()
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        {
-            let object = &event["objectRef"];
-            if object["subresource"] == "binding"
-                && object["name"] == pod
-                && let Some(code) = event["responseStatus"]["code"].as_u64()
-            {
-                codes.push(u16::try_from(code).unwrap_or(u16::MAX));
-            }
-        }
-        Ok(codes)
+            .filter(|event| {
+                let object = &event["objectRef"];
+                object["subresource"] == "binding"
+                    && object["name"] == pod
+                    && event["responseStatus"]["code"].is_u64()
+            })
+            .collect())
     }
 
     /// Waits until kube-apiserver has answered a Binding create for `pod` with `code`.
@@ -361,6 +385,81 @@ impl Cluster {
         std::fs::write(&path, text.replace(&direct, &format!("https://{addr}")))
             .with_context(|| format!("writing {}", path.display()))?;
         self.extender_kubeconfig = Some(path);
+        Ok(())
+    }
+
+    /// Makes the extender (from its next start) run as deploy/ runs it: as the Deployment's
+    /// ServiceAccount `gpu-extender/gpu-scheduler`, with a token of its own, holding only the
+    /// rights `deploy/rbac-extender.yaml` grants, under deploy/'s admission policies (the record
+    /// policy, and the pod-write policy that holds the account's pod updates to the requeue
+    /// annotation). Returns once the pod-write policy refuses another change from that account.
+    pub async fn run_extender_as_deployed(&mut self) -> Result<()> {
+        for file in [
+            "namespace.yaml",
+            "serviceaccount.yaml",
+            "rbac-extender.yaml",
+            "record-policy.yaml",
+            "pod-write-policy.yaml",
+        ] {
+            self.kubectl(&["apply", "-f", &format!("{ROOT}/deploy/{file}")])
+                .await?;
+        }
+        let token = self
+            .kubectl(&[
+                "-n",
+                DEPLOYED_NAMESPACE,
+                "create",
+                "token",
+                DEPLOYED_ACCOUNT,
+                "--duration=2h",
+            ])
+            .await?;
+        self.extender_identity = Some(
+            self.plane
+                .kubeconfig_with_token("extender-as-deployed.kubeconfig", &token)?,
+        );
+
+        // A policy takes effect once the API server has compiled it: a pod no scheduler serves,
+        // labelled (a dry run) as the account until that is refused.
+        let probe = "pod-write-policy-probe";
+        let manifest = self.dir.join(format!("{probe}.yaml"));
+        std::fs::write(
+            &manifest,
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: {probe}, namespace: default}}\n\
+                 spec: {{schedulerName: none, containers: [{{name: c, image: registry.invalid/none:1}}]}}\n"
+            ),
+        )?;
+        self.kubectl(&["create", "-f", &manifest.to_string_lossy()])
+            .await?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let refusal = self
+                .kubectl(&[
+                    "--as",
+                    DEPLOYED_USER,
+                    "--as-group=system:serviceaccounts",
+                    "-n",
+                    "default",
+                    "label",
+                    "--dry-run=server",
+                    "pod",
+                    probe,
+                    "probe=yes",
+                ])
+                .await;
+            match refusal {
+                Err(error) if format!("{error:#}").contains("may update a pod only") => break,
+                Err(error) => bail!("labelling as {DEPLOYED_USER} failed otherwise: {error:#}"),
+                Ok(_) => ensure!(
+                    Instant::now() < deadline,
+                    "the pod-write policy did not take effect in 30s"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        self.kubectl(&["-n", "default", "delete", "pod", probe, "--wait=false"])
+            .await?;
         Ok(())
     }
 
@@ -401,6 +500,15 @@ impl Cluster {
             server.insert(
                 "adminAuth".into(),
                 serde_yaml_ng::from_str("{paths: []}").context("adminAuth")?,
+            );
+        }
+        // In a pod the writer Lease's namespace is the account's own, read from its files; here
+        // it is said, and it is where the writer Lease's Role lets the account write.
+        if self.extender_identity.is_some() && !root.contains_key("writerLease") {
+            root.insert(
+                "writerLease".into(),
+                serde_yaml_ng::from_str(&format!("{{namespace: {DEPLOYED_NAMESPACE}}}"))
+                    .context("writerLease")?,
             );
         }
         std::fs::write(&path, serde_yaml_ng::to_string(&config)?)
@@ -450,8 +558,9 @@ impl Cluster {
         let config = self.write_extender_config()?;
         self.extender_starts += 1;
         let kubeconfig = self
-            .extender_kubeconfig
+            .extender_identity
             .clone()
+            .or_else(|| self.extender_kubeconfig.clone())
             .unwrap_or_else(|| self.kubeconfig());
         let t0 = Instant::now();
         let child = launch_extender(&ExtenderLaunch {

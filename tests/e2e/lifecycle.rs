@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::ensure;
 
-use crate::harness::{PROFILE_CONFIG, metric_sum};
+use crate::harness::{DEPLOYED_USER, PROFILE_CONFIG, metric_sum};
 use crate::objects::{
     GPU_MEM, GpuNode, Mode, NVIDIA_GPU, PodSpec, create_bound, create_node, create_nodes,
     create_pod, delete_pod, list_pods, node_of, pods, set_phase, wait_bound,
@@ -106,12 +106,15 @@ fn finished_or_deleted_pods_free_their_gpus_for_waiting_pods() {
 /// rounds, alternating a pod that fails and one that is deleted. Whether a touch is needed in a
 /// round is timing (on an idle machine kube-scheduler binds the pod before the touch is due), so
 /// the touch itself is checked in a last step with kube-scheduler stopped: the waiting pod then
-/// stays unschedulable, and the extender must annotate it once the share is freed.
+/// stays unschedulable, and the extender must annotate it once the share is freed. The extender
+/// runs as deploy/ runs it (its ServiceAccount's token, `rbac-extender.yaml`'s rights), under the
+/// pod-write policy that holds that account's pod updates to the requeue annotation.
 #[test]
 #[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
 fn finished_or_deleted_shares_free_their_gpu_for_waiting_pods() {
     crate::harness::run("free-shares-on-exit", async |c| {
         let nodes = vec![GpuNode::new("t4x2", Mode::Share, 2, "Tesla-T4", 16)];
+        c.run_extender_as_deployed().await?;
         up(c, &nodes, "").await?;
         let touched = |text: &str| {
             metric_sum(
@@ -192,6 +195,12 @@ fn finished_or_deleted_shares_free_their_gpu_for_waiting_pods() {
         );
         c.start_scheduler(PROFILE_CONFIG).await?;
         wait_bound(&c.client, "t-w", PROMPT).await?;
+        // The extender bound it, as the account deploy/ runs it as.
+        let binders = c.audited_binders("t-w")?;
+        ensure!(
+            binders.iter().all(|user| user == DEPLOYED_USER) && !binders.is_empty(),
+            "t-w was bound by {binders:?}, not by {DEPLOYED_USER}"
+        );
         Ok(())
     });
 }

@@ -12,7 +12,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
 
 use crate::http::http_get;
 
@@ -67,6 +67,23 @@ impl ControlPlane {
     /// The admin (system:masters) kubeconfig.
     pub fn kubeconfig(&self) -> PathBuf {
         self.dir.join("kubeconfig")
+    }
+
+    /// A kubeconfig of this plane's server that authenticates with `token` alone (a
+    /// ServiceAccount's, from `kubectl create token`), written to `file` in the plane's directory.
+    pub fn kubeconfig_with_token(&self, file: &str, token: &str) -> Result<PathBuf> {
+        let mut config = Kubeconfig::read_from(self.kubeconfig())?;
+        for user in &mut config.auth_infos {
+            user.auth_info = Some(AuthInfo {
+                token: Some(token.trim().to_owned().into()),
+                ..AuthInfo::default()
+            });
+        }
+        let path = self.dir.join(file);
+        // JSON is YAML: kubectl and kube's client read it as a kubeconfig.
+        std::fs::write(&path, serde_json::to_string(&config)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        Ok(path)
     }
 
     /// A client with the admin identity.

@@ -37,7 +37,7 @@ pub fn node_spec(node: &Node, cfg: &Config) -> Result<NodeSpec, TranslateError> 
 /// falls back (see [`NodeTranslation`]).
 ///
 /// Sources, first found wins: the mode and placement labels; GPUs from the `nodeGpus`
-/// annotation, else `count` identical GPUs with the model, memory and count from the ACK labels,
+/// annotation (unless it offers more healthy GPUs than the device plugin advertises), else `count` identical GPUs with the model, memory and count from the ACK labels,
 /// else the GFD labels, else capacity (the mode's GPU resource for the count, the `gpuMem`
 /// capacity divided by the count for the memory). Host CPU, memory and pods from allocatable,
 /// else capacity. Schedulability and readiness are kube-scheduler's business and ignored here.
@@ -87,7 +87,12 @@ pub fn translate_node(node: &Node, cfg: &Config) -> NodeTranslation {
                 .annotations
                 .as_ref()
                 .and_then(|a| a.get(&cfg.annotations.node_gpus));
-            match annotation.map(|text| parse_node_gpus(text, &from_labels.0)) {
+            let report = annotation.map(|text| {
+                parse_node_gpus(text, &from_labels.0).and_then(|detail| {
+                    within_advertised(detail, advertised_gpus(mode, capacity, cfg))
+                })
+            });
+            match report {
                 // Valid detail supersedes the labels, so their problems do not matter.
                 Some(Ok(detail)) => detail,
                 Some(Err(problem)) => {
@@ -188,19 +193,8 @@ fn label_gpus(
         }
     }
     if count.is_none() {
-        // The mode's own resource first: that is what its device plugin advertises.
-        let primary = match mode {
-            GpuMode::Exclusive => &resources.whole_gpu,
-            GpuMode::Topology => &resources.topology_gpu,
-            GpuMode::ShareMemory | GpuMode::CoreMem => &resources.gpu_count,
-        };
-        let others = [
-            &resources.whole_gpu,
-            &resources.topology_gpu,
-            &resources.gpu_count,
-        ];
-        count = std::iter::once(primary)
-            .chain(others)
+        count = gpu_count_resources(mode, cfg)
+            .into_iter()
             .find_map(|resource| capacity_count(resource, problems));
     }
     let count = count.unwrap_or(0);
@@ -247,6 +241,66 @@ fn label_gpus(
     let count = count as u16; // at most 64, checked above
     let gpus = (0..count).map(|i| Gpu::new(i, model, memory)).collect();
     (gpus, LinkMatrix::uniform(usize::from(count)))
+}
+
+/// The resources that count a node's GPUs, the mode's own first: that is what its device plugin
+/// advertises.
+fn gpu_count_resources(mode: GpuMode, cfg: &Config) -> [&str; 4] {
+    let resources = &cfg.resources;
+    let primary = match mode {
+        GpuMode::Exclusive => &resources.whole_gpu,
+        GpuMode::Topology => &resources.topology_gpu,
+        GpuMode::ShareMemory | GpuMode::CoreMem => &resources.gpu_count,
+    };
+    [
+        primary,
+        &resources.whole_gpu,
+        &resources.topology_gpu,
+        &resources.gpu_count,
+    ]
+    .map(String::as_str)
+}
+
+/// How many GPUs the node's device plugin advertises: the first of [`gpu_count_resources`] in
+/// the node's capacity that reads as a whole number (an unreadable one is reported by
+/// [`label_gpus`]), with its name; `None` when it advertises none of them (a sharing node whose
+/// device plugin advertises only the GPU memory).
+fn advertised_gpus<'a>(
+    mode: GpuMode,
+    capacity: Option<&BTreeMap<String, WireQuantity>>,
+    cfg: &'a Config,
+) -> Option<(u64, &'a str)> {
+    gpu_count_resources(mode, cfg)
+        .into_iter()
+        .find_map(|resource| {
+            let value = capacity.and_then(|c| c.get(resource))?;
+            let count = Quantity::parse(&value.0).and_then(|q| q.whole()).ok()?;
+            Some((count, resource))
+        })
+}
+
+/// The node agent's report, unless it offers more GPUs than the device plugin advertises. The
+/// report is written from inside the node, by a pod; the capacity is the kubelet's count of the
+/// devices its device plugin serves. Which of the GPUs listed are real cannot be told, so such a
+/// report is not used at all (the node falls back to its labels and capacity). Only the GPUs the
+/// report offers count: an unhealthy or MIG-enabled one is never chosen, and a GPU fallen off the
+/// bus may stay listed, unhealthy, after the device plugin has dropped it. With no count
+/// advertised nothing bounds the report, and it is used as it is.
+fn within_advertised(
+    detail: (Vec<Gpu>, LinkMatrix),
+    advertised: Option<(u64, &str)>,
+) -> Result<(Vec<Gpu>, LinkMatrix), String> {
+    let Some((advertised, resource)) = advertised else {
+        return Ok(detail);
+    };
+    let offered = detail.0.iter().filter(|gpu| gpu.healthy).count() as u64;
+    if offered > advertised {
+        return Err(format!(
+            "it offers {offered} healthy GPUs, more than the {advertised} the node's device plugin \
+             advertises (capacity {resource}); a report is trusted only up to that count"
+        ));
+    }
+    Ok(detail)
 }
 
 /// `16160MiB`, `16160Mi`, `32GiB`, `32Gi`, `32G` (read as GiB, as ACK writes it), or MiB.

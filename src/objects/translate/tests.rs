@@ -197,6 +197,85 @@ fn the_detail_annotation_gives_per_gpu_facts_and_links() {
     assert_eq!(spec.links.get(2, 0), Link::CrossSocket);
 }
 
+/// A report of `healthy` healthy GPUs (model H100), then `mig` MIG-enabled and `sick` unhealthy ones.
+fn report(healthy: u16, sick: u16, mig: u16) -> String {
+    let gpus: Vec<serde_json::Value> = (0..healthy + sick + mig)
+        .map(|i| {
+            json!({"index": i, "model": "H100", "memoryMiB": 81920,
+                   "healthy": i < healthy + mig, "migEnabled": i >= healthy && i < healthy + mig})
+        })
+        .collect();
+    json!({"version": 1, "gpus": gpus}).to_string()
+}
+
+#[test]
+fn a_report_offering_more_gpus_than_the_device_plugin_advertises_is_not_used() {
+    // 64 healthy H100s on a node whose device plugin serves 2 GPUs: the 2 from capacity, of an
+    // unknown model, and the reason.
+    let n = node(json!({
+        "metadata": {"name": "n", "annotations": {"gpu-extender.io/gpus": report(64, 0, 0)}},
+        "status": {"capacity": {"nvidia.com/gpu": "2"}, "allocatable": {"nvidia.com/gpu": "2"}}
+    }));
+    let t = translate_node(&n, &cfg());
+    assert_eq!(t.spec.gpus.len(), 2);
+    assert_eq!(t.spec.gpus[0].model, UNKNOWN_MODEL);
+    assert_eq!(t.problems.len(), 1, "{:?}", t.problems);
+    assert!(t.problems[0].is_detail_annotation());
+    assert_eq!(
+        t.problems[0].to_string(),
+        "node annotation gpu-extender.io/gpus is not valid, GPUs are taken from labels instead: \
+         it offers 64 healthy GPUs, more than the 2 the node's device plugin advertises \
+         (capacity nvidia.com/gpu); a report is trusted only up to that count"
+    );
+
+    // One more than advertised is as untrusted as 62 more.
+    let n = node(json!({
+        "metadata": {"name": "n", "annotations": {"gpu-extender.io/gpus": report(3, 0, 0)}},
+        "status": {"capacity": {"nvidia.com/gpu": "2"}}
+    }));
+    assert_eq!(translate_node(&n, &cfg()).spec.gpus[0].model, UNKNOWN_MODEL);
+
+    // A sharing node counts its GPUs in aliyun.com/gpu-count.
+    let n = node(json!({
+        "metadata": {"name": "n", "labels": {"ack.node.gpu.schedule": "cgpu"},
+                     "annotations": {"gpu-extender.io/gpus": report(4, 0, 0)}},
+        "status": {"capacity": {"aliyun.com/gpu-mem": "64", "aliyun.com/gpu-count": "2"}}
+    }));
+    let t = translate_node(&n, &cfg());
+    assert_eq!(t.spec.gpus.len(), 2);
+    assert!(
+        t.problems[0]
+            .to_string()
+            .contains("(capacity aliyun.com/gpu-count)"),
+        "{}",
+        t.problems[0]
+    );
+}
+
+#[test]
+fn a_report_within_the_device_plugins_count_is_used_and_only_offered_gpus_count() {
+    // 2 healthy, 1 unhealthy (fallen off the bus, dropped by the device plugin) and 1 in MIG
+    // mode (its instances are the device plugin's) on a node advertising 2 whole GPUs: all four
+    // listed, only the two healthy ones offered.
+    let n = node(json!({
+        "metadata": {"name": "n", "annotations": {"gpu-extender.io/gpus": report(2, 1, 1)}},
+        "status": {"capacity": {"nvidia.com/gpu": "2"}}
+    }));
+    let spec = node_spec(&n, &cfg()).unwrap();
+    assert_eq!(spec.gpus.len(), 4);
+    assert_eq!(spec.gpus.iter().filter(|g| g.healthy).count(), 2);
+    assert_eq!(spec.gpus[0].model, "H100");
+
+    // A sharing node whose device plugin advertises only the memory: no count to bound the
+    // report by, so it is used as it is.
+    let n = node(json!({
+        "metadata": {"name": "n", "labels": {"ack.node.gpu.schedule": "cgpu"},
+                     "annotations": {"gpu-extender.io/gpus": report(4, 0, 0)}},
+        "status": {"capacity": {"aliyun.com/gpu-mem": "320"}}
+    }));
+    assert_eq!(node_spec(&n, &cfg()).unwrap().gpus.len(), 4);
+}
+
 #[test]
 fn a_garbage_detail_annotation_falls_back_to_labels_with_a_clear_error() {
     let labels =
