@@ -244,6 +244,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             let stop = wait_for(stop_rx.clone());
             let kubeconfig = args.kubeconfig.clone();
             let cluster_name = config.estimator.cluster.clone();
+            let connections = limits.max_connections;
             // On a thread and runtime of its own, with an API client of its own: its calls
             // neither hold the verbs' workers nor queue on the binder's client.
             Some(
@@ -257,11 +258,17 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                     info!(listen = %addr, cluster = %cluster_name, tls = estimator_tls.is_some(),
                         "Karmada scheduler-estimator serving");
                     let server = match estimator_tls {
-                        None => estimator::serve(listener, estimator, stop).boxed(),
+                        None => estimator::serve(listener, estimator, connections, stop).boxed(),
                         Some((reloader, interval)) => {
                             let listener = tls::TlsListener::new(listener, reloader, interval)
                                 .context("serving TLS on estimator.listen")?;
-                            estimator::serve_tls(listener.into_stream(), estimator, stop).boxed()
+                            estimator::serve_tls(
+                                listener.into_stream(),
+                                estimator,
+                                connections,
+                                stop,
+                            )
+                            .boxed()
                         }
                     };
                     Ok(server

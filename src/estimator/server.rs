@@ -12,13 +12,13 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt as _};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, SemaphorePermit};
 use tonic::transport::server::Connected;
 use tonic::{Code, Request, Response, Status};
 
@@ -314,39 +314,94 @@ impl Estimator for EstimatorService {
     }
 }
 
-/// Serves `service` on `listener` (plain HTTP/2, as Karmada dials without TLS settings) until
-/// `shutdown` completes.
+/// HTTP/2 streams served at once on one estimator connection (karmada-scheduler sends a few).
+const MAX_STREAMS_PER_CONNECTION: u32 = 64;
+
+/// How often an idle estimator connection is pinged; a peer that does not answer within as long
+/// is dropped.
+const PING_INTERVAL: Duration = Duration::from_secs(20);
+
+/// The longest one estimator call may take before it is answered `CANCELLED`.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// tonic's server with the estimator's limits: streams per connection, pings that drop dead
+/// peers, and a deadline per call.
+fn limited_server() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+        .http2_keepalive_interval(Some(PING_INTERVAL))
+        .http2_keepalive_timeout(Some(PING_INTERVAL))
+        .timeout(CALL_TIMEOUT)
+}
+
+/// The connections of `incoming`, at most `max_connections` open at once: the next is taken
+/// only when a permit is free, so past the cap clients wait in the kernel's accept queue, and
+/// each connection gives its permit back when it closes.
+fn capped<IO>(
+    incoming: impl Stream<Item = std::io::Result<IO>> + Send + 'static,
+    max_connections: usize,
+) -> impl Stream<Item = std::io::Result<Handshaken<IO>>> + Send + 'static
+where
+    IO: Send + 'static,
+{
+    let permits = Arc::new(Semaphore::new(
+        max_connections.clamp(1, Semaphore::MAX_PERMITS),
+    ));
+    futures::stream::unfold(
+        (Box::pin(incoming), permits),
+        |(mut incoming, permits)| async move {
+            let permit = Arc::clone(&permits).acquire_owned().await.ok()?;
+            let next = incoming.next().await?;
+            Some((
+                next.map(|io| Handshaken {
+                    io,
+                    _permit: permit,
+                }),
+                (incoming, permits),
+            ))
+        },
+    )
+}
+
+/// Serves `service` on `listener` (plain HTTP/2, as Karmada dials without TLS settings), at
+/// most `max_connections` connections at once, until `shutdown` completes.
 pub async fn serve(
     listener: TcpListener,
     service: EstimatorService,
+    max_connections: usize,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     let incoming = tonic::transport::server::TcpIncoming::from(listener);
-    tonic::transport::Server::builder()
+    limited_server()
         .add_service(EstimatorServer::new(service))
-        .serve_with_incoming_shutdown(incoming, shutdown)
+        .serve_with_incoming_shutdown(capped(incoming, max_connections), shutdown)
         .await
 }
 
 /// Serves `service` on connections whose TLS handshake (ALPN `h2`) is already done, as Karmada
-/// dials with `--scheduler-estimator-ca-file`, until `shutdown` completes.
+/// dials with `--scheduler-estimator-ca-file`, at most `max_connections` at once, until
+/// `shutdown` completes.
 pub async fn serve_tls<IO>(
     handshaken: impl Stream<Item = std::io::Result<IO>> + Send + 'static,
     service: EstimatorService,
+    max_connections: usize,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error>
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    tonic::transport::Server::builder()
+    limited_server()
         .add_service(EstimatorServer::new(service))
-        .serve_with_incoming_shutdown(handshaken.map(|io| io.map(Handshaken)), shutdown)
+        .serve_with_incoming_shutdown(capped(handshaken, max_connections), shutdown)
         .await
 }
 
-/// A connection whose TLS handshake is done, as tonic serves it: the peer's address is not
-/// passed on (the estimator reads none).
-struct Handshaken<IO>(IO);
+/// A connection as tonic serves it, holding its place under the connection cap until it
+/// closes; the peer's address is not passed on (the estimator reads none).
+struct Handshaken<IO> {
+    io: IO,
+    _permit: OwnedSemaphorePermit,
+}
 
 impl<IO> Connected for Handshaken<IO> {
     type ConnectInfo = ();
@@ -360,7 +415,7 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Handshaken<IO> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
+        Pin::new(&mut self.io).poll_read(cx, buf)
     }
 }
 
@@ -370,15 +425,15 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Handshaken<IO> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
+        Pin::new(&mut self.io).poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
+        Pin::new(&mut self.io).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
+        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 
     fn poll_write_vectored(
@@ -386,10 +441,10 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Handshaken<IO> {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.0.is_write_vectored()
+        self.io.is_write_vectored()
     }
 }
