@@ -2369,6 +2369,58 @@ fn helm_chart_renders_the_objects_of_deploy() {
 
 #[test]
 #[ignore = "needs helm; make test runs it, or cargo test --test deploy_manifests -- --ignored"]
+fn helm_admin_tls_serves_the_admin_port_over_https_to_probes_and_prometheus() {
+    let test = "helm_admin_tls_serves_the_admin_port_over_https_to_probes_and_prometheus";
+    let Some(helm) = helm(test) else { return };
+    let objects = helm_objects(&helm.template(
+        "gpu-extender",
+        &[
+            "adminTls.enabled=true",
+            "monitoring.serviceMonitor.enabled=true",
+        ],
+    ));
+    let config_map = find(&objects, "ConfigMap", "gpu-extender-config");
+    let config: Value =
+        serde_yaml_ng::from_str(config_map["data"]["config.yaml"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        config["server"]["adminTls"]["certFile"].as_str(),
+        Some("/etc/gpu-extender/admin-tls/tls.crt"),
+        "{config:?}"
+    );
+    let deployment = find(&objects, "Deployment", "gpu-scheduler");
+    let pod = &deployment["spec"]["template"]["spec"];
+    let extender = pod["initContainers"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"].as_str() == Some("gpu-extender"))
+        .unwrap();
+    for probe in ["startupProbe", "livenessProbe", "readinessProbe"] {
+        assert_eq!(
+            extender[probe]["httpGet"]["scheme"].as_str(),
+            Some("HTTPS"),
+            "{probe}"
+        );
+    }
+    assert!(
+        extender["volumeMounts"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .any(|m| m["mountPath"].as_str() == Some("/etc/gpu-extender/admin-tls")),
+        "the admin Secret is mounted into the extender"
+    );
+    let monitor = find(&objects, "ServiceMonitor", "gpu-extender");
+    let endpoint = &monitor["spec"]["endpoints"][0];
+    assert_eq!(endpoint["scheme"].as_str(), Some("https"));
+    assert_eq!(
+        endpoint["tlsConfig"]["ca"]["secret"]["name"].as_str(),
+        Some("gpu-extender-admin-tls")
+    );
+}
+
+#[test]
+#[ignore = "needs helm; make test runs it, or cargo test --test deploy_manifests -- --ignored"]
 fn helm_lint_passes_and_the_schema_refuses_bad_values() {
     let test = "helm_lint_passes_and_the_schema_refuses_bad_values";
     let Some(helm) = helm(test) else { return };

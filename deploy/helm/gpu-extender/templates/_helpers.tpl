@@ -36,11 +36,12 @@ app.kubernetes.io/component: gpu-scheduler
 {{/* Where the TLS Secret is mounted in each container. */}}
 {{- define "gpu-extender.tlsDir" -}}/etc/gpu-extender/tls{{- end }}
 {{- define "gpu-extender.schedulerTlsDir" -}}/etc/kubernetes/gpu-extender-tls{{- end }}
+{{- define "gpu-extender.adminTlsDir" -}}/etc/gpu-extender/admin-tls{{- end }}
 {{- define "gpu-extender.estimatorTlsDir" -}}/etc/gpu-extender/estimator-tls{{- end }}
 
 {{/*
 The extender's configuration file: config, with server.tls pointing at the mounted Secret when
-tls.enabled, and server.schedulerNames the profile's name (schedulerName) unless config sets it.
+tls.enabled, server.adminTls at its own when adminTls.enabled, and server.schedulerNames the profile's name (schedulerName) unless config sets it.
 */}}
 {{- define "gpu-extender.config" -}}
 {{- $config := deepCopy .Values.config -}}
@@ -48,6 +49,10 @@ tls.enabled, and server.schedulerNames the profile's name (schedulerName) unless
 {{- if .Values.tls.enabled -}}
 {{- $dir := include "gpu-extender.tlsDir" . -}}
 {{- $_ := set $server "tls" (dict "certFile" (printf "%s/tls.crt" $dir) "keyFile" (printf "%s/tls.key" $dir)) -}}
+{{- end -}}
+{{- if .Values.adminTls.enabled -}}
+{{- $dir := include "gpu-extender.adminTlsDir" . -}}
+{{- $_ := set $server "adminTls" (dict "certFile" (printf "%s/tls.crt" $dir) "keyFile" (printf "%s/tls.key" $dir)) -}}
 {{- end -}}
 {{- if not (hasKey $server "schedulerNames") -}}
 {{- $_ := set $server "schedulerNames" (list .Values.schedulerName) -}}
