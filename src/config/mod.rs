@@ -14,7 +14,7 @@
 //! let env = [("GPU_EXTENDER_BIND_RESERVATION_TTL_SECONDS".to_owned(), "60".to_owned())];
 //! let flags = [(
 //!     "server.listen".to_owned(),
-//!     "0.0.0.0:8888".to_owned(),
+//!     "127.0.0.1:8888".to_owned(),
 //!     "flag --listen".to_owned(),
 //! )];
 //! let cfg = Config::from_sources(Some(("config.yaml", yaml)), &env, &flags).unwrap();
