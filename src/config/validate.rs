@@ -197,6 +197,7 @@ impl Config {
             ("server.tls", &s.tls),
             ("server.adminTls", &s.admin_tls),
             ("estimator.tls", &self.estimator.tls),
+            ("webhook.tls", &self.webhook.tls),
         ] {
             let Some(tls) = tls else { continue };
             check(
@@ -234,6 +235,12 @@ impl Config {
                 );
             }
         }
+        check(
+            self.webhook.listen.is_none() || self.webhook.tls.is_some(),
+            "webhook.tls",
+            "is needed with webhook.listen: kube-apiserver calls admission webhooks over HTTPS only"
+                .into(),
+        );
         for path in &s.admin_auth.paths {
             check(
                 ADMIN_PATHS.contains(&path.as_str()),
