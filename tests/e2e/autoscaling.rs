@@ -17,8 +17,8 @@ use serde_json::{Value, json};
 
 use crate::harness::{Cluster, free_port, metric_sum};
 use crate::objects::{
-    GPU_MEM, GpuNode, INSTANCE_TYPE, Mode, NVIDIA_GPU, PodSpec, create_pod, delete_pod, list_pods,
-    node_of, pods,
+    GPU_MEM, GpuNode, INSTANCE_TYPE, Mode, NVIDIA_GPU, PodSpec, create_pod, delete_pod, events_of,
+    list_pods, node_of, pods,
 };
 use crate::record::{check_cluster, check_inspect, record_of};
 use crate::tls::{Ca, write};
@@ -241,10 +241,54 @@ fn a_gpu_node_group_scales_up_from_zero_for_whole_gpu_pods() {
     });
 }
 
-/// Scale-down: of two nodes the autoscaler added, one is emptied (its pod deleted; kwok removes
-/// it). The extender counts it as the one idle GPU node; the autoscaler removes exactly that node
-/// once it has been unneeded for its 3 s; the extender drops it, its idle gauge goes back to 0,
-/// and the other node's pod keeps its GPUs in the extender's table.
+/// A pod no instance type can hold (8 whole GPUs; the largest A10 type has 4): the autoscaler
+/// adds no node, and says why on the pod, as an Event `NotTriggerScaleUp` naming the resource
+/// every node group lacks. (cluster-autoscaler waits 30 s before it acts on a pending pod that
+/// asks for `nvidia.com/gpu`, so this takes that long.)
+#[test]
+#[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
+fn a_pod_no_instance_type_can_hold_adds_no_node_and_its_events_say_why() {
+    crate::harness::run_autoscaling("autoscale-never", async |c| {
+        up(c, &[], "").await?;
+        c.start_kwok().await?;
+        c.start_autoscaler(&a10_templates(), &[SCAN]).await?;
+        create_pod(&c.client, &whole_gpu_pod("eight", 8)).await?;
+        let deadline = Instant::now() + Duration::from_secs(90);
+        let why = loop {
+            let events = events_of(&c.client, "eight").await?;
+            if let Some((_, message)) = events.iter().find(|(reason, _)| reason == "NotTriggerScaleUp") {
+                break message.clone();
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "no NotTriggerScaleUp event on the pod in 90s; its events: {events:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
+        eprintln!("  eight: {why}");
+        ensure!(
+            why.contains("Insufficient nvidia.com/gpu"),
+            "the autoscaler's reason names no missing GPUs: {why}"
+        );
+        let nodes = node_types(c).await?;
+        ensure!(nodes.is_empty(), "nodes were added: {nodes:?}");
+        ensure!(
+            c.autoscaler_log("Scale-up:").is_empty(),
+            "the autoscaler scaled up: {:?}",
+            c.autoscaler_log("Scale-up:")
+        );
+        let pod = pods(&c.client).get("eight").await?;
+        ensure!(node_of(&pod).is_none(), "eight was bound");
+        Ok(())
+    });
+}
+
+/// Scale-down never removes a node that holds an allocation: of two nodes the autoscaler added,
+/// one is emptied (its pod deleted; kwok removes it). The extender counts it as the one idle GPU
+/// node; the autoscaler removes exactly that node once it has been unneeded for its 3 s, and
+/// never the other, whose pod holds its GPU (with the scale-down delays at 0 it looks at both
+/// every second); the extender drops the removed node, its idle gauge goes back to 0, and the
+/// other node's pod keeps its GPUs in the extender's table.
 #[test]
 #[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
 fn an_emptied_gpu_node_is_removed_and_the_extender_follows() {
