@@ -124,7 +124,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let labeler = config.webhook.label_nodes.then(|| {
         tokio::spawn(node_label::run(
             cluster.clone(),
-            Api::all(client.clone()),
+            client.clone(),
             lease_writer.clone(),
             metrics.clone(),
         ))

@@ -49,20 +49,35 @@ pub fn router(cluster: Arc<ClusterState>, config: Arc<Config>, metrics: Metrics)
 }
 
 fn mutate(state: &WebhookState, body: &[u8]) -> Response {
-    let count = |result: &str| state.metrics.webhook_reviews.with_label_values(&[result]).inc();
+    let count = |result: &str| {
+        state
+            .metrics
+            .webhook_reviews
+            .with_label_values(&[result])
+            .inc()
+    };
     let review: Value = match serde_json::from_slice(body) {
         Ok(review) => review,
         Err(error) => {
             count("bad_request");
-            return (StatusCode::BAD_REQUEST, format!("not an AdmissionReview: {error}"))
+            return (
+                StatusCode::BAD_REQUEST,
+                format!("not an AdmissionReview: {error}"),
+            )
                 .into_response();
         }
     };
     let Some(uid) = review["request"]["uid"].as_str() else {
         count("bad_request");
-        return (StatusCode::BAD_REQUEST, "an AdmissionReview without request.uid").into_response();
+        return (
+            StatusCode::BAD_REQUEST,
+            "an AdmissionReview without request.uid",
+        )
+            .into_response();
     };
-    let patch = review_patch(&review["request"], &state.config, || known_models(&state.cluster));
+    let patch = review_patch(&review["request"], &state.config, || {
+        known_models(&state.cluster)
+    });
     let mut response = json!({ "uid": uid, "allowed": true });
     match patch {
         Some(patch) => {
@@ -148,12 +163,12 @@ mod tests {
     #[test]
     fn a_created_share_pod_gets_its_requirements() {
         let cfg = Config::default();
-        let patch = review_patch(&request("CREATE", share_pod(Value::Null)), &cfg, Vec::new).unwrap();
+        let patch =
+            review_patch(&request("CREATE", share_pod(Value::Null)), &cfg, Vec::new).unwrap();
         assert_eq!(patch[0]["op"], "add");
         assert_eq!(patch[0]["path"], "/spec/affinity");
-        let expressions = &patch[0]["value"]["nodeAffinity"]
-            ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
-            ["matchExpressions"];
+        let expressions = &patch[0]["value"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"][0]["matchExpressions"];
         assert_eq!(
             expressions,
             &json!([
@@ -169,13 +184,18 @@ mod tests {
     #[test]
     fn updates_other_kinds_and_plain_pods_are_left_alone() {
         let cfg = Config::default();
-        assert_eq!(review_patch(&request("UPDATE", share_pod(Value::Null)), &cfg, Vec::new), None);
+        assert_eq!(
+            review_patch(&request("UPDATE", share_pod(Value::Null)), &cfg, Vec::new),
+            None
+        );
         let mut other = request("CREATE", share_pod(Value::Null));
         other["kind"]["kind"] = json!("Service");
         assert_eq!(review_patch(&other, &cfg, Vec::new), None);
         let plain = json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}});
         assert_eq!(
-            review_patch(&request("CREATE", plain), &cfg, || panic!("no models needed")),
+            review_patch(&request("CREATE", plain), &cfg, || panic!(
+                "no models needed"
+            )),
             None
         );
     }

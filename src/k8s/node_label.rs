@@ -59,7 +59,13 @@ pub fn plan(
 }
 
 /// Keeps the labels current until the task is dropped (see the module's documentation).
-pub async fn run(cluster: Arc<ClusterState>, nodes: Api<Node>, writer: Writer, metrics: Metrics) {
+pub async fn run(
+    cluster: Arc<ClusterState>,
+    client: kube::Client,
+    writer: Writer,
+    metrics: Metrics,
+) {
+    let nodes: Api<Node> = Api::all(client);
     let mut sent: HashMap<NodeName, u64> = HashMap::new();
     let mut seen_writes = None;
     let mut retry = false;
@@ -89,15 +95,26 @@ pub async fn run(cluster: Arc<ClusterState>, nodes: Api<Node>, writer: Writer, m
             plan(&desired, shown, &mut sent)
         };
         for (node, value) in patches {
-            let patch = json!({ "metadata": { "labels": { LARGEST_FREE_LABEL: value.to_string() } } });
+            let patch =
+                json!({ "metadata": { "labels": { LARGEST_FREE_LABEL: value.to_string() } } });
             match nodes
-                .patch(node.as_str(), &PatchParams::default(), &Patch::Merge(&patch))
+                .patch(
+                    node.as_str(),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
                 .await
             {
-                Ok(_) => metrics.node_label_writes.with_label_values(&["patched"]).inc(),
+                Ok(_) => metrics
+                    .node_label_writes
+                    .with_label_values(&["patched"])
+                    .inc(),
                 Err(error) => {
                     warn!(node = node.as_str(), %error, "cannot patch the largest free share label");
-                    metrics.node_label_writes.with_label_values(&["error"]).inc();
+                    metrics
+                        .node_label_writes
+                        .with_label_values(&["error"])
+                        .inc();
                     sent.remove(&node);
                     retry = true;
                 }

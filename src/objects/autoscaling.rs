@@ -201,10 +201,13 @@ mod tests {
     #[test]
     fn whole_gpus_and_cpu_pods_get_nothing_but_their_models() {
         let cfg = Config::default();
-        assert!(affinity_requirements(&pod(json!({"cpu": "1"}), json!({}), None), &cfg, &known()).is_empty());
+        assert!(
+            affinity_requirements(&pod(json!({"cpu": "1"}), json!({}), None), &cfg, &known())
+                .is_empty()
+        );
         let whole = pod(
             json!({"nvidia.com/gpu": "2"}),
-            json!({"gpu-extender.io/model-include": "a10*, Tesla-T4"}),
+            json!({"gpu-extender.io/model-include": "nvidia-a1*, a100*, Tesla-T4"}),
             None,
         );
         assert_eq!(
@@ -214,7 +217,7 @@ mod tests {
                 "operator": "In",
                 "values": ["NVIDIA-A10", "Tesla-T4"],
             })],
-            "a10* matches no known model, so only Tesla-T4 and its match"
+            "the known models the patterns match, and the exact name as written; a100* matches none"
         );
     }
 
@@ -249,7 +252,10 @@ mod tests {
             json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
                 "nodeSelectorTerms": [{"matchExpressions": [requirement.clone()]}]}}})
         );
-        assert_eq!(with_requirements(Some(&fresh), std::slice::from_ref(&requirement)), None);
+        assert_eq!(
+            with_requirements(Some(&fresh), std::slice::from_ref(&requirement)),
+            None
+        );
         let two_terms = json!({
             "podAntiAffinity": {},
             "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
@@ -257,7 +263,8 @@ mod tests {
                 {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n"]}]},
             ]}},
         });
-        let joined = with_requirements(Some(&two_terms), std::slice::from_ref(&requirement)).unwrap();
+        let joined =
+            with_requirements(Some(&two_terms), std::slice::from_ref(&requirement)).unwrap();
         let terms = &joined["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"];
         assert_eq!(terms[0]["matchExpressions"].as_array().unwrap().len(), 2);
         assert_eq!(terms[1]["matchExpressions"], json!([requirement]));
@@ -283,8 +290,15 @@ mod tests {
         shared.gpus[1].shares = 1;
         assert_eq!(largest_free_mib(&shared, 8), Some(16_384));
         shared.gpus[0].shares = 8;
-        assert_eq!(largest_free_mib(&shared, 8), Some(4_096), "a GPU at the share cap is full");
-        assert_eq!(largest_free_mib(&node(GpuMode::Exclusive, &[24_576]), 8), None);
+        assert_eq!(
+            largest_free_mib(&shared, 8),
+            Some(4_096),
+            "a GPU at the share cap is full"
+        );
+        assert_eq!(
+            largest_free_mib(&node(GpuMode::Exclusive, &[24_576]), 8),
+            None
+        );
         assert_eq!(largest_free_mib(&node(GpuMode::CoreMem, &[]), 8), Some(0));
     }
 }

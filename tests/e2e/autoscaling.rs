@@ -256,7 +256,10 @@ fn a_pod_no_instance_type_can_hold_adds_no_node_and_its_events_say_why() {
         let deadline = Instant::now() + Duration::from_secs(90);
         let why = loop {
             let events = events_of(&c.client, "eight").await?;
-            if let Some((_, message)) = events.iter().find(|(reason, _)| reason == "NotTriggerScaleUp") {
+            if let Some((_, message)) = events
+                .iter()
+                .find(|(reason, _)| reason == "NotTriggerScaleUp")
+            {
                 break message.clone();
             }
             ensure!(
@@ -406,10 +409,7 @@ async fn up_with_webhook(c: &mut Cluster, nodes: &[GpuNode]) -> Result<()> {
     let pki = c.dir.join("webhook-pki");
     std::fs::create_dir_all(&pki)?;
     let ca = Ca::new("gpu-extender webhook CA")?;
-    let (cert, key, _) = ca.leaf(
-        &["127.0.0.1"],
-        rcgen::ExtendedKeyUsagePurpose::ServerAuth,
-    )?;
+    let (cert, key, _) = ca.leaf(&["127.0.0.1"], rcgen::ExtendedKeyUsagePurpose::ServerAuth)?;
     let cert_file = write(&pki.join("tls.crt"), &cert)?;
     let key_file = write(&pki.join("tls.key"), &key)?;
     let port = free_port()?;
@@ -469,7 +469,12 @@ fn required_expressions(pod: &k8s_openapi::api::core::v1::Pod) -> Vec<Value> {
         .as_array()
         .into_iter()
         .flatten()
-        .flat_map(|term| term["matchExpressions"].as_array().cloned().unwrap_or_default())
+        .flat_map(|term| {
+            term["matchExpressions"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
         .collect()
 }
 
@@ -522,8 +527,14 @@ fn shares_beyond_one_gpu_and_annotated_models_get_a_node_through_the_webhook() {
             .tolerate(GPU_TAINT.0, GPU_TAINT.1)
             .annotation(MODEL_INCLUDE, "NVIDIA-A10");
         let wanted = [
-            (&big_share, json!({"key": LARGEST_FREE, "operator": "Gt", "values": ["21503"]})),
-            (&a10_only, json!({"key": "aliyun.accelerator/nvidia_name", "operator": "In", "values": ["NVIDIA-A10"]})),
+            (
+                &big_share,
+                json!({"key": LARGEST_FREE, "operator": "Gt", "values": ["21503"]}),
+            ),
+            (
+                &a10_only,
+                json!({"key": "aliyun.accelerator/nvidia_name", "operator": "In", "values": ["NVIDIA-A10"]}),
+            ),
         ];
         for (spec, expression) in &wanted {
             let created = create_pod(&c.client, spec).await?;
@@ -561,7 +572,10 @@ fn shares_beyond_one_gpu_and_annotated_models_get_a_node_through_the_webhook() {
             "gpu_extender_node_label_writes_total",
             &[("result", "patched")],
         );
-        ensure!(patched >= 2.0, "the extender patched node labels {patched} times");
+        ensure!(
+            patched >= 2.0,
+            "the extender patched node labels {patched} times"
+        );
 
         let mut nodes = vec![t4];
         for at in placed.values() {

@@ -816,7 +816,10 @@ pub fn expander_priorities(templates: &serde_json::Value) -> Result<String> {
             .as_str()
             .with_context(|| format!("template {place} has no instance type"))?;
         let escaped = instance.replace('.', "\\.");
-        lines.push(format!("{}:\n  - '^{escaped}$'", (items.len() - place) * 10));
+        lines.push(format!(
+            "{}:\n  - '^{escaped}$'",
+            (items.len() - place) * 10
+        ));
     }
     Ok(lines.join("\n") + "\n")
 }
