@@ -126,7 +126,7 @@ image:
 k8s-bins:
 	scripts/k8s-bins.sh >/dev/null
 
-## autoscaler-bins: kwok and test-autoscaler for the autoscaling scenarios (tests/autoscaler/)
+## autoscaler-bins: kwok and cluster-autoscaler (from ../shared/third_party/cluster-autoscaler) for the autoscaling scenarios
 autoscaler-bins:
 	scripts/autoscaler-bins.sh >/dev/null
 

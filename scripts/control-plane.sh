@@ -12,8 +12,14 @@
 #   control-plane.sh kwok <workdir>                       (re)start kwok, the fake kubelet of the
 #                                                         nodes annotated kwok.x-k8s.io/node=fake
 #                                                         (Ready, heartbeats; their pods Running)
-#   control-plane.sh autoscaler <workdir> <templates>     (re)start test-autoscaler with that node
-#                                                         templates file (tests/autoscaler/main.go)
+#   control-plane.sh autoscaler <workdir> <templates> [priorities]
+#                                                         (re)start cluster-autoscaler with its kwok
+#                                                         cloud provider: <templates> (a v1 List of
+#                                                         Nodes, one node group per instance type)
+#                                                         becomes the ConfigMap kwok-provider-templates
+#                                                         in kube-system, beside kwok-provider-config;
+#                                                         with [priorities] (the priority expander's
+#                                                         YAML) --expander=priority, else least-waste
 #   control-plane.sh apiserver-restart <workdir> [secs]   stop kube-apiserver, leave it down for
 #                                                         [secs] (default 0), start it again on
 #                                                         the same port with the same certs and
@@ -59,10 +65,11 @@
 #   CP_APISERVER_EXTRA_ARGS       extra kube-apiserver flags (word-split)
 #   CP_SCHEDULER_EXTRA_ARGS       extra kube-scheduler flags (word-split)
 #   CP_SCHEDULER_V                kube-scheduler log verbosity (default 2: logs every binding)
-#   AUTOSCALER_BIN_DIR            directory with kwok and test-autoscaler (default: the output of
-#                                 scripts/autoscaler-bins.sh, building if needed)
-#   CP_AUTOSCALER_EXTRA_ARGS      extra test-autoscaler flags (word-split): --scan-interval,
-#                                 --scale-down-unneeded-time, --scale-down-delay-after-add
+#   AUTOSCALER_BIN_DIR            directory with kwok and cluster-autoscaler (default: the output
+#                                 of scripts/autoscaler-bins.sh, building if needed)
+#   CP_AUTOSCALER_EXTRA_ARGS      extra cluster-autoscaler flags (word-split): --scan-interval,
+#                                 --scale-down-unneeded-time, --scale-down-delay-after-add, ...
+#   CP_AUTOSCALER_V               cluster-autoscaler log verbosity (default 2)
 #   CP_FRONT_PROXY                1: `start` also turns on kube-apiserver's aggregation layer
 #                                 (front-proxy CA and client certificate, --requestheader-* and
 #                                 --proxy-client-* flags), as a karmada-apiserver needs
@@ -531,16 +538,60 @@ cmd_kwok() {
 }
 
 cmd_autoscaler() {
-    local templates=$1 bin
+    local templates=$1 priorities=${2:-} bin port expander=least-waste
+    local -a kubectl
     [[ -f "$templates" ]] || die "no such node templates file: $templates"
     bin=$(autoscaler_bin_dir)
-    [[ -x "$bin/test-autoscaler" ]] || die "$bin/test-autoscaler is missing (run scripts/autoscaler-bins.sh)"
+    [[ -x "$bin/cluster-autoscaler" ]] ||
+        die "$bin/cluster-autoscaler is missing (run scripts/autoscaler-bins.sh with ../shared/third_party/cluster-autoscaler present)"
+    kubectl=("$(sed -n 's/^export CP_KUBECTL=//p' "$WD/env")" --kubeconfig="$WD/kubeconfig")
+    # The kwok provider's configuration (cloudprovider/kwok/README.md): node templates from the
+    # ConfigMap below, one node group per instance type; no kwok-provider taint (the pool's own
+    # taint is in the templates); no gpuConfig, so a node is a GPU node to the autoscaler by its
+    # nvidia.com/gpu allocatable alone: a GPU label would make every memory-sharing node (no
+    # nvidia.com/gpu) look like one whose GPUs never came up.
+    cat >"$WD/kwok-provider-config.yaml" <<'YAML'
+apiVersion: v1alpha1
+readNodesFrom: configmap
+nodegroups:
+  fromNodeLabelKey: node.kubernetes.io/instance-type
+nodes:
+  skipTaint: true
+configmap:
+  name: kwok-provider-templates
+YAML
+    "${kubectl[@]}" -n kube-system create configmap kwok-provider-config \
+        --from-file=config="$WD/kwok-provider-config.yaml" --dry-run=client -o yaml |
+        "${kubectl[@]}" apply -f - >/dev/null || die "cannot write ConfigMap kwok-provider-config"
+    "${kubectl[@]}" -n kube-system create configmap kwok-provider-templates \
+        --from-file=templates="$templates" --dry-run=client -o yaml |
+        "${kubectl[@]}" apply -f - >/dev/null || die "cannot write ConfigMap kwok-provider-templates"
+    if [[ -n "$priorities" ]]; then
+        [[ -f "$priorities" ]] || die "no such priorities file: $priorities"
+        "${kubectl[@]}" -n kube-system create configmap cluster-autoscaler-priority-expander \
+            --from-file=priorities="$priorities" --dry-run=client -o yaml |
+            "${kubectl[@]}" apply -f - >/dev/null || die "cannot write ConfigMap cluster-autoscaler-priority-expander"
+        expander=priority
+    fi
+    port=$(free_port)
+    # KWOK_PROVIDER_MODE=local: the provider reads KUBECONFIG instead of the in-cluster config;
+    # POD_NAMESPACE: where it finds its ConfigMaps. No leader election (one autoscaler), its
+    # metrics on a free loopback port.
     # shellcheck disable=SC2086 # CP_AUTOSCALER_EXTRA_ARGS is word-split on purpose
-    start_logged autoscaler "node group" "$bin/test-autoscaler" \
+    start_logged autoscaler "Initializing resource informers" \
+        env KWOK_PROVIDER_MODE=local KUBECONFIG="$WD/kubeconfig" POD_NAMESPACE=kube-system \
+        "$bin/cluster-autoscaler" \
+        --cloud-provider=kwok \
         --kubeconfig="$WD/kubeconfig" \
-        --templates="$templates" \
+        --namespace=kube-system \
+        --leader-elect=false \
+        --address="127.0.0.1:$port" \
+        --expander="$expander" \
+        --logtostderr=true \
+        --v="${CP_AUTOSCALER_V:-2}" \
         ${CP_AUTOSCALER_EXTRA_ARGS:-} ||
-        die "test-autoscaler did not start (see $WD/autoscaler.log)"
+        die "cluster-autoscaler did not start (see $WD/autoscaler.log)"
+    printf '%s\n' "$port" >"$WD/autoscaler.port"
 }
 
 # ---------------------------------------------------------------------------
@@ -754,7 +805,7 @@ case "$CMD" in
     kwok) cmd_kwok ;;
     autoscaler)
         [[ $# -ge 3 ]] || usage
-        cmd_autoscaler "$3"
+        cmd_autoscaler "$3" "${4:-}"
         ;;
     apiserver-restart) cmd_apiserver_restart "${3:-0}" ;;
     karmada) cmd_karmada ;;

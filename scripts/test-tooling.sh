@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the test tooling `make test` needs besides the Rust test targets, one after another:
-# the Kubernetes binaries, kwok and test-autoscaler, helm, Karmada's estimator client (all from
+# the Kubernetes binaries, kwok and cluster-autoscaler, helm, Karmada's estimator client (all from
 # Go modules), then cargo-fuzz and the fuzz targets. `make test` starts this in the background
 # at its beginning, so that on a cold machine the downloads and these builds overlap the Rust
 # build and the tests instead of following them (docs/testing.md gives the times). Each step

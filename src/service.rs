@@ -21,10 +21,12 @@ use crate::http::auth::{AdminAuth, KubeReview};
 use crate::http::listen::{self, DoorLimits};
 use crate::http::server::{AppState, admin_router, guarded_admin_router, guarded_router, no_delay};
 use crate::http::tls;
+use crate::http::webhook;
 use crate::k8s::api::{KubeApi, kube_client, kube_client_without_retries};
 use crate::k8s::bind::{Binder, MeteredBinder};
 use crate::k8s::events::{self, KubeEvents};
 use crate::k8s::lease::{self, Writer};
+use crate::k8s::node_label;
 use crate::k8s::quota;
 use crate::k8s::reclaim::{self, Reclaimer};
 use crate::k8s::requeue;
@@ -64,6 +66,14 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .as_ref()
         .map(|files| {
             Ok::<_, anyhow::Error>((tls::Reloader::load(files, tls::Served::Admin)?, files))
+        })
+        .transpose()?;
+    let webhook_tls = config
+        .webhook
+        .tls
+        .as_ref()
+        .map(|files| {
+            Ok::<_, anyhow::Error>((tls::Reloader::load(files, tls::Served::Webhook)?, files))
         })
         .transpose()?;
     let estimator_tls = config
@@ -114,6 +124,15 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         KubeEvents::new(client.clone(), metrics.clone()),
         lease_writer.clone(),
     ));
+    // The largest-free-share label that the webhook's node affinity reads (writer only).
+    let labeler = config.webhook.label_nodes.then(|| {
+        tokio::spawn(node_label::run(
+            cluster.clone(),
+            client.clone(),
+            lease_writer.clone(),
+            metrics.clone(),
+        ))
+    });
     let requeuer = config.requeue.enabled.then(|| {
         tokio::spawn(requeue::run(
             cluster.clone(),
@@ -188,6 +207,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         config.clone(),
         metrics.clone(),
     );
+    let webhook = webhook::router(cluster.clone(), config.clone(), metrics.clone());
     let state = AppState::new(cluster.clone(), config.clone(), metrics)
         .with_policy(policy)
         .with_binder(Arc::new(metered));
@@ -209,6 +229,14 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 config.server.admin_listen
             )
         })?;
+    let webhook_listener = match config.webhook.listen {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("listening on {addr} (webhook.listen)"))?,
+        ),
+        None => None,
+    };
     info!(
         extender = %config.server.listen,
         scheme = if tls.is_some() { "https" } else { "http" },
@@ -279,6 +307,25 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             )
         }
     };
+    // Validation makes webhook.listen come with webhook.tls: kube-apiserver calls HTTPS only.
+    let webhook_server = match (webhook_listener, webhook_tls) {
+        (Some(listener), Some((reloader, files))) => {
+            let interval = Duration::from_secs(files.reload_interval_seconds);
+            let listener = tls::TlsListener::new(listener, reloader, interval)
+                .context("serving TLS on webhook.listen")?;
+            info!(listen = %config.webhook.listen.map(|a| a.to_string()).unwrap_or_default(),
+                "admission webhook serving");
+            let stop = wait_for(stop_rx.clone());
+            Some(tokio::spawn(listen::serve(
+                listener,
+                webhook,
+                limits,
+                "webhook.listen",
+                stop,
+            )))
+        }
+        _ => None,
+    };
     let stop_admin = wait_for(stop_rx);
     let admin_server: BoxFuture<'static, std::io::Result<()>> = match admin_tls {
         None => listen::serve(
@@ -307,6 +354,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(requeuer) = requeuer {
         requeuer.abort();
     }
+    if let Some(labeler) = labeler {
+        labeler.abort();
+    }
     if let Some(reclaimer) = reclaimer {
         reclaimer.abort();
     }
@@ -317,6 +367,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     servers.await??;
     if let Some(estimator_server) = estimator_server {
         estimator_server.stopped().await?;
+    }
+    if let Some(webhook_server) = webhook_server {
+        webhook_server.await??;
     }
     info!("stopped");
     Ok(())

@@ -329,12 +329,18 @@ fn extender_config_in_the_config_map_passes_check_config() {
 /// deploy/ with the karmada-estimator component added, as `kustomize edit add component` leaves
 /// it, rendered by `kubectl kustomize` (the kustomization is written into `scratch`).
 fn kustomize_with_karmada_estimator(bins: &Path, scratch: &Path) -> String {
+    kustomize_with_component(bins, scratch, "karmada-estimator")
+}
+
+/// deploy/ with the component `deploy/<component>` added, as `kustomize edit add component`
+/// leaves it, rendered by `kubectl kustomize` (the kustomization is written into `scratch`).
+fn kustomize_with_component(bins: &Path, scratch: &Path, component: &str) -> String {
     let up = format!("../..{ROOT}");
     std::fs::write(
         scratch.join("kustomization.yaml"),
         format!(
             "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - \
-             {up}/deploy\ncomponents:\n  - {up}/deploy/karmada-estimator\n"
+             {up}/deploy\ncomponents:\n  - {up}/deploy/{component}\n"
         ),
     )
     .unwrap();
@@ -347,6 +353,88 @@ fn kustomize_with_karmada_estimator(bins: &Path, scratch: &Path) -> String {
         text(&out.stderr)
     );
     text(&out.stdout)
+}
+
+/// deploy/autoscaling/: the env makes the extender serve the webhook (with TLS files where the
+/// certificate Secret is mounted) and keep the node labels; the container port, the Service and
+/// the NetworkPolicy agree on the port; the MutatingWebhookConfiguration sends pod creations to
+/// that Service at /mutate, with failurePolicy Ignore, never from kube-system or the extender's
+/// own namespace. (The e2e scenario `autoscaling::shares_beyond_one_gpu_...` registers this
+/// configuration with a real kube-apiserver, which calls the webhook over TLS.)
+#[test]
+#[ignore = "needs the Kubernetes binaries; make test runs it, or cargo test --test deploy_manifests -- --ignored"]
+fn the_autoscaling_component_sends_pod_creations_to_the_webhook() {
+    let bins = k8s_bins("the_autoscaling_component_sends_pod_creations_to_the_webhook");
+    let scratch = scratch_dir("autoscaling");
+    let text_out = kustomize_with_component(&bins, &scratch, "autoscaling");
+    let rendered = Rendered {
+        objects: parse_documents(&text_out, "deploy + autoscaling"),
+        text: text_out,
+    };
+    let extender = rendered.container("gpu-extender");
+    let env: Vec<(String, String)> = extender["env"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| {
+            Some((
+                e["name"].as_str()?.to_owned(),
+                e["value"].as_str()?.to_owned(),
+            ))
+        })
+        .filter(|(name, _)| name.starts_with("GPU_EXTENDER_WEBHOOK_"))
+        .collect();
+    let config = effective_extender_config(&rendered.extender_config_text(), &scratch, &env);
+    assert_eq!(
+        config["webhook"]["labelNodes"],
+        Value::Bool(true),
+        "{config:?}"
+    );
+    let listen = config["webhook"]["listen"]
+        .as_str()
+        .unwrap_or_else(|| panic!("webhook.listen is not set by {env:?}: {config:?}"));
+    let port: u64 = listen.rsplit_once(':').unwrap().1.parse().unwrap();
+    let named = Value::String("webhook".into());
+    assert_eq!(rendered.port_number(extender, &named), port);
+    let cert = config["webhook"]["tls"]["certFile"].as_str().unwrap();
+    let mounted = extender["volumeMounts"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .find(|m| m["name"].as_str() == Some("webhook-tls"))
+        .expect("the webhook certificate's volume is mounted");
+    assert!(cert.starts_with(mounted["mountPath"].as_str().unwrap()));
+    let service = find(&rendered.objects, "Service", "gpu-extender-webhook");
+    assert_eq!(service["spec"]["ports"][0]["targetPort"], named);
+    assert!(selector_matches(
+        &service["spec"]["selector"],
+        &rendered.deployment()["spec"]["template"]["metadata"]["labels"]
+    ));
+    let policy = find(&rendered.objects, "NetworkPolicy", "gpu-scheduler-webhook");
+    assert_eq!(policy["spec"]["ingress"][0]["ports"][0]["port"], named);
+    let webhook = &find(
+        &rendered.objects,
+        "MutatingWebhookConfiguration",
+        "gpu-extender",
+    )["webhooks"][0];
+    let target = &webhook["clientConfig"]["service"];
+    assert_eq!(target["name"], service["metadata"]["name"]);
+    assert_eq!(target["namespace"].as_str(), Some(namespace(service)));
+    assert_eq!(target["port"], service["spec"]["ports"][0]["port"]);
+    assert_eq!(target["path"].as_str(), Some("/mutate"));
+    assert_eq!(webhook["failurePolicy"].as_str(), Some("Ignore"));
+    let excluded = &webhook["namespaceSelector"]["matchExpressions"][0];
+    assert_eq!(excluded["operator"].as_str(), Some("NotIn"));
+    for kept_out in ["kube-system", namespace(rendered.deployment())] {
+        assert!(
+            excluded["values"]
+                .as_sequence()
+                .unwrap()
+                .contains(&Value::String(kept_out.into())),
+            "the webhook may be sent pods of {kept_out}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(scratch);
 }
 
 #[test]
@@ -2004,6 +2092,7 @@ const EVERY_OPTION: &[&str] = &[
     "karmadaEstimator.enabled=true",
     // The placeholder of deploy/karmada-estimator/networkpolicy.yaml.
     "karmadaEstimator.from[0].ipBlock.cidr=192.0.2.0/24",
+    "autoscaling.enabled=true",
     "kubeScheduler.percentageOfNodesToScore=20",
 ];
 /// What Helm adds to deploy/'s objects: its own labels, the pod template's configuration
@@ -2205,12 +2294,15 @@ fn helm_chart_renders_the_objects_of_deploy() {
         optional.push_str("\n---\n");
         optional.push_str(&kustomize(&bins, dir));
     }
-    // The inspect reader's ClusterRole, and the karmada-estimator component's own objects (its
-    // Deployment patch is checked in step 4).
+    // The inspect reader's ClusterRole, and the karmada-estimator and autoscaling components'
+    // own objects (their Deployment patches are checked in steps 4 and 5).
     for file in [
         "deploy/inspect-reader/clusterrole.yaml",
         "deploy/karmada-estimator/service.yaml",
         "deploy/karmada-estimator/networkpolicy.yaml",
+        "deploy/autoscaling/service.yaml",
+        "deploy/autoscaling/networkpolicy.yaml",
+        "deploy/autoscaling/mutatingwebhook.yaml",
     ] {
         optional.push_str("\n---\n");
         optional.push_str(&std::fs::read_to_string(format!("{ROOT}/{file}")).unwrap());
@@ -2364,6 +2456,21 @@ fn helm_chart_renders_the_objects_of_deploy() {
             "deploy/ with karmada-estimator",
         ),
         "deploy/ with the karmada-estimator component",
+    );
+
+    // 5. Autoscaled pools: deploy/ with its autoscaling component, object for object (the
+    //    Deployment's env, port and certificate volume, the Service, the NetworkPolicy and the
+    //    MutatingWebhookConfiguration, cert-manager's CA annotation included).
+    let scratch = scratch_dir("helm-autoscaling");
+    let with_component = kustomize_with_component(&bins, &scratch, "autoscaling");
+    let _ = std::fs::remove_dir_all(&scratch);
+    assert_same_objects(
+        &helm_objects(&helm.template(&ns, &["autoscaling.enabled=true"])),
+        &parse_documents(
+            &without_config_map_hashes(&with_component),
+            "deploy/ with autoscaling",
+        ),
+        "deploy/ with the autoscaling component",
     );
 }
 

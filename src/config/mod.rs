@@ -156,6 +156,13 @@ pub const KEYS: &[&str] = &[
     "estimator.tls.allowedClientNames",
     "estimator.allowUnauthenticated",
     "estimator.maxConcurrentRequests",
+    "webhook.listen",
+    "webhook.labelNodes",
+    "webhook.tls.certFile",
+    "webhook.tls.keyFile",
+    "webhook.tls.clientCaFile",
+    "webhook.tls.reloadIntervalSeconds",
+    "webhook.tls.allowedClientNames",
 ];
 
 /// Why the configuration could not be loaded. Messages name the file, variable or key at fault.
@@ -208,6 +215,7 @@ pub struct Config {
     pub quota: QuotaConfig,
     pub limits: Limits,
     pub estimator: EstimatorConfig,
+    pub webhook: WebhookConfig,
 }
 
 /// Extended resource names pods request and nodes advertise, and the pod label for multi-GPU
@@ -805,6 +813,21 @@ impl Default for EstimatorConfig {
             max_concurrent_requests: 16,
         }
     }
+}
+
+/// What makes the extender's per-GPU constraints visible to cluster-autoscaler, whose scheduling
+/// simulation never calls extenders ([`crate::k8s::node_label`], [`crate::http::webhook`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct WebhookConfig {
+    /// Where the mutating admission webhook listens (HTTPS with `tls`, which it then needs:
+    /// kube-apiserver calls webhooks over TLS only); unset: not served.
+    pub listen: Option<SocketAddr>,
+    /// The writer replica keeps the label `gpu-extender.io/largest-free-gpu-mem-mib` on every
+    /// memory-sharing node: the most GPU memory free on any one of its healthy GPUs.
+    pub label_nodes: bool,
+    /// The webhook's certificate and key (and a client CA, when kube-apiserver presents one).
+    pub tls: Option<TlsConfig>,
 }
 
 /// Binding.

@@ -437,7 +437,8 @@ fn every_key_has_an_env_var_and_exists_in_the_schema() {
     });
     cfg.server.tls.clone_from(&tls);
     cfg.server.admin_tls.clone_from(&tls);
-    cfg.estimator.tls = tls;
+    cfg.estimator.tls.clone_from(&tls);
+    cfg.webhook.tls = tls;
     let tree = serde_yaml_ng::to_value(&cfg).unwrap();
     for key in KEYS {
         let mut node = &tree;

@@ -197,6 +197,7 @@ impl Config {
             ("server.tls", &s.tls),
             ("server.adminTls", &s.admin_tls),
             ("estimator.tls", &self.estimator.tls),
+            ("webhook.tls", &self.webhook.tls),
         ] {
             let Some(tls) = tls else { continue };
             check(
@@ -258,6 +259,12 @@ impl Config {
             (1..=1024).contains(&e.max_concurrent_requests),
             "estimator.maxConcurrentRequests",
             format!("{} is out of range 1..=1024", e.max_concurrent_requests),
+        );
+        check(
+            self.webhook.listen.is_none() || self.webhook.tls.is_some(),
+            "webhook.tls",
+            "is needed with webhook.listen: kube-apiserver calls admission webhooks over HTTPS only"
+                .into(),
         );
         for path in &s.admin_auth.paths {
             check(

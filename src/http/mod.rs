@@ -11,4 +11,5 @@ pub mod listen;
 pub mod server;
 pub mod tls;
 pub mod ui;
+pub mod webhook;
 pub mod wire;

@@ -68,6 +68,8 @@ pub enum Served {
     /// The admin listener (`server.adminTls`): HTTP/2, then HTTP/1.1 (Prometheus and browsers
     /// speak either).
     Admin,
+    /// The admission webhook (`webhook.tls`): HTTP/2, then HTTP/1.1, as kube-apiserver offers.
+    Webhook,
 }
 
 impl Served {
@@ -76,12 +78,13 @@ impl Served {
             Self::Extender => "server.tls",
             Self::Estimator => "estimator.tls",
             Self::Admin => "server.adminTls",
+            Self::Webhook => "webhook.tls",
         }
     }
 
     fn alpn(self) -> &'static [&'static [u8]] {
         match self {
-            Self::Extender | Self::Admin => &[b"h2", b"http/1.1"],
+            Self::Extender | Self::Admin | Self::Webhook => &[b"h2", b"http/1.1"],
             Self::Estimator => &[b"h2"],
         }
     }
@@ -716,6 +719,7 @@ mod tests {
             (Served::Extender, vec![b"h2".to_vec(), b"http/1.1".to_vec()]),
             (Served::Estimator, vec![b"h2".to_vec()]),
             (Served::Admin, vec![b"h2".to_vec(), b"http/1.1".to_vec()]),
+            (Served::Webhook, vec![b"h2".to_vec(), b"http/1.1".to_vec()]),
         ] {
             let reloader = Reloader::load(&files, served).unwrap();
             assert_eq!(reloader.current().load().alpn_protocols, protocols);

@@ -12,6 +12,7 @@ pub mod api;
 pub mod bind;
 pub mod events;
 pub mod lease;
+pub mod node_label;
 pub(crate) mod proto;
 pub mod quota;
 pub mod reclaim;

@@ -240,6 +240,16 @@ pub struct NodeClaims {
 }
 
 impl NodeClaims {
+    /// The node's label `key`, as the watch last saw it.
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.node
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|labels| labels.get(key))
+            .map(String::as_str)
+    }
+
     /// What the filters read of `node`.
     pub fn of(node: &Node) -> Self {
         let allocatable = node

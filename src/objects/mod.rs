@@ -5,6 +5,7 @@
 //! request) and the binder all read objects through here, so none of them imports another.
 
 pub mod admission;
+pub mod autoscaling;
 mod quantity;
 pub mod quota;
 pub mod record;

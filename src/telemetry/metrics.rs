@@ -77,6 +77,12 @@ pub struct Metrics {
     pub estimator_duration: HistogramVec,
     /// Scheduler-estimator calls refused at `estimator.maxConcurrentRequests`.
     pub estimator_requests_shed: IntCounter,
+    /// Node patches of the largest-free-share label (src/k8s/node_label.rs), by result
+    /// (`patched`, `error`).
+    pub node_label_writes: IntCounterVec,
+    /// Pod admission reviews answered by the webhook (src/http/webhook.rs), by result
+    /// (`mutated`, `unchanged`, `bad_request`).
+    pub webhook_reviews: IntCounterVec,
     /// Every family's name, in registration order.
     names: Arc<Vec<String>>,
     /// The families read from the shared state, once [`Metrics::watch_state`] named it.
@@ -252,6 +258,22 @@ impl Metrics {
             "Admin requests answered 429 without a token review: their client address had passed server.adminAuth.failedTokensPerMinute.",
         )?;
         register(&registry, &mut names, admin_tokens_throttled.clone())?;
+        let node_label_writes = IntCounterVec::new(
+            Opts::new(
+                "gpu_extender_node_label_writes_total",
+                "Node patches of the label gpu-extender.io/largest-free-gpu-mem-mib, by result.",
+            ),
+            &["result"],
+        )?;
+        register(&registry, &mut names, node_label_writes.clone())?;
+        let webhook_reviews = IntCounterVec::new(
+            Opts::new(
+                "gpu_extender_webhook_reviews_total",
+                "Pod admission reviews answered by the webhook, by result.",
+            ),
+            &["result"],
+        )?;
+        register(&registry, &mut names, webhook_reviews.clone())?;
         // Pre-create the bounded label values so dashboards see zeros, not gaps.
         for verb in VERBS {
             request_duration.with_label_values(&[verb]);
@@ -273,6 +295,12 @@ impl Metrics {
         }
         for reason in ["too_large", "too_slow", "over_budget", "unreadable"] {
             request_bodies_refused.with_label_values(&[reason]);
+        }
+        for result in ["patched", "error"] {
+            node_label_writes.with_label_values(&[result]);
+        }
+        for result in ["mutated", "unchanged", "bad_request"] {
+            webhook_reviews.with_label_values(&[result]);
         }
         names.extend(state_collector::family_names().map(str::to_owned));
         Ok(Self {
@@ -299,6 +327,8 @@ impl Metrics {
             estimator_requests,
             estimator_duration,
             estimator_requests_shed,
+            node_label_writes,
+            webhook_reviews,
         })
     }
 

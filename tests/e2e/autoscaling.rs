@@ -1,25 +1,28 @@
-//! GPU node pools that grow and shrink: kwok (the fake kubelet) and test-autoscaler (a node-group
-//! autoscaler whose scale-up simulation is kube-scheduler's in-tree plugins, as
-//! cluster-autoscaler's is; `tests/autoscaler/main.go`) beside the extender and kube-scheduler.
-//! A node group of A10 instance types starts empty, grows for whole-GPU pods, and an emptied node
-//! is removed while the extender's table and idle-node gauge follow.
+//! GPU node pools that grow and shrink: cluster-autoscaler 1.34 with its kwok cloud provider
+//! (node groups from templates; built from `../shared/third_party/cluster-autoscaler`, SKIPPED
+//! where that folder is absent) and kwok (the fake kubelet that makes the added nodes Ready and
+//! their pods Running) beside the extender and kube-scheduler. Node groups of A10 instance types
+//! start empty, grow for GPU pods, and emptied nodes are removed while the extender's table and
+//! idle-node gauge follow.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
-use kube::api::ListParams;
+use kube::api::{ListParams, PostParams};
 use serde_json::{Value, json};
 
-use crate::harness::{Cluster, metric_sum};
+use crate::harness::{Cluster, free_port, metric_sum};
 use crate::objects::{
-    GPU_MEM, GpuNode, INSTANCE_TYPE, Mode, NVIDIA_GPU, PodSpec, create_pod, delete_pod, list_pods,
-    node_of, pods, wait_unschedulable,
+    GPU_MEM, GpuNode, INSTANCE_TYPE, Mode, NVIDIA_GPU, PodSpec, create_pod, delete_pod, events_of,
+    list_pods, node_of, pods,
 };
 use crate::record::{check_cluster, check_inspect, record_of};
-use crate::{BIND, up};
+use crate::tls::{Ca, write};
+use crate::up;
 
 /// The taint of the GPU node pool (what managed GPU node pools set), which GPU pods tolerate.
 const GPU_TAINT: (&str, &str) = ("nvidia.com/gpu", "present");
@@ -107,9 +110,9 @@ async fn wait_placed(
     while placed.len() < names.len() {
         ensure!(
             t0.elapsed() < limit,
-            "within {limit:?} only {:?} of {names:?} were bound; autoscaler decisions: {:?}",
+            "within {limit:?} only {:?} of {names:?} were bound; autoscaler scale-ups: {:?}",
             placed.keys().collect::<Vec<_>>(),
-            c.autoscaler_log("scale-up")
+            c.autoscaler_log("Scale-up:")
         );
         for node in node_types(c).await?.into_keys() {
             node_seen.entry(node).or_insert_with(|| t0.elapsed());
@@ -179,7 +182,7 @@ async fn wait_running(c: &Cluster, names: &[&str]) -> Result<()> {
 #[test]
 #[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
 fn a_gpu_node_group_scales_up_from_zero_for_whole_gpu_pods() {
-    crate::harness::run("autoscale-up", async |c| {
+    crate::harness::run_autoscaling("autoscale-up", async |c| {
         up(c, &[], "").await?;
         c.start_kwok().await?;
         c.start_autoscaler(&a10_templates(), &[SCAN]).await?;
@@ -238,14 +241,61 @@ fn a_gpu_node_group_scales_up_from_zero_for_whole_gpu_pods() {
     });
 }
 
-/// Scale-down: of two nodes the autoscaler added, one is emptied (its pod deleted; kwok removes
-/// it). The extender counts it as the one idle GPU node; the autoscaler removes exactly that node
-/// once it has been unneeded for its 3 s; the extender drops it, its idle gauge goes back to 0,
-/// and the other node's pod keeps its GPUs in the extender's table.
+/// A pod no instance type can hold (8 whole GPUs; the largest A10 type has 4): the autoscaler
+/// adds no node, and says why on the pod, as an Event `NotTriggerScaleUp` naming the resource
+/// every node group lacks. (cluster-autoscaler waits 30 s before it acts on a pending pod that
+/// asks for `nvidia.com/gpu`, so this takes that long.)
+#[test]
+#[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
+fn a_pod_no_instance_type_can_hold_adds_no_node_and_its_events_say_why() {
+    crate::harness::run_autoscaling("autoscale-never", async |c| {
+        up(c, &[], "").await?;
+        c.start_kwok().await?;
+        c.start_autoscaler(&a10_templates(), &[SCAN]).await?;
+        create_pod(&c.client, &whole_gpu_pod("eight", 8)).await?;
+        let deadline = Instant::now() + Duration::from_secs(90);
+        let why = loop {
+            let events = events_of(&c.client, "eight").await?;
+            if let Some((_, message)) = events
+                .iter()
+                .find(|(reason, _)| reason == "NotTriggerScaleUp")
+            {
+                break message.clone();
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "no NotTriggerScaleUp event on the pod in 90s; its events: {events:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
+        eprintln!("  eight: {why}");
+        ensure!(
+            why.contains("Insufficient nvidia.com/gpu"),
+            "the autoscaler's reason names no missing GPUs: {why}"
+        );
+        let nodes = node_types(c).await?;
+        ensure!(nodes.is_empty(), "nodes were added: {nodes:?}");
+        ensure!(
+            c.autoscaler_log("Scale-up:").is_empty(),
+            "the autoscaler scaled up: {:?}",
+            c.autoscaler_log("Scale-up:")
+        );
+        let pod = pods(&c.client).get("eight").await?;
+        ensure!(node_of(&pod).is_none(), "eight was bound");
+        Ok(())
+    });
+}
+
+/// Scale-down never removes a node that holds an allocation: of two nodes the autoscaler added,
+/// one is emptied (its pod deleted; kwok removes it). The extender counts it as the one idle GPU
+/// node; the autoscaler removes exactly that node once it has been unneeded for its 3 s, and
+/// never the other, whose pod holds its GPU (with the scale-down delays at 0 it looks at both
+/// every second); the extender drops the removed node, its idle gauge goes back to 0, and the
+/// other node's pod keeps its GPUs in the extender's table.
 #[test]
 #[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
 fn an_emptied_gpu_node_is_removed_and_the_extender_follows() {
-    crate::harness::run("autoscale-down", async |c| {
+    crate::harness::run_autoscaling("autoscale-down", async |c| {
         up(c, &[], "").await?;
         c.start_kwok().await?;
         c.start_autoscaler(
@@ -287,9 +337,9 @@ fn an_emptied_gpu_node_is_removed_and_the_extender_follows() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let removed_after = t0.elapsed();
-        let removals = c.autoscaler_log("scale-down:");
+        let removals = c.autoscaler_log("Scale-down: removing");
         ensure!(
-            removals.len() == 1 && removals[0].contains(&format!("node=\"{emptied}\"")),
+            removals.len() == 1 && removals[0].contains(&format!("\"{emptied}\"")),
             "the autoscaler's removals: {removals:?} (only {emptied} wanted)"
         );
         ensure!(
@@ -331,9 +381,16 @@ fn an_emptied_gpu_node_is_removed_and_the_extender_follows() {
     });
 }
 
-/// The share node group (one A10, 24 GiB) beside a T4 node with room: memory-sharing pods.
+/// The label the extender keeps on memory-sharing nodes, which the webhook's affinity reads.
+const LARGEST_FREE: &str = "gpu-extender.io/largest-free-gpu-mem-mib";
+/// The model annotation the extender honours.
+const MODEL_INCLUDE: &str = "gpu-extender.io/model-include";
+
+/// The share node group (one A10, 24 GiB): its template carries the largest-free-share label
+/// at a whole GPU's memory, as a new node of the group will have it.
 fn a10_share_templates() -> Value {
-    let share = GpuNode::new("template", Mode::Share, 1, "NVIDIA-A10", 24);
+    let share = GpuNode::new("template", Mode::Share, 1, "NVIDIA-A10", 24)
+        .label(LARGEST_FREE, &(24 * 1024).to_string());
     json!({
         "apiVersion": "v1",
         "kind": "List",
@@ -341,77 +398,190 @@ fn a10_share_templates() -> Value {
     })
 }
 
-/// The extender-only rejections against an in-tree simulation. A T4 node (2 GPUs of 16 GiB,
-/// memory sharing) has room by kube-scheduler's aggregate count for both pods below, and the
-/// extender rejects both; an A10 share group can hold either.
-/// - `a10-only` asks 4 GiB and names its model twice: the extender's `model-include` annotation,
-///   and required node affinity on the model label the nodes already carry. The affinity is what
-///   the autoscaler's simulation sees: the T4 fails NodeAffinity there, the A10 template passes,
-///   a node is added and the pod is bound to it.
-/// - `big-share` asks 21 GiB: more than any T4 GPU (and than the A10 has left), less than the T4
-///   node's 32 GiB sum. Only the extender knows per-GPU memory, so the simulation places it on
-///   the T4 and adds no node: the gap docs/install.md ("Autoscaled GPU node pools") describes.
-///   This check pins that behaviour so that the fix (labels of the largest free share) turns it
-///   around on purpose.
+/// Starts the extender with the admission webhook on its own TLS listener and the
+/// largest-free-share labels on (certificates made here, for 127.0.0.1), and kube-scheduler,
+/// with `nodes` created first; then registers the webhook with kube-apiserver: the shipped
+/// MutatingWebhookConfiguration (deploy/autoscaling/mutatingwebhook.yaml, its rules, selectors
+/// and failurePolicy as they are), pointed at that listener with the test CA as caBundle. Returns
+/// once a pod created (dry run) comes back with the affinity added: kube-apiserver calls the
+/// webhook over TLS.
+async fn up_with_webhook(c: &mut Cluster, nodes: &[GpuNode]) -> Result<()> {
+    let pki = c.dir.join("webhook-pki");
+    std::fs::create_dir_all(&pki)?;
+    let ca = Ca::new("gpu-extender webhook CA")?;
+    let (cert, key, _) = ca.leaf(&["127.0.0.1"], rcgen::ExtendedKeyUsagePurpose::ServerAuth)?;
+    let cert_file = write(&pki.join("tls.crt"), &cert)?;
+    let key_file = write(&pki.join("tls.key"), &key)?;
+    let port = free_port()?;
+    up(
+        c,
+        nodes,
+        &format!(
+            "webhook:\n  listen: 127.0.0.1:{port}\n  labelNodes: true\n  tls:\n    certFile: {}\n    keyFile: {}\n",
+            cert_file.display(),
+            key_file.display()
+        ),
+    )
+    .await?;
+
+    let shipped = std::fs::read_to_string(
+        std::path::Path::new(crate::harness::ROOT).join("deploy/autoscaling/mutatingwebhook.yaml"),
+    )?;
+    let mut config: Value = serde_yaml_ng::from_str(&shipped)?;
+    config["webhooks"][0]["clientConfig"] = json!({
+        "url": format!("https://127.0.0.1:{port}/mutate"),
+        "caBundle": k8s_openapi::ByteString(ca.pem.clone().into_bytes()),
+    });
+    let config: MutatingWebhookConfiguration = serde_json::from_value(config)?;
+    Api::<MutatingWebhookConfiguration>::all(c.client.clone())
+        .create(&PostParams::default(), &config)
+        .await
+        .context("registering the webhook")?;
+
+    let probe = PodSpec::new("webhook-probe", GPU_MEM, 1).to_pod()?;
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let created = pods(&c.client).create(&dry_run, &probe).await?;
+        if !required_expressions(&created).is_empty() {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "20s after the webhook was registered, pods are still created without its affinity"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Every expression of the pod's required node affinity, all terms together.
+fn required_expressions(pod: &k8s_openapi::api::core::v1::Pod) -> Vec<Value> {
+    let affinity = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.affinity.as_ref())
+        .map(|a| serde_json::to_value(a).unwrap_or_default())
+        .unwrap_or_default();
+    affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|term| {
+            term["matchExpressions"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// Waits (20 s at most) until node `name` carries `LARGEST_FREE` = `mib`.
+async fn wait_largest_free(c: &Cluster, name: &str, mib: u64) -> Result<()> {
+    let api: Api<Node> = Api::all(c.client.clone());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let node = api.get(name).await?;
+        let shown = node
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LARGEST_FREE))
+            .cloned();
+        if shown.as_deref() == Some(mib.to_string().as_str()) {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "after 20s {name} shows {LARGEST_FREE}={shown:?}, {mib} wanted"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The extender-only rejections, made visible. A T4 node (2 GPUs of 16 GiB, memory sharing)
+/// has room by kube-scheduler's aggregate count for both pods below, and the extender refuses
+/// both; an A10 share group (one 24 GiB GPU a node, from zero) can hold either. Without the fix
+/// the autoscaler's simulation, which never calls the extender, places both on the T4 and adds
+/// no node. With it:
+/// - the extender labels the T4 with its largest free share (16384 MiB), and the webhook, called
+///   by kube-apiserver over TLS, adds `largest-free Gt 21503` to `big-share` (21 GiB: more than
+///   any T4 GPU, less than the T4's 32 GiB) and `nvidia_name In [NVIDIA-A10]` to `a10-only`
+///   (4 GiB, its model named only in the `model-include` annotation);
+/// - the simulation now refuses the T4 for both and adds an A10 node for each; each pod is bound
+///   there, and the extender's label on `big-share`'s node follows the bind (3072 MiB left).
 #[test]
 #[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
-fn extender_only_rejections_need_constraints_the_autoscaler_sees() {
-    crate::harness::run("autoscale-extender-only", async |c| {
+fn shares_beyond_one_gpu_and_annotated_models_get_a_node_through_the_webhook() {
+    crate::harness::run_autoscaling("autoscale-extender-only", async |c| {
         let t4 = GpuNode::new("t4", Mode::Share, 2, "Tesla-T4", 16);
-        up(c, std::slice::from_ref(&t4), "").await?;
+        up_with_webhook(c, std::slice::from_ref(&t4)).await?;
         c.start_kwok().await?;
         c.start_autoscaler(&a10_share_templates(), &[SCAN]).await?;
+        wait_largest_free(c, "t4", 16 * 1024).await?;
 
-        let model_affinity = json!({ "nodeAffinity": { "requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [{ "matchExpressions": [{
-                "key": "aliyun.accelerator/nvidia_name", "operator": "In", "values": ["NVIDIA-A10"],
-            }]}],
-        }}});
+        let big_share = PodSpec::new("big-share", GPU_MEM, 21).tolerate(GPU_TAINT.0, GPU_TAINT.1);
         let a10_only = PodSpec::new("a10-only", GPU_MEM, 4)
             .tolerate(GPU_TAINT.0, GPU_TAINT.1)
-            .annotation("gpu-extender.io/model-include", "NVIDIA-A10")
-            .affinity(model_affinity);
-        create_pod(&c.client, &a10_only).await?;
-        let placed = wait_placed(c, &["a10-only"], SCALE_UP).await?;
-        let node = &placed["a10-only"].node;
-        ensure!(node != "t4", "a10-only went to the T4 node");
-        eprintln!(
-            "  a10-only: node {node} appeared {:.2}s after the pod, bound {:.2}s after the node appeared",
-            placed["a10-only"].node_seen.as_secs_f64(),
-            (placed["a10-only"].bound - placed["a10-only"].node_seen).as_secs_f64()
-        );
-
-        create_pod(
-            &c.client,
-            &PodSpec::new("big-share", GPU_MEM, 21).tolerate(GPU_TAINT.0, GPU_TAINT.1),
-        )
-        .await?;
-        wait_unschedulable(&c.client, "big-share", BIND).await?;
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let verdict = loop {
-            let lines = c.autoscaler_log("pod=\"default/big-share\"");
-            if let Some(line) = lines.first() {
-                break line.clone();
-            }
+            .annotation(MODEL_INCLUDE, "NVIDIA-A10");
+        let wanted = [
+            (
+                &big_share,
+                json!({"key": LARGEST_FREE, "operator": "Gt", "values": ["21503"]}),
+            ),
+            (
+                &a10_only,
+                json!({"key": "aliyun.accelerator/nvidia_name", "operator": "In", "values": ["NVIDIA-A10"]}),
+            ),
+        ];
+        for (spec, expression) in &wanted {
+            let created = create_pod(&c.client, spec).await?;
+            let expressions = required_expressions(&created);
             ensure!(
-                Instant::now() < deadline,
-                "the autoscaler said nothing about big-share in 20s"
+                expressions.contains(expression),
+                "{}: created with required affinity {expressions:?}, {expression} wanted",
+                spec.name
             );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        };
+        }
+        let placed = wait_placed(c, &["big-share", "a10-only"], SCALE_UP).await?;
+        let types = node_types(c).await?;
+        for (pod, at) in &placed {
+            ensure!(
+                types.get(&at.node).map(String::as_str) == Some(A10_TYPES[0].0),
+                "{pod} went to {} ({:?}), an added A10 node wanted",
+                at.node,
+                types.get(&at.node)
+            );
+            eprintln!(
+                "  {pod}: node {} appeared {:.2}s after the pod, bound {:.2}s after the node appeared",
+                at.node,
+                at.node_seen.as_secs_f64(),
+                (at.bound - at.node_seen).as_secs_f64()
+            );
+        }
         ensure!(
-            verdict.contains("no scale-up: pod fits an existing node")
-                && verdict.contains("node=\"t4\""),
-            "the autoscaler's first word on big-share: {verdict}"
+            placed["big-share"].node != placed["a10-only"].node,
+            "both pods went to {}: 25 GiB on one 24 GiB GPU",
+            placed["big-share"].node
         );
-        let nodes = node_types(c).await?;
+        wait_largest_free(c, &placed["big-share"].node, 3 * 1024).await?;
+        let patched = metric_sum(
+            &c.metrics().await?,
+            "gpu_extender_node_label_writes_total",
+            &[("result", "patched")],
+        );
         ensure!(
-            nodes.len() == 2,
-            "nodes: {nodes:?} (t4 and the A10 added for a10-only wanted)"
+            patched >= 2.0,
+            "the extender patched node labels {patched} times"
         );
 
-        let a10 = GpuNode::new(node, Mode::Share, 1, "NVIDIA-A10", 24);
-        let usage = check_cluster(&[t4, a10], &list_pods(&c.client).await?, &BTreeMap::new())?;
+        let mut nodes = vec![t4];
+        for at in placed.values() {
+            nodes.push(GpuNode::new(&at.node, Mode::Share, 1, "NVIDIA-A10", 24));
+        }
+        let usage = check_cluster(&nodes, &list_pods(&c.client).await?, &BTreeMap::new())?;
         check_inspect(&c.inspect().await?, &usage)?;
         Ok(())
     });

@@ -41,9 +41,12 @@ pub const GPU_SCHEDULER: &str = "gpu-scheduler";
 
 /// Environment variable: directory with etcd, kube-apiserver, kube-scheduler and kubectl.
 pub const BIN_ENV: &str = "GPU_TEST_K8S_BIN";
-/// Environment variable: directory with kwok and test-autoscaler (`scripts/autoscaler-bins.sh`
+/// Environment variable: directory with kwok and cluster-autoscaler (`scripts/autoscaler-bins.sh`
 /// builds them; asked for when unset).
 pub const AUTOSCALER_BIN_ENV: &str = "GPU_TEST_AUTOSCALER_BIN";
+/// Environment variable: cluster-autoscaler's source (default
+/// `../shared/third_party/cluster-autoscaler` beside the checkout), which no registry serves.
+pub const AUTOSCALER_SRC_ENV: &str = "GPU_TEST_AUTOSCALER_SRC";
 /// Environment variable: `1` keeps each scenario's directory (logs, configs) after it ends.
 pub const KEEP_ENV: &str = "GPU_TEST_E2E_KEEP";
 
@@ -98,6 +101,40 @@ where
     }
 }
 
+/// [`run`] for a scenario with cluster-autoscaler in the loop. cluster-autoscaler is built from
+/// its source beside the checkout (`../shared/third_party/cluster-autoscaler`), which no
+/// registry serves: where that folder is absent (a newcomer's clone) and no built
+/// cluster-autoscaler was given, the scenario says SKIPPED with the reason and passes, whatever
+/// `GPU_TEST_E2E` says; where it is present, the scenario is required like any other.
+pub fn run_autoscaling<F>(name: &str, scenario: F)
+where
+    F: for<'a> AsyncFnOnce(&'a mut Cluster) -> Result<()>,
+{
+    if let Some(why) = autoscaler_missing() {
+        eprintln!("e2e {name}: SKIPPED: {why}");
+        return;
+    }
+    run(name, scenario);
+}
+
+/// Why cluster-autoscaler cannot be had, when it cannot: neither a built one in
+/// `$GPU_TEST_AUTOSCALER_BIN` nor its source to build it from.
+fn autoscaler_missing() -> Option<String> {
+    let given = std::env::var_os(AUTOSCALER_BIN_ENV)
+        .map(PathBuf::from)
+        .is_some_and(|dir| dir.join("cluster-autoscaler").is_file());
+    let source = std::env::var_os(AUTOSCALER_SRC_ENV)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(ROOT).join("../shared/third_party/cluster-autoscaler"));
+    (!given && !source.join("go.mod").is_file()).then(|| {
+        format!(
+            "no cluster-autoscaler: its source is not at {} (it is not on the Go module proxy; \
+             CI has the folder) and {AUTOSCALER_BIN_ENV} names no directory with a built one",
+            source.display()
+        )
+    })
+}
+
 /// Runs a check that needs the Kubernetes binaries but starts its own processes (the replay
 /// command runs its own control plane): fails without them like [`run`], runs alone like [`run`].
 pub fn run_with_bins(name: &str, check: impl FnOnce(&Path) -> Result<()>) {
@@ -130,14 +167,14 @@ fn k8s_bins() -> &'static Bins {
     })
 }
 
-/// The autoscaling components' directory (kwok, test-autoscaler), found once per test process.
+/// The autoscaling components' directory (kwok, cluster-autoscaler), found once per test process.
 fn autoscaler_bins() -> &'static Bins {
     static BINS: OnceLock<Bins> = OnceLock::new();
     BINS.get_or_init(|| {
         find_bins(
             AUTOSCALER_BIN_ENV,
             "scripts/autoscaler-bins.sh",
-            &["kwok", "test-autoscaler"],
+            &["kwok", "cluster-autoscaler"],
         )
     })
 }
@@ -680,8 +717,11 @@ impl Cluster {
             .await
     }
 
-    /// Starts test-autoscaler (`control-plane.sh autoscaler`) with `templates` (a v1 `List` of
-    /// node templates, one node group each) and extra flags (its intervals).
+    /// Starts cluster-autoscaler with its kwok provider (`control-plane.sh autoscaler`):
+    /// `templates` (a v1 `List` of node templates, one node group per instance type) goes into
+    /// the provider's templates ConfigMap, and the priority expander prefers the groups in the
+    /// order of the list (the first highest), so a pod gets the first instance type that holds
+    /// it. `flags` come after [`AUTOSCALER_FLAGS`] and override them.
     pub async fn start_autoscaler(
         &self,
         templates: &serde_json::Value,
@@ -691,8 +731,16 @@ impl Cluster {
         let path = self.dir.join("node-templates.yaml");
         std::fs::write(&path, serde_yaml_ng::to_string(templates)?)
             .with_context(|| format!("writing {}", path.display()))?;
+        let priorities = self.dir.join("expander-priorities.yaml");
+        std::fs::write(&priorities, expander_priorities(templates)?)
+            .with_context(|| format!("writing {}", priorities.display()))?;
+        let flags: Vec<&str> = AUTOSCALER_FLAGS.iter().chain(flags).copied().collect();
         self.control_plane_with_env(
-            &["autoscaler", &path.to_string_lossy()],
+            &[
+                "autoscaler",
+                &path.to_string_lossy(),
+                &priorities.to_string_lossy(),
+            ],
             &[
                 ("AUTOSCALER_BIN_DIR", &bins),
                 ("CP_AUTOSCALER_EXTRA_ARGS", &flags.join(" ")),
@@ -701,7 +749,7 @@ impl Cluster {
         .await
     }
 
-    /// The lines of test-autoscaler's log that contain `needle`.
+    /// The lines of cluster-autoscaler's log that contain `needle`.
     pub fn autoscaler_log(&self, needle: &str) -> Vec<String> {
         std::fs::read_to_string(self.dir.join("autoscaler.log"))
             .unwrap_or_default()
@@ -716,7 +764,7 @@ impl Cluster {
             Bins::Ready(dir) => Ok(dir.to_string_lossy().into_owned()),
             Bins::Missing(why) => bail!(
                 "no autoscaler components ({why}): run `make test`, or set {AUTOSCALER_BIN_ENV} \
-                 to a directory with kwok and test-autoscaler (scripts/autoscaler-bins.sh builds them)"
+                 to a directory with kwok and cluster-autoscaler (scripts/autoscaler-bins.sh builds them)"
             ),
         }
     }
@@ -850,6 +898,39 @@ impl Drop for Cluster {
             );
         }
     }
+}
+
+/// cluster-autoscaler's flags in every scenario: seconds instead of its production minutes. A
+/// scenario adds the scan interval and its scale-down times.
+pub const AUTOSCALER_FLAGS: [&str; 5] = [
+    // A node it added is counted as coming up for at most this long.
+    "--max-node-provision-time=60s",
+    // Taint, then delete at once; look again soon at a node it could not remove.
+    "--node-delete-delay-after-taint=0s",
+    "--unremovable-node-recheck-timeout=5s",
+    "--scale-down-delay-after-failure=5s",
+    "--scale-down-delay-after-delete=0s",
+];
+
+/// The priority expander's configuration (ConfigMap `cluster-autoscaler-priority-expander`,
+/// key `priorities`) for `templates`: each node group (instance type) by its place in the list,
+/// the first highest.
+pub fn expander_priorities(templates: &serde_json::Value) -> Result<String> {
+    let items = templates["items"]
+        .as_array()
+        .context("the templates are not a List")?;
+    let mut lines = Vec::new();
+    for (place, item) in items.iter().enumerate() {
+        let instance = item["metadata"]["labels"]["node.kubernetes.io/instance-type"]
+            .as_str()
+            .with_context(|| format!("template {place} has no instance type"))?;
+        let escaped = instance.replace('.', "\\.");
+        lines.push(format!(
+            "{}:\n  - '^{escaped}$'",
+            (items.len() - place) * 10
+        ));
+    }
+    Ok(lines.join("\n") + "\n")
 }
 
 /// What [`launch_extender`] starts: one gpu-extender process of this test target's binary.

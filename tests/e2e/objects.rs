@@ -140,6 +140,9 @@ impl GpuNode {
             "apiVersion": "v1",
             "kind": "Node",
             "metadata": {
+                // The kwok provider names its template node after this; the nodes it adds are
+                // named after the group (`<instance type>-<5 random characters>`).
+                "name": format!("template-{instance_type}"),
                 "labels": labels,
                 "annotations": { "cluster-autoscaler.kwok.nodegroup/max-count": max.to_string() },
             },
