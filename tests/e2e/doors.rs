@@ -1,6 +1,6 @@
 //! A slow-client attack on the extender's listeners while kube-scheduler binds a burst: hundreds
 //! of connections that send their headers, or a verb's body, one byte a second, on the verbs'
-//! port and on the admin port. Every pod of the burst binds, no kube-scheduler call is shed, the
+//! port and on the admin port, and an HTTP/2 preface a byte a second on the Karmada estimator's. Every pod of the burst binds, no kube-scheduler call is shed, the
 //! attackers are cut off at the header and body deadlines, and the extender's peak memory stays
 //! under the pod's limit in `deploy/deployment.yaml`. A probe client calls filter as
 //! kube-scheduler does all along; its latencies, without and with the attack, are printed for
@@ -17,7 +17,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
-use crate::harness::{Cluster, ROOT, http_post_json, metric_sum};
+use crate::harness::{Cluster, ROOT, free_port, http_post_json, metric_sum};
 use crate::objects::{
     GpuNode, Mode, NVIDIA_GPU, PodSpec, create_pod, delete_pod, node_of, wait_settled,
 };
@@ -38,7 +38,8 @@ fn slow_clients_on_every_listener_shed_no_scheduling_call() {
         let nodes: Vec<GpuNode> = (0..6)
             .map(|i| GpuNode::new(&format!("a100-{i}"), Mode::Exclusive, 8, "A100", 80))
             .collect();
-        up(c, &nodes, "").await?;
+        let estimator = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+        up(c, &nodes, &format!("estimator:\n  listen: {estimator}\n")).await?;
         let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
 
         // Without the attack.
@@ -54,15 +55,18 @@ fn slow_clients_on_every_listener_shed_no_scheduling_call() {
         let cuts = Arc::new(AtomicU64::new(0));
         let mut attackers = Vec::new();
         let filter = "/scheduler/filter";
-        for (addr, opening) in [
-            (c.extender_addr, slow_headers("POST", filter)),
-            (c.extender_addr, slow_body(filter)),
-            (c.admin_addr, slow_headers("GET", "/metrics")),
+        for (addr, opening, filler) in [
+            (c.extender_addr, slow_headers("POST", filter), b'a'),
+            (c.extender_addr, slow_body(filter), b'a'),
+            (c.admin_addr, slow_headers("GET", "/metrics"), b'a'),
+            // HTTP/2's preface, then a frame header a byte a second.
+            (estimator, H2_PREFACE.to_owned(), 0),
         ] {
             for _ in 0..ATTACKERS {
                 attackers.push(tokio::spawn(trickle(
                     addr,
                     opening.clone(),
+                    filler,
                     stop.clone(),
                     cuts.clone(),
                 )));
@@ -91,7 +95,7 @@ fn slow_clients_on_every_listener_shed_no_scheduling_call() {
              attackers cut off {cut} times ({too_slow} bodies too slow); extender peak RSS {} \
              MiB of a {} MiB limit",
             calm_bound.as_secs_f64(),
-            3 * ATTACKERS,
+            4 * ATTACKERS,
             attacked_bound.as_secs_f64(),
             peak >> 20,
             limit >> 20
@@ -228,15 +232,24 @@ fn slow_body(path: &str) -> String {
     )
 }
 
-/// One attacker: connects to `addr`, sends `opening`, then a byte a second until the server
-/// cuts it off (counted in `cuts`), and again, until `stop`.
+/// What an HTTP/2 client sends first.
+const H2_PREFACE: &str = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// One attacker: connects to `addr`, sends `opening`, then `filler` a byte a second until the
+/// server cuts it off (counted in `cuts`), and again a moment later, until `stop`.
 async fn trickle(
     addr: SocketAddr,
     opening: String,
+    filler: u8,
     mut stop: watch::Receiver<bool>,
     cuts: Arc<AtomicU64>,
 ) {
+    let mut first = true;
     while !*stop.borrow() {
+        if !first {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        first = false;
         let Ok(mut stream) = TcpStream::connect(addr).await else {
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
@@ -249,13 +262,16 @@ async fn trickle(
         loop {
             tokio::select! {
                 _ = stop.changed() => return,
-                _ = stream.read(&mut answer) => {
-                    // The server only speaks to refuse (408) or close: cut off either way.
-                    cuts.fetch_add(1, Ordering::SeqCst);
-                    break;
+                read = stream.read(&mut answer) => {
+                    // An HTTP/1 server speaks only to refuse (408), then closes; an HTTP/2 one
+                    // speaks first (its SETTINGS). The end of the connection is the cut.
+                    if matches!(read, Ok(0) | Err(_)) {
+                        cuts.fetch_add(1, Ordering::SeqCst);
+                        break;
+                    }
                 }
                 () = tokio::time::sleep(Duration::from_secs(1)) => {
-                    if stream.write_all(b"a").await.is_err() {
+                    if stream.write_all(&[filler]).await.is_err() {
                         cuts.fetch_add(1, Ordering::SeqCst);
                         break;
                     }
