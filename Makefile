@@ -60,7 +60,8 @@ test-e2e:
 			GPU_TEST_KARMADA_CLIENT="$${GPU_TEST_KARMADA_CLIENT:-$$(scripts/karmada-client.sh | tail -n1)}" \
 			GPU_TEST_UMOCI="$${GPU_TEST_UMOCI:-$$(scripts/umoci.sh | tail -n1)}" \
 			$(CARGO) test --locked -p gpu-extender --test e2e --test deploy_manifests -- --ignored \
-			--skip failover::failover_takeover_distribution --skip karmada_full::; \
+			--skip failover::failover_takeover_distribution --skip karmada_full:: \
+			--skip autoscaling::trace_burst_measurement; \
 	fi
 
 ## test-karmada: the full Karmada scenario (tests/e2e/karmada_full.rs): a karmada-apiserver with

@@ -27,7 +27,7 @@ for tool in curl openssl cargo; do
 done
 
 # --- build what is needed (here only: `make demo` builds nothing itself) ---------------------
-log "Kubernetes binaries (kube-apiserver, kube-scheduler, kubectl, etcd): built once from their Go"
+log "Kubernetes binaries (kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, etcd): built once from their Go"
 log "  modules into ${GPU_TEST_CACHE:-$HOME/.cache/gpu-extender}/k8s; a first build takes about"
 log "  8 minutes on 2 cores, afterwards this is a check of seconds"
 BIN=$("$ROOT/scripts/k8s-bins.sh" | tail -n1)

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Build (once) the real Kubernetes control-plane binaries the end-to-end tests and
-# the demo run: kube-apiserver, kube-scheduler, kubectl and etcd.
+# the demo run: kube-apiserver, kube-scheduler, kube-controller-manager, kubectl and etcd
+# (kube-controller-manager only runs in the scenarios that ask for it, see
+# scripts/control-plane.sh controller-manager).
 #
 # They are built from Go modules only (the module proxy), never downloaded
 # prebuilt. The pins live in tests/k8s-bins/go.mod (k8s.io/kubernetes) and
@@ -8,7 +10,8 @@
 #
 # Output goes to a cache outside the source tree, keyed by Kubernetes version:
 #   ${GPU_TEST_CACHE:-$HOME/.cache/gpu-extender}/k8s/<k8s-version>/bin/
-# A warm run (all binaries present and built from the same go.mod/go.sum) only
+# A warm run (every binary of ALL_BINS present and built from the same go.mod/go.sum; a
+# binary added to the list is missing from an older cache, so that cache is rebuilt) only
 # checks and returns. The last line on stdout is the bin dir; progress goes to
 # stderr, so `BIN=$(scripts/k8s-bins.sh | tail -n1)` works.
 #
@@ -41,14 +44,14 @@ VERSION_DIR="$CACHE_ROOT/k8s/$K8S_VERSION"
 BIN_DIR="$VERSION_DIR/bin"
 STAMP="$BIN_DIR/.stamp"
 
+K8S_BINS=(kube-apiserver kube-scheduler kube-controller-manager kubectl)
+ALL_BINS=("${K8S_BINS[@]}" etcd)
+
 # The stamp ties the binaries to the exact pins they were built from.
 stamp_text() {
     printf 'kubernetes %s\netcd %s\n' "$K8S_VERSION" "$ETCD_VERSION"
     cat "$K8S_MOD_DIR/go.mod" "$K8S_MOD_DIR/go.sum" "$ETCD_MOD_DIR/go.mod" "$ETCD_MOD_DIR/go.sum" | sha256sum | cut -d' ' -f1
 }
-
-K8S_BINS=(kube-apiserver kube-scheduler kubectl)
-ALL_BINS=("${K8S_BINS[@]}" etcd)
 
 up_to_date() {
     [[ "${K8S_BINS_REBUILD:-0}" != 1 ]] || return 1
@@ -97,11 +100,8 @@ log "etcd built ($((SECONDS - start))s)"
 
 (
     cd "$K8S_MOD_DIR"
-    # One invocation for all three: shared packages are compiled once.
-    "${GO_BUILD[@]}" -ldflags "-s -w$ldx" -o "$STAGE/" \
-        k8s.io/kubernetes/cmd/kube-apiserver \
-        k8s.io/kubernetes/cmd/kube-scheduler \
-        k8s.io/kubernetes/cmd/kubectl
+    # One invocation for all four: shared packages are compiled once.
+    "${GO_BUILD[@]}" -ldflags "-s -w$ldx" -o "$STAGE/" "${K8S_BINS[@]/#/k8s.io/kubernetes/cmd/}"
 )
 log "kubernetes binaries built ($((SECONDS - start))s)"
 

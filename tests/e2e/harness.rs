@@ -39,7 +39,8 @@ pub const PROFILE_CONFIG: &str = "scheduler-config/gpu-scheduler-profile.yaml";
 /// The profile GPU pods select in most scenarios.
 pub const GPU_SCHEDULER: &str = "gpu-scheduler";
 
-/// Environment variable: directory with etcd, kube-apiserver, kube-scheduler and kubectl.
+/// Environment variable: directory with etcd, kube-apiserver, kube-scheduler, kubectl (and
+/// kube-controller-manager, for the scenarios that start it).
 pub const BIN_ENV: &str = "GPU_TEST_K8S_BIN";
 /// Environment variable: directory with kwok and cluster-autoscaler (`scripts/autoscaler-bins.sh`
 /// builds them; asked for when unset).
@@ -709,6 +710,23 @@ impl Cluster {
         Ok(())
     }
 
+    /// Starts kube-controller-manager running only `controllers` (its `--controllers` names, e.g.
+    /// `deployment-controller`, `replicaset-controller`; `control-plane.sh controller-manager`),
+    /// as admin, without leader election. The other scenarios run without it; the node
+    /// lifecycle controller is never among them here, as the plane's nodes have no kubelets.
+    pub async fn start_controller_manager(&self, controllers: &[&str]) -> Result<()> {
+        let t0 = Instant::now();
+        self.control_plane(&["controller-manager", &controllers.join(",")])
+            .await?;
+        eprintln!(
+            "e2e {}: kube-controller-manager up ({}) in {:.1}s",
+            self.name,
+            controllers.join(","),
+            t0.elapsed().as_secs_f64()
+        );
+        Ok(())
+    }
+
     /// Starts kwok (`control-plane.sh kwok`): nodes annotated `kwok.x-k8s.io/node=fake` become
     /// Ready and keep heartbeating, their pods Running, and deleted pods go.
     pub async fn start_kwok(&self) -> Result<()> {
@@ -864,6 +882,7 @@ impl Cluster {
             ("extender.log", 60),
             ("kube-scheduler.log", 40),
             ("autoscaler.log", 30),
+            ("kube-controller-manager.log", 20),
             ("kwok.log", 10),
             ("kube-apiserver.log", 15),
         ]

@@ -1,5 +1,6 @@
 // Test tooling only: pins the Kubernetes control-plane binaries (kube-apiserver,
-// kube-scheduler, kubectl) that scripts/k8s-bins.sh builds for the end-to-end tests.
+// kube-scheduler, kube-controller-manager, kubectl) that scripts/k8s-bins.sh builds for the
+// end-to-end tests.
 // Nothing here is linked into gpu-extender.
 //
 // k8s.io/kubernetes cannot be `go install`ed directly because its go.mod replaces

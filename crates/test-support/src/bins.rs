@@ -1,5 +1,5 @@
 //! The Kubernetes binaries the loopback control plane runs (etcd, kube-apiserver,
-//! kube-scheduler, kubectl), found or built by the checkout's `scripts/k8s-bins.sh`.
+//! kube-scheduler, kube-controller-manager, kubectl), found or built by the checkout's `scripts/k8s-bins.sh`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
