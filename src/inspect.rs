@@ -1,5 +1,5 @@
 //! The inspection report: per node and per GPU, what is allocated out of what, and which pods
-//! hold it, in the shape `kubectl inspect cgpu` users expect. Built from a table snapshot; shared
+//! and DRA claims hold it, in the shape `kubectl inspect cgpu` users expect. Built from a table snapshot; shared
 //! by the `/inspect` endpoint, the `inspect` command and the capacity metrics.
 
 use std::collections::BTreeMap;
@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
+use crate::objects::dra::{DraCounts, holder_claim};
 use gpu_engine::quota::{Amounts, QuotaNames, QuotaResource, QuotaSet};
 use gpu_engine::{CpuMilli, MemMiB, NodeState, Table, TypicalPod, TypicalPods, WHOLE_GPU_COMPUTE};
 
@@ -26,6 +27,53 @@ pub struct ClusterReport {
     /// record"), by pod; absent without any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rejected_records: Vec<RejectedRecord>,
+    /// GPUs handed out by Dynamic Resource Allocation (docs/dra.md); absent when DRA is not
+    /// read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dra: Option<DraReport>,
+}
+
+/// What the extender reads of Dynamic Resource Allocation.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DraReport {
+    /// Whether the API server serves `resource.k8s.io/v1` to the extender (false: DRA GPUs are
+    /// not read; the log says why).
+    pub served: bool,
+    pub counts: DraCounts,
+    /// Nodes whose GPUs are offered both by the device plugin and by a DRA driver: claims and
+    /// pods are both accounted on the same GPUs, matched by UUID or index.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes_offered_both_ways: Vec<String>,
+    /// What is wrong with slices and pools (unknown drivers, missing attributes, pools waiting
+    /// for slices, older generations).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
+    /// Every claim allocated devices of a configured driver, by `namespace/name`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub claims: Vec<ClaimReport>,
+}
+
+/// One allocated ResourceClaim.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimReport {
+    /// `namespace/name`.
+    pub claim: String,
+    /// The node its devices are on, once they are mapped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// The GPU indices it holds on that node.
+    #[serde(default)]
+    pub gpus: Vec<u16>,
+    /// Its devices as `driver/pool/device`.
+    pub devices: Vec<String>,
+    /// `namespace/name` of the pods it is reserved for (`status.reservedFor`).
+    #[serde(default)]
+    pub pods: Vec<String>,
+    /// Why some of its devices are not (yet) held in the table.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
 }
 
 /// An allocation record the watch saw on a pod and did not apply.
@@ -143,6 +191,23 @@ pub struct GpuReport {
     pub whole: bool,
     /// `namespace/name` of each pod holding part or all of this GPU.
     pub pods: Vec<String>,
+    /// The DRA claims holding this GPU, whole or a MIG slice of it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub claims: Vec<GpuClaim>,
+}
+
+/// A DRA claim holding a GPU.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuClaim {
+    /// `namespace/name` of the ResourceClaim.
+    pub claim: String,
+    /// The pods it is reserved for.
+    #[serde(default)]
+    pub pods: Vec<String>,
+    /// GPU memory of a MIG slice it holds; absent when it holds the GPU whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_memory_mib: Option<u64>,
 }
 
 impl GpuReport {
@@ -167,9 +232,9 @@ impl GpuReport {
             .min(1.0)
     }
 
-    /// Whether nothing is allocated on the card.
+    /// Whether nothing is allocated on the card, by a pod or a claim.
     pub fn is_idle(&self) -> bool {
-        self.pods.is_empty()
+        self.pods.is_empty() && self.claims.is_empty()
     }
 }
 
@@ -259,7 +324,33 @@ impl ClusterReport {
             quotas: self.quotas.clone(),
             ignored_quotas: self.ignored_quotas.clone(),
             rejected_records: self.rejected_records.clone(),
+            dra: self.dra.clone(),
         }
+    }
+
+    /// Keeps `dra` in the report, with each claim's node and GPUs from the report's GPUs and
+    /// each GPU's claims' pods from `dra`.
+    pub fn with_dra(mut self, mut dra: DraReport) -> Self {
+        let mut index: BTreeMap<String, usize> = BTreeMap::new();
+        for (position, claim) in dra.claims.iter().enumerate() {
+            index.insert(claim.claim.clone(), position);
+        }
+        for node in &mut self.nodes {
+            for gpu in &mut node.gpus {
+                for held in &mut gpu.claims {
+                    let Some(claim) = index.get(&held.claim).map(|&i| &mut dra.claims[i]) else {
+                        continue;
+                    };
+                    held.pods.clone_from(&claim.pods);
+                    claim.node = Some(node.name.clone());
+                    if !claim.gpus.contains(&gpu.index) {
+                        claim.gpus.push(gpu.index);
+                    }
+                }
+            }
+        }
+        self.dra = Some(dra);
+        self
     }
 
     /// The report as a table in the style of `kubectl inspect cgpu`: one row per node, one
@@ -304,15 +395,21 @@ impl ClusterReport {
         if details {
             for node in &self.nodes {
                 for gpu in &node.gpus {
-                    if gpu.pods.is_empty() {
+                    if gpu.is_idle() {
                         continue;
                     }
+                    let holders: Vec<String> = gpu
+                        .pods
+                        .iter()
+                        .cloned()
+                        .chain(gpu.claims.iter().map(claim_cell))
+                        .collect();
                     let _ = writeln!(
                         out,
                         "{} GPU{}: {}",
                         node.name,
                         gpu.index,
-                        gpu.pods.join(", ")
+                        holders.join(", ")
                     );
                 }
             }
@@ -381,6 +478,31 @@ impl ClusterReport {
         for problem in &self.ignored_quotas {
             let _ = writeln!(out, "Ignored: {problem}");
         }
+        if let Some(dra) = &self.dra {
+            let counts = &dra.counts;
+            let _ = writeln!(
+                out,
+                "DRA: {} GPUs and {} MIG slices in {} ResourceSlices, {} claims allocated",
+                counts.gpus, counts.mig_slices, counts.slices, counts.claims_allocated
+            );
+            for node in &dra.nodes_offered_both_ways {
+                let _ = writeln!(
+                    out,
+                    "DRA: node {node} offers its GPUs both through the device plugin and a DRA driver"
+                );
+            }
+            for problem in &dra.problems {
+                let _ = writeln!(out, "DRA: {problem}");
+            }
+            for claim in dra.claims.iter().filter(|claim| !claim.problems.is_empty()) {
+                let _ = writeln!(
+                    out,
+                    "DRA: claim {} not fully held: {}",
+                    claim.claim,
+                    claim.problems.join("; ")
+                );
+            }
+        }
         for rejected in &self.rejected_records {
             let _ = writeln!(
                 out,
@@ -390,6 +512,19 @@ impl ClusterReport {
         }
         out
     }
+}
+
+/// A claim on a GPU, in the detail lines: `claim team/c (pods team/p)`, with the MIG slice's
+/// memory when it holds a slice.
+fn claim_cell(claim: &GpuClaim) -> String {
+    let mut cell = format!("claim {}", claim.claim);
+    if let Some(mib) = claim.mig_memory_mib {
+        let _ = write!(cell, " [MIG {} GiB]", gib(mib));
+    }
+    if !claim.pods.is_empty() {
+        let _ = write!(cell, " (pods {})", claim.pods.join(", "));
+    }
+    cell
 }
 
 /// A quota amount: whole numbers without a fraction, others to two places.
@@ -523,6 +658,7 @@ fn node_report(table: &Table, node: &NodeState) -> NodeReport {
             },
             whole: usage.is_whole(),
             pods: Vec::new(),
+            claims: Vec::new(),
         })
         .collect();
     let mut pods = 0;
@@ -534,8 +670,21 @@ fn node_report(table: &Table, node: &NodeState) -> NodeReport {
             }
         }
     }
+    for (holder, entry) in table.externals_on(&node.spec.name) {
+        let claim = holder_claim(holder).unwrap_or(holder.as_str());
+        for hold in &entry.holds {
+            if let Some(gpu) = gpus.iter_mut().find(|g| g.index == hold.gpu.0) {
+                gpu.claims.push(GpuClaim {
+                    claim: claim.to_owned(),
+                    pods: Vec::new(),
+                    mig_memory_mib: (!hold.whole).then_some(hold.mem.0),
+                });
+            }
+        }
+    }
     for gpu in &mut gpus {
         gpu.pods.sort();
+        gpu.claims.sort_by(|a, b| a.claim.cmp(&b.claim));
     }
     NodeReport {
         name: node.spec.name.to_string(),

@@ -145,6 +145,20 @@ pub struct DraBook {
     claims_by_pool: HashMap<PoolKey, BTreeSet<String>>,
 }
 
+/// What the extender knows of Dynamic Resource Allocation, shared by the feed (which writes it)
+/// and the views (which read it).
+#[derive(Debug, Default)]
+pub struct DraState {
+    /// `None`: DRA is not read (`dra.enabled` off, or not known yet); `Some(false)`: the API
+    /// does not serve it or refuses the extender; `Some(true)`: read.
+    pub served: Option<bool>,
+    pub book: DraBook,
+    /// Nodes offering GPUs both through the device plugin and a DRA driver.
+    pub both_ways: BTreeSet<String>,
+    /// Why some of a claim's devices are not held, by claim.
+    pub claim_problems: HashMap<String, Vec<String>>,
+}
+
 /// Counts over the book, for the metrics and the views.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -247,13 +261,32 @@ impl DraBook {
         vec![old.pool]
     }
 
-    /// The names of every slice the book holds (for relists: those missing are deleted).
-    pub fn slice_names(&self) -> Vec<String> {
+    /// The node a slice names, if the book read it.
+    pub fn slice_node(&self, name: &str) -> Option<&str> {
         self.slices
-            .keys()
-            .chain(self.unknown.keys())
-            .cloned()
-            .collect()
+            .get(name)
+            .and_then(|slice| slice.node.as_deref())
+    }
+
+    /// Every node some slice names.
+    pub fn nodes(&self) -> Vec<String> {
+        self.pools_by_node.keys().cloned().collect()
+    }
+
+    /// Takes the slices of `listed` (a full list, read into a book of its own) in place of
+    /// this book's, keeping the claims.
+    pub fn replace_slices(&mut self, listed: DraBook) {
+        self.slices = listed.slices;
+        self.unknown = listed.unknown;
+        self.pools = listed.pools;
+        self.pools_by_node = listed.pools_by_node;
+    }
+
+    /// Takes the claims of `listed` (a full list, read into a book of its own) in place of
+    /// this book's, keeping the slices.
+    pub fn replace_claims(&mut self, listed: DraBook) {
+        self.claims = listed.claims;
+        self.claims_by_pool = listed.claims_by_pool;
     }
 
     /// A pool's devices (newest generation only) and where it stands; `None` for a pool no
@@ -470,7 +503,12 @@ impl DraBook {
                 Some(_) => {}
                 None => out.node = Some(node.to_owned()),
             }
-            let gpus = node_gpus(node).unwrap_or(&[]);
+            let Some(gpus) = node_gpus(node) else {
+                out.problems.push(format!(
+                    "device {pool}/{device_name}: node {node} is not known yet"
+                ));
+                continue;
+            };
             match match_gpu(device, gpus) {
                 Ok(gpu) => out.holds.push(device_hold(device, gpu)),
                 Err(problem) => out.problems.push(format!(
@@ -790,5 +828,7 @@ fn find_capacity(device: &Device, driver: &str, name: &str) -> Option<String> {
     Some(found.value.0.clone())
 }
 
+#[cfg(test)]
+pub(crate) mod fixtures;
 #[cfg(test)]
 mod tests;

@@ -1,87 +1,12 @@
 #![allow(clippy::unwrap_used, reason = "test fixtures")]
 
-use serde_json::{Value, json};
+use serde_json::json;
 
+use super::fixtures::{claim, gpu, mig, slice};
 use super::*;
 
 fn cfg() -> DraConfig {
     DraConfig::default()
-}
-
-/// A whole GPU of NVIDIA's driver.
-fn gpu(index: i64, uuid: &str) -> Value {
-    json!({
-        "name": format!("gpu-{index}"),
-        "attributes": {
-            "type": {"string": "gpu"},
-            "uuid": {"string": uuid},
-            "index": {"int": index},
-            "productName": {"string": "NVIDIA A100-SXM4-80GB"},
-        },
-        "capacity": {"memory": {"value": "80Gi"}},
-    })
-}
-
-/// A MIG slice of GPU `parent`.
-fn mig(name: &str, parent: i64, parent_uuid: &str, gib: u64) -> Value {
-    json!({
-        "name": name,
-        "attributes": {
-            "type": {"string": "mig"},
-            "uuid": {"string": format!("MIG-{name}")},
-            "parentUUID": {"string": parent_uuid},
-            "parentIndex": {"int": parent},
-            "profile": {"string": "3g.40gb"},
-            "gpu.nvidia.com/productName": {"string": "NVIDIA A100-SXM4-80GB"},
-        },
-        "capacity": {"memory": {"value": format!("{gib}Gi")}},
-    })
-}
-
-fn slice(
-    name: &str,
-    driver: &str,
-    node: &str,
-    generation: i64,
-    count: i64,
-    devices: Vec<Value>,
-) -> ResourceSlice {
-    serde_json::from_value(json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": name},
-        "spec": {
-            "driver": driver,
-            "nodeName": node,
-            "pool": {"name": node, "generation": generation, "resourceSliceCount": count},
-            "devices": devices,
-        },
-    }))
-    .unwrap()
-}
-
-fn claim(name: &str, devices: &[(&str, &str)], pods: &[&str]) -> ResourceClaim {
-    let results: Vec<Value> = devices
-        .iter()
-        .map(|(pool, device)| {
-            json!({"request": "gpus", "driver": "gpu.nvidia.com", "pool": pool, "device": device})
-        })
-        .collect();
-    let reserved: Vec<Value> = pods
-        .iter()
-        .map(|pod| json!({"resource": "pods", "name": pod, "uid": format!("uid-{pod}")}))
-        .collect();
-    serde_json::from_value(json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": "team"},
-        "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
-        "status": {
-            "allocation": {"devices": {"results": results}},
-            "reservedFor": reserved,
-        },
-    }))
-    .unwrap()
 }
 
 fn pool(node: &str) -> PoolKey {
@@ -177,7 +102,7 @@ fn a_claims_devices_map_to_gpus_by_uuid_then_by_index() {
     assert_eq!(holds.holds[0].gpu, GpuIndex(0));
     assert!(holds.holds[0].whole);
     // No UUIDs on the node's side: by index.
-    let plain = vec![
+    let plain = [
         Gpu::new(0, "A100", MemMiB(1)),
         Gpu::new(1, "A100", MemMiB(1)),
     ];
