@@ -265,6 +265,25 @@ fn a_node_offered_both_ways_is_said_and_claims_match_by_uuid() {
     );
     let (_, _, both_ways) = feed.state().dra_counts().unwrap();
     assert_eq!(both_ways, 1);
+    // The metrics count the DRA devices, the claim's GPU and the node offered both ways.
+    let metrics = crate::telemetry::Metrics::new().unwrap();
+    metrics
+        .watch_state(
+            Arc::clone(feed.state().reader()),
+            crate::state::PolicyCell::from(Policy::default()),
+        )
+        .unwrap();
+    let text = metrics.render().unwrap();
+    for line in [
+        "gpu_extender_dra_served 1",
+        "gpu_extender_dra_devices{type=\"gpu\"} 2",
+        "gpu_extender_dra_claims_allocated 1",
+        "gpu_extender_dra_gpus_held 1",
+        "gpu_extender_dra_nodes_offered_both_ways 1",
+        "gpu_extender_dra_slice_problems{kind=\"pool_waiting\"} 0",
+    ] {
+        assert!(text.contains(line), "{line} not in:\n{text}");
+    }
 }
 
 #[test]
