@@ -7,9 +7,10 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use crate::objects::dra::{DraCounts, holder_claim};
 use gpu_engine::quota::{Amounts, QuotaNames, QuotaResource, QuotaSet};
-use gpu_engine::{CpuMilli, MemMiB, NodeState, Table, TypicalPod, TypicalPods, WHOLE_GPU_COMPUTE};
+use gpu_engine::{
+    CpuMilli, HolderKey, MemMiB, NodeState, Table, TypicalPod, TypicalPods, WHOLE_GPU_COMPUTE,
+};
 
 /// The whole cluster.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -31,6 +32,44 @@ pub struct ClusterReport {
     /// read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dra: Option<DraReport>,
+}
+
+/// The prefix of the table's holder keys for claims (`dra:namespace/name`).
+pub const CLAIM_HOLDER_PREFIX: &str = "dra:";
+
+/// The table's holder key of a claim.
+pub fn claim_holder(claim: &str) -> HolderKey {
+    HolderKey::new(format!("{CLAIM_HOLDER_PREFIX}{claim}"))
+}
+
+/// The claim (`namespace/name`) a holder key names, if it names one.
+pub fn holder_claim(holder: &HolderKey) -> Option<&str> {
+    holder.as_str().strip_prefix(CLAIM_HOLDER_PREFIX)
+}
+
+/// Counts over the book, for the metrics and the views.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DraCounts {
+    /// Slices of configured drivers.
+    pub slices: usize,
+    /// Slices of drivers not configured (ignored).
+    pub unknown_driver_slices: usize,
+    /// Pools whose devices count.
+    pub pools_complete: usize,
+    /// Pools waiting for slices of their newest generation.
+    pub pools_waiting: usize,
+    /// Pools whose slices name no single node (ignored).
+    pub pools_not_node_local: usize,
+    /// Slices of older generations still listed (ignored).
+    pub stale_slices: usize,
+    /// Whole GPUs and MIG slices offered by complete pools.
+    pub gpus: usize,
+    pub mig_slices: usize,
+    /// Devices left out for a missing or unreadable attribute.
+    pub devices_unreadable: usize,
+    /// Claims with an allocation of configured drivers' devices.
+    pub claims_allocated: usize,
 }
 
 /// What the extender reads of Dynamic Resource Allocation.

@@ -8,29 +8,16 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+pub use crate::inspect::{CLAIM_HOLDER_PREFIX, DraCounts, claim_holder, holder_claim};
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, ResourceClaim, ResourceSlice};
-use serde::{Deserialize, Serialize};
 
 use super::quantity::Quantity;
 use super::translate::UNKNOWN_MODEL;
 use crate::config::{DraConfig, DraDriverConfig};
-use gpu_engine::{ComputeMilli, Gpu, GpuHold, GpuIndex, HolderKey, MemMiB, WHOLE_GPU_COMPUTE};
-
-/// The prefix of the table's holder keys for claims (`dra:namespace/name`).
-pub const CLAIM_HOLDER_PREFIX: &str = "dra:";
+use gpu_engine::{ComputeMilli, Gpu, GpuHold, GpuIndex, MemMiB, WHOLE_GPU_COMPUTE};
 
 /// The most problems a book keeps for the views (the log has each one as it happens).
 const MAX_PROBLEMS: usize = 64;
-
-/// The table's holder key of a claim.
-pub fn claim_holder(claim: &str) -> HolderKey {
-    HolderKey::new(format!("{CLAIM_HOLDER_PREFIX}{claim}"))
-}
-
-/// The claim (`namespace/name`) a holder key names, if it names one.
-pub fn holder_claim(holder: &HolderKey) -> Option<&str> {
-    holder.as_str().strip_prefix(CLAIM_HOLDER_PREFIX)
-}
 
 /// A pool of devices: a driver's name and the pool's (`spec.pool.name`).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -157,31 +144,6 @@ pub struct DraState {
     pub both_ways: BTreeSet<String>,
     /// Why some of a claim's devices are not held, by claim.
     pub claim_problems: HashMap<String, Vec<String>>,
-}
-
-/// Counts over the book, for the metrics and the views.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DraCounts {
-    /// Slices of configured drivers.
-    pub slices: usize,
-    /// Slices of drivers not configured (ignored).
-    pub unknown_driver_slices: usize,
-    /// Pools whose devices count.
-    pub pools_complete: usize,
-    /// Pools waiting for slices of their newest generation.
-    pub pools_waiting: usize,
-    /// Pools whose slices name no single node (ignored).
-    pub pools_not_node_local: usize,
-    /// Slices of older generations still listed (ignored).
-    pub stale_slices: usize,
-    /// Whole GPUs and MIG slices offered by complete pools.
-    pub gpus: usize,
-    pub mig_slices: usize,
-    /// Devices left out for a missing or unreadable attribute.
-    pub devices_unreadable: usize,
-    /// Claims with an allocation of configured drivers' devices.
-    pub claims_allocated: usize,
 }
 
 impl DraBook {

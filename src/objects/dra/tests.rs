@@ -1,3 +1,6 @@
+//! The DRA reader: slices and claims as NVIDIA's driver and kube-scheduler write them, read as GPUs
+//! and holds, bad and partial slices said.
+
 #![allow(clippy::unwrap_used, reason = "test fixtures")]
 
 use serde_json::json;
@@ -304,5 +307,5 @@ fn holder_keys_name_their_claim() {
     let holder = claim_holder("team/c");
     assert_eq!(holder.as_str(), "dra:team/c");
     assert_eq!(holder_claim(&holder), Some("team/c"));
-    assert_eq!(holder_claim(&HolderKey::new("team/pod")), None);
+    assert_eq!(holder_claim(&gpu_engine::HolderKey::new("team/pod")), None);
 }
