@@ -877,6 +877,9 @@ impl Default for DraConfig {
 pub struct DraDriverConfig {
     /// The driver's name (`spec.driver` of its ResourceSlices).
     pub name: String,
+    /// The DeviceClasses whose claims ask for this driver's GPUs: prioritize ranks nodes for a
+    /// pod whose claims ask for whole GPUs of these classes.
+    pub device_classes: Vec<String>,
     /// The string attribute that tells a whole GPU from a MIG slice.
     pub type_attribute: String,
     /// Its value for a whole GPU.
@@ -904,6 +907,7 @@ impl Default for DraDriverConfig {
     fn default() -> Self {
         Self {
             name: "gpu.nvidia.com".into(),
+            device_classes: vec!["gpu.nvidia.com".into()],
             type_attribute: "type".into(),
             gpu_type: "gpu".into(),
             mig_type: "mig".into(),

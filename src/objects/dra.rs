@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 pub use crate::inspect::{CLAIM_HOLDER_PREFIX, DraCounts, claim_holder, holder_claim};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, ResourceClaim, ResourceSlice};
 
 use super::quantity::Quantity;
@@ -130,6 +131,9 @@ pub struct DraBook {
     claims: HashMap<String, ClaimReading>,
     /// Claims by the pools their allocations name.
     claims_by_pool: HashMap<PoolKey, BTreeSet<String>>,
+    /// Whole GPUs each claim asks for of the configured DeviceClasses, allocated or not (what
+    /// prioritize ranks nodes for), by `namespace/name`.
+    requests: HashMap<String, u64>,
 }
 
 /// What the extender knows of Dynamic Resource Allocation, shared by the feed (which writes it)
@@ -249,6 +253,13 @@ impl DraBook {
     pub fn replace_claims(&mut self, listed: DraBook) {
         self.claims = listed.claims;
         self.claims_by_pool = listed.claims_by_pool;
+        self.requests = listed.requests;
+    }
+
+    /// Whole GPUs a claim asks for of the configured DeviceClasses (`None`: none, or asked in
+    /// a way not read: all devices of a class, or a list of alternatives).
+    pub fn claim_request(&self, key: &str) -> Option<u64> {
+        self.requests.get(key).copied()
     }
 
     /// A pool's devices (newest generation only) and where it stands; `None` for a pool no
@@ -356,6 +367,9 @@ impl DraBook {
             .map(|consumer| format!("{namespace}/{}", consumer.name))
             .collect();
         self.remove_claim(&key);
+        if let Some(gpus) = requested_gpus(claim, cfg) {
+            self.requests.insert(key.clone(), gpus);
+        }
         if !devices.is_empty() {
             for (pool, _) in &devices {
                 self.claims_by_pool
@@ -371,6 +385,7 @@ impl DraBook {
 
     /// Forgets a claim (deleted, or allocated no device of ours any more).
     pub fn remove_claim(&mut self, key: &str) {
+        self.requests.remove(key);
         let Some(old) = self.claims.remove(key) else {
             return;
         };
@@ -572,6 +587,64 @@ pub fn pool_problem(key: &PoolKey, view: &PoolView<'_>) -> Option<String> {
             "pool {key}: its slices name no single node (spec.nodeName); devices shared by several nodes are not read as GPUs"
         )),
     }
+}
+
+/// Whole GPUs `claim` asks for of the DeviceClasses `cfg` lists: each `exactly` request of
+/// such a class in `ExactCount` mode counts its `count` (1 when unset). `None` when it asks for
+/// none, or for one in a way not read (`All` mode, `firstAvailable` alternatives).
+pub fn requested_gpus(claim: &ResourceClaim, cfg: &DraConfig) -> Option<u64> {
+    let known = |class: &str| {
+        cfg.drivers
+            .iter()
+            .any(|driver| driver.device_classes.iter().any(|known| known == class))
+    };
+    let mut gpus = 0u64;
+    for request in claim.spec.devices.as_ref()?.requests.as_ref()? {
+        match &request.exactly {
+            Some(exact) if known(&exact.device_class_name) => {
+                if exact.allocation_mode.as_deref().unwrap_or("ExactCount") != "ExactCount" {
+                    return None;
+                }
+                let count = u64::try_from(exact.count.unwrap_or(1)).ok()?;
+                gpus = gpus.saturating_add(count);
+            }
+            Some(_) => {}
+            None => {
+                let alternatives = request.first_available.as_ref()?;
+                if alternatives.iter().any(|sub| known(&sub.device_class_name)) {
+                    return None;
+                }
+            }
+        }
+    }
+    (gpus > 0).then_some(gpus)
+}
+
+/// The claims (`namespace/name`) a pod uses: each `spec.resourceClaims` entry's
+/// `resourceClaimName`, or for one made from a template the claim its
+/// `status.resourceClaimStatuses` names (once kube-controller-manager has created it).
+pub fn pod_claims(pod: &Pod) -> Vec<String> {
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+    let generated = pod
+        .status
+        .as_ref()
+        .and_then(|status| status.resource_claim_statuses.as_ref());
+    pod.spec
+        .as_ref()
+        .and_then(|spec| spec.resource_claims.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| {
+            entry.resource_claim_name.clone().or_else(|| {
+                generated?
+                    .iter()
+                    .find(|status| status.name == entry.name)?
+                    .resource_claim_name
+                    .clone()
+            })
+        })
+        .map(|name| format!("{namespace}/{name}"))
+        .collect()
 }
 
 /// A claim's `namespace/name`.

@@ -212,6 +212,21 @@ impl ClusterState {
         })
     }
 
+    /// Whole GPUs `pod`'s claims ask for of the configured DeviceClasses, as the watch last saw
+    /// the claims; `None` when they ask for none (or the pod has no claims).
+    pub fn claim_gpus(&self, pod: &Pod) -> Option<u64> {
+        let claims = crate::objects::dra::pod_claims(pod);
+        if claims.is_empty() {
+            return None;
+        }
+        let dra = self.dra.read();
+        let gpus = claims
+            .iter()
+            .filter_map(|claim| dra.book.claim_request(claim))
+            .fold(0u64, u64::saturating_add);
+        (gpus > 0).then_some(gpus)
+    }
+
     /// What the metrics read of Dynamic Resource Allocation: whether it is served, the book's
     /// counts and how many nodes offer GPUs both ways; `None` while it is not read.
     pub fn dra_counts(&self) -> Option<(bool, DraCounts, usize)> {

@@ -3,7 +3,8 @@
 //! kube-scheduler's DRA plugin allocates them and binds their pods. The extender accounts the
 //! claims' GPUs next to the GPUs it places itself: a node offered both ways never double-books,
 //! `inspect` lists every claim's GPUs and pods, a released claim frees its GPUs, and bad or
-//! partial slices are said, not guessed around.
+//! partial slices are said, not guessed around. With the DRA prioritize stanza (docs/dra.md),
+//! claim pods are packed as the policy says.
 
 use std::time::{Duration, Instant};
 
@@ -14,7 +15,7 @@ use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-use crate::harness::{Cluster, metric_sum};
+use crate::harness::{Cluster, PROFILE_CONFIG, metric_sum};
 use crate::objects::{
     GpuNode, Mode, NS, NVIDIA_GPU, PodSpec, create_bound, create_pod, delete_pod, node_of, pods,
     wait_bound, wait_unschedulable,
@@ -105,20 +106,19 @@ async fn create_claim(client: &kube::Client, name: &str, count: u32) -> Result<(
     Ok(())
 }
 
-/// A pod using claim `claim`, kept to node `node`.
+/// A pod using claim `claim`, kept to `node` where one is named.
 async fn create_claim_pod(
     client: &kube::Client,
     name: &str,
     claim: &str,
-    node: &str,
+    node: Option<&str>,
 ) -> Result<()> {
-    let pod: Pod = serde_json::from_value(json!({
+    let mut pod = json!({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": NS},
         "spec": {
             "terminationGracePeriodSeconds": 0,
-            "nodeSelector": {"kubernetes.io/hostname": node},
             "resourceClaims": [{"name": "gpus", "resourceClaimName": claim}],
             "containers": [{
                 "name": "c",
@@ -126,7 +126,11 @@ async fn create_claim_pod(
                 "resources": {"claims": [{"name": "gpus"}], "requests": {"cpu": "10m", "memory": "16Mi"}},
             }],
         },
-    }))?;
+    });
+    if let Some(node) = node {
+        pod["spec"]["nodeSelector"] = json!({"kubernetes.io/hostname": node});
+    }
+    let pod: Pod = serde_json::from_value(pod)?;
     pods(client)
         .create(&PostParams::default(), &pod)
         .await
@@ -266,7 +270,7 @@ fn dra_claims_are_accounted_next_to_the_extenders_pods() {
 
         // A claim pod on "both": kube-scheduler allocates one of its GPUs and binds it.
         create_claim(&client, "c-both", 1).await?;
-        create_claim_pod(&client, "dra-both", "c-both", "both").await?;
+        create_claim_pod(&client, "dra-both", "c-both", Some("both")).await?;
         wait_bound(&client, "dra-both", BIND).await?;
         let devices = allocated(&client, "c-both").await?;
         ensure!(devices.len() == 1, "c-both allocated {devices:?}");
@@ -319,7 +323,7 @@ fn dra_claims_are_accounted_next_to_the_extenders_pods() {
 
         // A DRA-only node: its GPUs come from the slice, and a 2-GPU claim's show with its pod.
         create_claim(&client, "c-two", 2).await?;
-        create_claim_pod(&client, "dra-two", "c-two", "dra-a").await?;
+        create_claim_pod(&client, "dra-two", "c-two", Some("dra-a")).await?;
         wait_bound(&client, "dra-two", BIND).await?;
         let report = wait_inspect(c, "c-two's GPUs", BIND, |r| {
             claim_gpus(r, "dra-a", "default/c-two").len() == 2
@@ -406,6 +410,95 @@ fn dra_claims_are_accounted_next_to_the_extenders_pods() {
             .filter(|g| g["claims"].as_array().is_none_or(Vec::is_empty))
             .count();
         ensure!(idle == 4, "dra-a GPUs free after the release: {idle}");
+        Ok(())
+    });
+}
+
+/// The `gpu-scheduler` profile configuration with the DRA stanza of docs/dra.md added: the
+/// extender's `/dra/prioritize`, no managed resources, so kube-scheduler calls it for every pod.
+fn with_dra_stanza(c: &Cluster) -> Result<String> {
+    let url = c.extender_url();
+    let rendered = c.rendered_scheduler_config(PROFILE_CONFIG, &url)?;
+    let stanza = format!(
+        "extenders:\n  - urlPrefix: {url}/dra\n    prioritizeVerb: prioritize\n    weight: 5\n    nodeCacheCapable: true\n    httpTimeout: 5s\n    ignorable: true\n"
+    );
+    ensure!(
+        rendered.contains("\nextenders:\n"),
+        "no extenders list in {PROFILE_CONFIG}"
+    );
+    Ok(rendered.replacen("extenders:\n", &stanza, 1))
+}
+
+#[test]
+#[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
+fn dra_pods_are_packed_by_the_policy() {
+    crate::harness::run("dra-packing", async |c| {
+        let client = c.client.clone();
+        for node in ["pack-a", "pack-b"] {
+            dra_node(&client, node).await?;
+            let gpus = (0..4)
+                .map(|i| gpu(i, &format!("GPU-{node}-{i}"), Some("80Gi")))
+                .collect();
+            publish(
+                &client,
+                &format!("{node}-gpus"),
+                DRIVER,
+                node,
+                node,
+                1,
+                gpus,
+            )
+            .await?;
+        }
+        let device_class: DeviceClass = serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": DRIVER},
+            "spec": {"selectors": [{"cel": {"expression": format!("device.driver == '{DRIVER}'")}}]},
+        }))?;
+        Api::<DeviceClass>::all(client.clone())
+            .create(&PostParams::default(), &device_class)
+            .await?;
+        // Binpack (the default policy).
+        c.start_extender("").await?;
+        let rendered = with_dra_stanza(c)?;
+        c.start_scheduler_rendered(PROFILE_CONFIG, &rendered, &[])
+            .await?;
+
+        // One claim already on pack-b.
+        create_claim(&client, "first", 1).await?;
+        create_claim_pod(&client, "first", "first", Some("pack-b")).await?;
+        wait_bound(&client, "first", BIND).await?;
+        wait_inspect(c, "first's GPU", BIND, |r| {
+            claim_gpus(r, "pack-b", "default/first").len() == 1
+        })
+        .await?;
+        // Three more, free to go anywhere: binpack fills pack-b. Without the DRA stanza,
+        // kube-scheduler alone sent the second of them to the emptier pack-a (checked with
+        // v1.34.4, 2026-12-02).
+        for name in ["next-1", "next-2", "next-3"] {
+            create_claim(&client, name, 1).await?;
+            create_claim_pod(&client, name, name, None).await?;
+            let bound = wait_bound(&client, name, BIND).await?;
+            let node = node_of(&bound).unwrap_or_default().to_owned();
+            let claim = format!("default/{name}");
+            wait_inspect(c, &format!("{name}'s GPU"), BIND, |r| {
+                claim_gpus(r, &node, &claim).len() == 1
+            })
+            .await?;
+            eprintln!("  {name}: {node}");
+            ensure!(
+                node == "pack-b",
+                "{name} went to {node}, not the busier pack-b"
+            );
+        }
+        let metrics = c.metrics().await?;
+        let ranked = metric_sum(
+            &metrics,
+            "gpu_extender_requests_total",
+            &[("verb", "prioritize")],
+        );
+        ensure!(ranked >= 3.0, "the DRA stanza's prioritize calls: {ranked}");
         Ok(())
     });
 }

@@ -80,3 +80,28 @@ pub(crate) fn claim(name: &str, devices: &[(&str, &str)], pods: &[&str]) -> Reso
     }))
     .unwrap()
 }
+
+/// A claim not allocated yet, asking for `count` devices of `class`.
+pub(crate) fn pending_claim(name: &str, class: &str, count: i64) -> ResourceClaim {
+    serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "team"},
+        "spec": {"devices": {"requests": [
+            {"name": "gpus", "exactly": {"deviceClassName": class, "count": count}},
+        ]}},
+    }))
+    .unwrap()
+}
+
+/// A pending pod of namespace `team` using the claim `claim`.
+pub(crate) fn claim_pod(name: &str, claim: &str) -> k8s_openapi::api::core::v1::Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "team"},
+        "spec": {
+            "resourceClaims": [{"name": "gpus", "resourceClaimName": claim}],
+            "containers": [{"name": "c", "resources": {"claims": [{"name": "gpus"}], "requests": {"cpu": "1"}}}],
+        },
+    }))
+    .unwrap()
+}

@@ -5,7 +5,7 @@
 
 use serde_json::json;
 
-use super::fixtures::{claim, gpu, mig, slice};
+use super::fixtures::{claim, claim_pod, gpu, mig, pending_claim, slice};
 use super::*;
 
 fn cfg() -> DraConfig {
@@ -308,4 +308,61 @@ fn holder_keys_name_their_claim() {
     assert_eq!(holder.as_str(), "dra:team/c");
     assert_eq!(holder_claim(&holder), Some("team/c"));
     assert_eq!(holder_claim(&gpu_engine::HolderKey::new("team/pod")), None);
+}
+
+#[test]
+fn a_claims_request_counts_whole_gpus_of_known_classes() {
+    assert_eq!(
+        requested_gpus(&pending_claim("c", "gpu.nvidia.com", 2), &cfg()),
+        Some(2)
+    );
+    assert_eq!(
+        requested_gpus(&pending_claim("c", "nic.example.com", 2), &cfg()),
+        None
+    );
+    let mut all = pending_claim("c", "gpu.nvidia.com", 1);
+    all.spec
+        .devices
+        .as_mut()
+        .unwrap()
+        .requests
+        .as_mut()
+        .unwrap()[0]
+        .exactly
+        .as_mut()
+        .unwrap()
+        .allocation_mode = Some("All".into());
+    assert_eq!(
+        requested_gpus(&all, &cfg()),
+        None,
+        "all devices of a class: not read"
+    );
+    // Kept while pending, and after allocation.
+    let mut book = DraBook::new();
+    let key = book.apply_claim(&pending_claim("c", "gpu.nvidia.com", 2), &cfg());
+    assert_eq!(book.claim_request(&key), Some(2));
+    assert!(book.claim_keys().is_empty(), "holds nothing yet");
+    book.remove_claim(&key);
+    assert_eq!(book.claim_request(&key), None);
+}
+
+#[test]
+fn a_pods_claims_are_named_directly_or_by_its_status() {
+    assert_eq!(pod_claims(&claim_pod("p", "c")), vec!["team/c".to_owned()]);
+    let templated: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "p", "namespace": "team"},
+        "spec": {
+            "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "t"}],
+            "containers": [{"name": "c"}],
+        },
+        "status": {"resourceClaimStatuses": [{"name": "gpus", "resourceClaimName": "p-gpus-x1"}]},
+    }))
+    .unwrap();
+    assert_eq!(pod_claims(&templated), vec!["team/p-gpus-x1".to_owned()]);
+    let mut not_yet = templated;
+    not_yet.status = None;
+    assert!(
+        pod_claims(&not_yet).is_empty(),
+        "the claim is not created yet"
+    );
 }

@@ -13,7 +13,7 @@ use super::super::Feed;
 use crate::config::Config;
 use crate::k8s::dra::{DraEvent, Unavailable};
 use crate::objects::dra::claim_holder;
-use crate::objects::dra::fixtures::{claim, gpu, mig, slice};
+use crate::objects::dra::fixtures::{claim, claim_pod, gpu, mig, pending_claim, slice};
 use crate::state::{ClusterState, TableWriter};
 use gpu_engine::{CpuMilli, GpuDemand, MemMiB, NodeName, PodRequest, Policy, fit};
 
@@ -363,6 +363,66 @@ fn without_dra_the_feed_is_ready_on_nodes_and_pods() {
             .unwrap()
             .spec
             .gpus
+            .is_empty()
+    );
+}
+
+#[test]
+fn prioritize_ranks_nodes_for_a_pods_gpu_claims_with_the_policy() {
+    let mut feed = feed();
+    nodes(&mut feed, &[dra_node("d1"), dra_node("d2")]);
+    no_pods(&mut feed);
+    slices(&mut feed, vec![four_gpus("d1"), four_gpus("d2")]);
+    // d2 already has a claim's GPU taken; a pending claim asks for one more.
+    claims(
+        &mut feed,
+        vec![
+            claim("held", &[("d2", "gpu-0")], &["p0"]),
+            pending_claim("wants", "gpu.nvidia.com", 1),
+            pending_claim("too-many", "gpu.nvidia.com", 4),
+        ],
+    );
+    let cfg = Config::default();
+    let policy = crate::state::PolicyCell::from(Policy::default());
+    let verbs = crate::state::Verbs {
+        cluster: feed.state(),
+        policy: &policy,
+        config: &cfg,
+    };
+    let names = ["d1", "d2"];
+    let pod = claim_pod("p", "wants");
+    let scores = verbs.prioritize_claims(Some(&pod), crate::state::Offered::Names(&names));
+    let score = |node: &str| scores.iter().find(|(n, _)| *n == node).map(|(_, s)| *s);
+    // Binpack: the busier node first.
+    assert!(score("d2") > score("d1"), "{scores:?}");
+    // Four GPUs fit d1 only.
+    let pod = claim_pod("p", "too-many");
+    let scores = verbs.prioritize_claims(Some(&pod), crate::state::Offered::Names(&names));
+    let score = |node: &str| {
+        scores
+            .iter()
+            .find(|(n, _)| *n == node)
+            .map(|(_, s)| *s)
+            .unwrap_or(0)
+    };
+    assert!(score("d1") > 0 && score("d2") == 0, "{scores:?}");
+    // No opinion on a pod without claims of a known class, nor on the main stanza's GPU pods.
+    let plain: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "x", "namespace": "team"},
+        "spec": {"containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": "1"}}}]},
+    }))
+    .unwrap();
+    assert!(
+        verbs
+            .prioritize_claims(Some(&plain), crate::state::Offered::Names(&names))
+            .is_empty()
+    );
+    assert!(
+        verbs
+            .prioritize_claims(
+                Some(&claim_pod("p", "unknown")),
+                crate::state::Offered::Names(&names)
+            )
             .is_empty()
     );
 }
