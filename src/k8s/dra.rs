@@ -50,7 +50,7 @@ impl Unavailable {
 /// What a failed probe list means: not served (404, kube-apiserver's plain "404 page not
 /// found" for a group it does not serve included), forbidden (403), or a passing failure for
 /// the watchers to retry (`None`).
-fn unavailable(error: &kube::Error) -> Option<Unavailable> {
+pub(crate) fn unavailable(error: &kube::Error) -> Option<Unavailable> {
     match error {
         kube::Error::Api(status) if status.is_not_found() || status.code == 404 => {
             Some(Unavailable::NotServed)
