@@ -93,6 +93,16 @@ pub struct DraReport {
     pub claims: Vec<ClaimReport>,
 }
 
+impl DraReport {
+    /// Nothing of DRA to show: no slice, claim, problem or node offered both ways.
+    pub fn is_empty(&self) -> bool {
+        self.counts == DraCounts::default()
+            && self.nodes_offered_both_ways.is_empty()
+            && self.problems.is_empty()
+            && self.claims.is_empty()
+    }
+}
+
 /// One allocated ResourceClaim.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -517,7 +527,19 @@ impl ClusterReport {
         for problem in &self.ignored_quotas {
             let _ = writeln!(out, "Ignored: {problem}");
         }
-        if let Some(dra) = &self.dra {
+        if let Some(dra) = &self.dra
+            && !dra.served
+        {
+            let _ = writeln!(
+                out,
+                "DRA: not read (the API server does not serve resource.k8s.io/v1, or refuses; see the log)"
+            );
+        }
+        if let Some(dra) = self
+            .dra
+            .as_ref()
+            .filter(|dra| dra.served && !dra.is_empty())
+        {
             let counts = &dra.counts;
             let _ = writeln!(
                 out,
