@@ -316,6 +316,11 @@ impl DraBook {
         })
     }
 
+    /// Whether any slice names `node`.
+    pub fn serves(&self, node: &str) -> bool {
+        self.pools_by_node.contains_key(node)
+    }
+
     /// The pools whose slices name `node`.
     pub fn pools_on(&self, node: &str) -> Vec<PoolKey> {
         self.pools_by_node

@@ -488,6 +488,12 @@ impl TableWriter {
         self.0.write_table()
     }
 
+    /// What the feed reads of Dynamic Resource Allocation, for reading (the feed's call on every
+    /// node event, which needs to write only for nodes DRA serves).
+    pub fn dra_read(&self) -> RwLockReadGuard<'_, DraState> {
+        self.0.dra.read()
+    }
+
     /// What the feed reads of Dynamic Resource Allocation, for writing (the feed's call, with
     /// the table's write lock already held when both are needed).
     pub fn dra_write(&self) -> RwLockWriteGuard<'_, DraState> {

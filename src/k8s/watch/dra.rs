@@ -308,6 +308,13 @@ impl Feed {
         if !self.dra.active() {
             return spec;
         }
+        {
+            // Most node events are of nodes DRA does not serve: no write lock for them.
+            let dra = self.state.dra_read();
+            if !dra.book.serves(name.as_str()) && !dra.both_ways.contains(name.as_str()) {
+                return spec;
+            }
+        }
         let mut dra = self.state.dra_write();
         let devices = dra.book.node_devices(name.as_str());
         let dra_devices = devices.len();
