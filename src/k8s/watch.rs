@@ -328,6 +328,7 @@ impl Feed {
 
     fn remove_node(&mut self, table: &mut Table, name: &NodeName) {
         self.state.forget_node_claims(name);
+        self.dra_node_gone(name);
         if self.take_node_memo(name).is_some() || table.node(name).is_some() {
             debug!(node = %name, "node removed");
             table.apply(Change::RemoveNode(name.clone()));

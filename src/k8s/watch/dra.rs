@@ -346,6 +346,15 @@ impl Feed {
             .with_placement(spec.placement)
     }
 
+    /// Forgets what was merged for a node that is gone (its slices, if any are left, merge again
+    /// when it comes back).
+    pub(super) fn dra_node_gone(&mut self, name: &NodeName) {
+        self.dra.from_dra.remove(name);
+        if self.dra.active() && self.state.dra_read().both_ways.contains(name.as_str()) {
+            self.state.dra_write().both_ways.remove(name.as_str());
+        }
+    }
+
     /// Redoes a node's GPUs after its slices changed: its own spec (the table's, less any GPUs
     /// it took from DRA) merged again, applied when it differs.
     fn refresh_dra_node(&mut self, table: &mut Table, name: &str) {

@@ -265,6 +265,12 @@ fn a_node_offered_both_ways_is_said_and_claims_match_by_uuid() {
     );
     let (_, _, both_ways) = feed.state().dra_counts().unwrap();
     assert_eq!(both_ways, 1);
+    // Gone, and back without its device plugin: no longer offered both ways.
+    let node = plugin_node("both", ["GPU-1", "GPU-0"]);
+    feed.apply_node_event(&Event::Delete(node));
+    assert_eq!(feed.state().dra_counts().unwrap().2, 0);
+    nodes(&mut feed, &[plugin_node("both", ["GPU-1", "GPU-0"])]);
+    assert_eq!(feed.state().dra_counts().unwrap().2, 1);
     // The metrics count the DRA devices, the claim's GPU and the node offered both ways.
     let metrics = crate::telemetry::Metrics::new().unwrap();
     metrics
