@@ -366,3 +366,63 @@ fn a_pods_claims_are_named_directly_or_by_its_status() {
         "the claim is not created yet"
     );
 }
+
+/// What the book indexes goes with what it indexes: a slice moved to another node leaves
+/// nothing behind on the first, and once every slice and claim is gone the book is empty.
+#[test]
+fn the_book_keeps_nothing_of_objects_that_are_gone() {
+    let mut book = DraBook::new();
+    for node in ["n1", "n2", "n3"] {
+        book.apply_slice(
+            &slice(
+                &format!("{node}-a"),
+                "gpu.nvidia.com",
+                node,
+                1,
+                2,
+                vec![gpu(0, node)],
+            ),
+            &cfg(),
+        );
+        book.apply_slice(
+            &slice(
+                &format!("{node}-b"),
+                "gpu.nvidia.com",
+                node,
+                1,
+                2,
+                vec![gpu(1, node)],
+            ),
+            &cfg(),
+        );
+        book.apply_claim(
+            &claim(&format!("c-{node}"), &[(node, "gpu-0")], &["p"]),
+            &cfg(),
+        );
+    }
+    book.apply_slice(&slice("x", "tpu.example.com", "n1", 1, 1, vec![]), &cfg());
+    // Slice n1-b moves to pool n2 on node n2: n1's pool is left with one of two slices.
+    let mut moved = slice("n1-b", "gpu.nvidia.com", "n2", 1, 2, vec![gpu(7, "n2-7")]);
+    moved.spec.pool.name = "n2".into();
+    book.apply_slice(&moved, &cfg());
+    assert!(
+        book.node_devices("n1").is_empty(),
+        "n1's pool waits for its second slice"
+    );
+    assert_eq!(book.pools_on("n1"), vec![pool("n1")]);
+    let mut names: Vec<String> = ["n1-a", "n1-b", "n2-a", "n2-b", "n3-a", "n3-b", "x"]
+        .map(str::to_owned)
+        .to_vec();
+    names.sort();
+    for name in &names {
+        book.remove_slice(name);
+    }
+    for node in ["n1", "n2", "n3"] {
+        book.remove_claim(&format!("team/c-{node}"));
+    }
+    assert!(book.nodes().is_empty());
+    assert!(book.claim_keys().is_empty());
+    assert_eq!(book.counts(), DraCounts::default());
+    assert!(book.claims_in(&pool("n1")).is_empty());
+    assert!(book.problems().is_empty());
+}
