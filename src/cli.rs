@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, anyhow, bail};
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::Api;
 use kube::api::ListParams;
 use kube::runtime::watcher::Event;
@@ -18,12 +19,14 @@ use crate::explain;
 use crate::http::client::fetch_report_as;
 use crate::inspect::Filter;
 use crate::k8s::api::kube_client;
+use crate::k8s::dra::DraEvent;
 use crate::k8s::quota;
 use crate::k8s::watch::Feed;
 use crate::objects::quota::quota_names;
 use crate::objects::{admission, translate};
 use crate::state::{ClusterState, Snapshot, TableWriter};
 use gpu_engine::quota::QuotaSet;
+use gpu_engine::{GpuDemand, PodRequest};
 
 /// Output format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -126,23 +129,47 @@ pub async fn explain(args: ExplainArgs) -> anyhow::Result<String> {
     };
     let config = Arc::new(args.cluster.config.load()?);
     let (nodes, pods, client) = list(&args.cluster).await?;
+    let dra = list_dra(&client, &config).await?;
     let quotas = quota::list(client.clone(), &config).await?;
     let pod = Api::<Pod>::namespaced(client, namespace)
         .get_opt(name)
         .await
         .with_context(|| format!("reading pod {namespace}/{name}"))?
         .ok_or_else(|| anyhow!("pod {namespace}/{name} not found"))?;
-    explain_objects(&config, nodes, pods, quotas, &pod, args.output)
+    explain_objects(&config, (nodes, pods, dra), quotas, &pod, args.output)
 }
 
-/// `explain` on listed objects: builds the table from `nodes` and `pods` as the extender does,
-/// applies kube-scheduler's node-level filters to `pod` on each node, then the engine and the
-/// team's quota (`quotas`: none where the cluster has no ElasticQuota CRD), and renders the
-/// verdicts in `output`. No I/O.
+/// ResourceSlices and ResourceClaims as listed for the table ([`list_dra`]).
+type DraObjects = (Vec<ResourceSlice>, Vec<ResourceClaim>);
+
+/// Every ResourceSlice and ResourceClaim, read as the extender reads them; `None` with
+/// `dra.enabled` off, or where the API does not serve them to this user.
+async fn list_dra(client: &kube::Client, config: &Config) -> anyhow::Result<Option<DraObjects>> {
+    if !config.dra.enabled {
+        return Ok(None);
+    }
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let slices = match slices.list(&ListParams::default()).await {
+        Ok(list) => list.items,
+        Err(error) if crate::k8s::dra::unavailable(&error).is_some() => return Ok(None),
+        Err(error) => return Err(anyhow::Error::new(error).context("listing ResourceSlices")),
+    };
+    let claims: Api<ResourceClaim> = Api::all(client.clone());
+    let claims = claims
+        .list(&ListParams::default())
+        .await
+        .context("listing ResourceClaims")?;
+    Ok(Some((slices, claims.items)))
+}
+
+/// `explain` on listed objects: builds the table from the nodes, pods and DRA objects as the
+/// extender does, applies kube-scheduler's node-level filters to `pod` on each node, then the
+/// engine and the team's quota (`quotas`: none where the cluster has no ElasticQuota CRD), and
+/// renders the verdicts in `output`. A pod that asks for GPUs through DRA claims is judged for
+/// the whole GPUs its claims ask for, as the DRA prioritize ranks it (docs/dra.md). No I/O.
 fn explain_objects(
     config: &Arc<Config>,
-    nodes: Vec<Node>,
-    pods: Vec<Pod>,
+    (nodes, pods, dra): (Vec<Node>, Vec<Pod>, Option<DraObjects>),
     quotas: Option<QuotaSet>,
     pod: &Pod,
     output: Output,
@@ -152,9 +179,8 @@ fn explain_objects(
         pod.metadata.namespace.as_deref().unwrap_or("default"),
         pod.metadata.name.as_deref().unwrap_or("")
     );
-    let request = translate::pod_request(pod, config)
-        .map_err(|error| anyhow!("pod {key}: its GPU request cannot be read: {error}"))?
-        .ok_or_else(|| anyhow!("pod {key} requests no GPU: the GPU extender does not judge it"))?;
+    let extended = translate::pod_request(pod, config)
+        .map_err(|error| anyhow!("pod {key}: its GPU request cannot be read: {error}"))?;
     let pod_key = translate::pod_key(pod);
     let used = admission::requested_by_node(
         pods.iter()
@@ -177,13 +203,60 @@ fn explain_objects(
             );
         }
     }
-    let state = build_state(config, nodes, pods);
+    let state = build_state(config, nodes, pods, dra);
     if let Some(quotas) = quotas {
         state.set_quotas(quotas);
     }
+    let (request, claimed) = match extended {
+        Some(request) => (request, None),
+        None => {
+            let no_gpu =
+                || anyhow!("pod {key} requests no GPU: the GPU extender does not judge it");
+            let gpus = state.claim_gpus(pod).ok_or_else(no_gpu)?;
+            let (cpu, memory) = translate::pod_host_request(pod).unwrap_or_default();
+            let demand = GpuDemand::whole(gpus)
+                .map_err(|error| anyhow!("pod {key}: its claims' GPUs cannot be read: {error}"))?;
+            (PodRequest::single(cpu, memory, demand), Some(gpus))
+        }
+    };
+    let claims = crate::objects::dra::pod_claims(pod);
     let policy = std::sync::Arc::new(config.engine_policy());
     let snapshot = Snapshot::of(&state, policy);
     let table = snapshot.table();
+    if let Some(entry) = table.pod(&pod_key)
+        && claimed.is_some()
+    {
+        let held: Vec<String> = claims
+            .iter()
+            .filter_map(|claim| {
+                let hold = table.external(&crate::objects::dra::claim_holder(claim))?;
+                let gpus: Vec<String> = hold.holds.iter().map(|h| h.gpu.0.to_string()).collect();
+                Some(format!(
+                    "{claim} holds GPU {} of {}",
+                    gpus.join(", "),
+                    hold.node
+                ))
+            })
+            .collect();
+        let text = format!(
+            "Pod {key} is bound to node {}; its DRA claims: {}.\n",
+            entry.allocation.node,
+            if held.is_empty() {
+                "none holds GPUs".to_owned()
+            } else {
+                held.join("; ")
+            }
+        );
+        return match output {
+            Output::Text => Ok(text),
+            Output::Json => serde_json::to_string_pretty(&serde_json::json!({
+                "pod": key,
+                "boundTo": entry.allocation.node.as_str(),
+                "claims": held,
+            }))
+            .context("encoding the explanation"),
+        };
+    }
     if let Some(entry) = table.pod(&pod_key) {
         let text = format!(
             "Pod {key} is bound to node {} with {}.\n",
@@ -211,6 +284,13 @@ fn explain_objects(
     match output {
         Output::Text => {
             let mut text = explain::to_text(&key, &request, &verdicts);
+            if let Some(gpus) = claimed {
+                text.push_str(&format!(
+                    "DRA: the pod's claims ({}) ask for {gpus} whole GPU(s) of a known DeviceClass. kube-scheduler's DRA plugin filters the nodes and allocates the devices; the extender ranks the nodes with the {} policy on the GPUs their ResourceSlices publish, less those claims hold (the verdicts above).\n",
+                    claims.join(", "),
+                    snapshot.policy().scoring.as_str()
+                ));
+            }
             if let Some(reason) = &over_quota {
                 text.push_str(&format!(
                     "Refused on every node: {reason}; the pod waits until its team's GPUs are freed.\n"
@@ -221,6 +301,7 @@ fn explain_objects(
         Output::Json => serde_json::to_string_pretty(&serde_json::json!({
             "pod": key,
             "request": explain::describe_request(&request),
+            "claims": claims,
             "quota": over_quota,
             "nodes": verdicts,
         }))
@@ -234,7 +315,8 @@ async fn load(
 ) -> anyhow::Result<(Arc<Config>, Arc<ClusterState>, kube::Client)> {
     let config = Arc::new(args.config.load()?);
     let (nodes, pods, client) = list(args).await?;
-    let state = build_state(&config, nodes, pods);
+    let dra = list_dra(&client, &config).await?;
+    let state = build_state(&config, nodes, pods, dra);
     if let Some(quotas) = quota::list(client.clone(), &config).await? {
         state.set_quotas(quotas);
     }
@@ -256,11 +338,30 @@ async fn list(args: &ClusterArgs) -> anyhow::Result<(Vec<Node>, Vec<Pod>, kube::
     Ok((nodes.items, pods.items, client))
 }
 
-/// The table built from listed Nodes and Pods through the extender's own watch feed.
-fn build_state(config: &Arc<Config>, nodes: Vec<Node>, pods: Vec<Pod>) -> Arc<ClusterState> {
+/// The table built from listed Nodes, Pods and (where listed) DRA objects through the extender's
+/// own watch feed.
+fn build_state(
+    config: &Arc<Config>,
+    nodes: Vec<Node>,
+    pods: Vec<Pod>,
+    dra: Option<DraObjects>,
+) -> Arc<ClusterState> {
     let writer = TableWriter::new(ClusterState::for_config(config));
     let state = Arc::clone(writer.reader());
     let mut feed = Feed::new(writer, config.clone(), Arc::new(config.engine_policy()));
+    if let Some((slices, claims)) = dra {
+        feed.watch_dra();
+        feed.apply_dra_event(DraEvent::Slice(Ok(Event::Init)));
+        for slice in slices {
+            feed.apply_dra_event(DraEvent::Slice(Ok(Event::InitApply(slice))));
+        }
+        feed.apply_dra_event(DraEvent::Slice(Ok(Event::InitDone)));
+        feed.apply_dra_event(DraEvent::Claim(Ok(Event::Init)));
+        for claim in claims {
+            feed.apply_dra_event(DraEvent::Claim(Ok(Event::InitApply(claim))));
+        }
+        feed.apply_dra_event(DraEvent::Claim(Ok(Event::InitDone)));
+    }
     feed.apply_node_event(&Event::Init);
     for node in nodes {
         feed.apply_node_event(&Event::InitApply(node));
@@ -341,7 +442,7 @@ mod tests {
     /// Per node, its verdict from `explain -o json`.
     fn verdicts(nodes: Vec<Node>, pods: Vec<Pod>, pod: &Pod) -> BTreeMap<String, Value> {
         let config = Arc::new(Config::default());
-        let out = explain_objects(&config, nodes, pods, None, pod, Output::Json).unwrap();
+        let out = explain_objects(&config, (nodes, pods, None), None, pod, Output::Json).unwrap();
         let json: Value = serde_json::from_str(&out).unwrap();
         json["nodes"]
             .as_array()
@@ -455,14 +556,17 @@ mod tests {
         let config = Arc::new(Config::default());
         let text = explain_objects(
             &config,
-            vec![node(
-                "pool-b",
-                "default",
-                1,
-                40,
-                json!({"labels": {"pool": "b"}}),
-            )],
-            Vec::new(),
+            (
+                vec![node(
+                    "pool-b",
+                    "default",
+                    1,
+                    40,
+                    json!({"labels": {"pool": "b"}}),
+                )],
+                Vec::new(),
+                None,
+            ),
             None,
             &wanted,
             Output::Text,
@@ -472,5 +576,108 @@ mod tests {
             text.contains("pool-b  no    kube-scheduler NodeAffinity: node(s) didn't match"),
             "{text}"
         );
+    }
+
+    /// A pod asking for GPUs through DRA claims is judged for the whole GPUs they ask for, on
+    /// the GPUs the nodes' slices publish less those other claims hold; once bound, its claims'
+    /// GPUs are named.
+    #[test]
+    fn explain_judges_a_pod_by_its_dra_claims() {
+        use crate::objects::dra::fixtures::{claim, claim_pod, gpu, pending_claim, slice};
+        let config = Arc::new(Config::default());
+        let dra_node = |name: &str| -> Node {
+            serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "status": {"allocatable": {"cpu": "32", "memory": "128Gi", "pods": "110"}}
+            }))
+            .unwrap()
+        };
+        let dra = || {
+            Some((
+                vec![
+                    slice(
+                        "a",
+                        "gpu.nvidia.com",
+                        "d1",
+                        1,
+                        1,
+                        vec![gpu(0, "A0"), gpu(1, "A1")],
+                    ),
+                    slice(
+                        "b",
+                        "gpu.nvidia.com",
+                        "d2",
+                        1,
+                        1,
+                        vec![gpu(0, "B0"), gpu(1, "B1")],
+                    ),
+                ],
+                vec![
+                    claim("held", &[("d2", "gpu-0")], &["other"]),
+                    pending_claim("wants", "gpu.nvidia.com", 2),
+                ],
+            ))
+        };
+        let pod = claim_pod("p", "wants");
+        let text = explain_objects(
+            &config,
+            (vec![dra_node("d1"), dra_node("d2")], Vec::new(), dra()),
+            None,
+            &pod,
+            Output::Json,
+        )
+        .unwrap();
+        let out: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(out["claims"], json!(["team/wants"]));
+        let verdicts: BTreeMap<String, Value> = out["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| (v["node"].as_str().unwrap().to_owned(), v.clone()))
+            .collect();
+        assert_eq!(verdicts["d1"]["fits"], json!(true), "{out:#}");
+        assert_eq!(
+            verdicts["d2"]["fits"],
+            json!(false),
+            "a claim holds one of d2's GPUs"
+        );
+        let text = explain_objects(
+            &config,
+            (vec![dra_node("d1"), dra_node("d2")], Vec::new(), dra()),
+            None,
+            &pod,
+            Output::Text,
+        )
+        .unwrap();
+        assert!(
+            text.contains("DRA: the pod's claims (team/wants) ask for 2 whole GPU(s)"),
+            "{text}"
+        );
+        // Bound: its claims' GPUs are named.
+        let mut bound = claim_pod("q", "held");
+        bound.spec.as_mut().unwrap().node_name = Some("d2".into());
+        let text = explain_objects(
+            &config,
+            (
+                vec![dra_node("d1"), dra_node("d2")],
+                vec![bound.clone()],
+                dra(),
+            ),
+            None,
+            &bound,
+            Output::Text,
+        )
+        .unwrap();
+        assert!(text.contains("team/held holds GPU 0 of d2"), "{text}");
+        // No GPU through either way: not judged.
+        let error = explain_objects(
+            &config,
+            (vec![dra_node("d1")], Vec::new(), None),
+            None,
+            &pod,
+            Output::Text,
+        )
+        .unwrap_err();
+        assert!(error.to_string().contains("requests no GPU"), "{error}");
     }
 }

@@ -1,5 +1,5 @@
 //! The inspection report: per node and per GPU, what is allocated out of what, and which pods
-//! hold it, in the shape `kubectl inspect cgpu` users expect. Built from a table snapshot; shared
+//! and DRA claims hold it, in the shape `kubectl inspect cgpu` users expect. Built from a table snapshot; shared
 //! by the `/inspect` endpoint, the `inspect` command and the capacity metrics.
 
 use std::collections::BTreeMap;
@@ -8,7 +8,9 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 
 use gpu_engine::quota::{Amounts, QuotaNames, QuotaResource, QuotaSet};
-use gpu_engine::{CpuMilli, MemMiB, NodeState, Table, TypicalPod, TypicalPods, WHOLE_GPU_COMPUTE};
+use gpu_engine::{
+    CpuMilli, HolderKey, MemMiB, NodeState, Table, TypicalPod, TypicalPods, WHOLE_GPU_COMPUTE,
+};
 
 /// The whole cluster.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -26,6 +28,101 @@ pub struct ClusterReport {
     /// record"), by pod; absent without any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rejected_records: Vec<RejectedRecord>,
+    /// GPUs handed out by Dynamic Resource Allocation (docs/dra.md); absent when DRA is not
+    /// read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dra: Option<DraReport>,
+}
+
+/// The prefix of the table's holder keys for claims (`dra:namespace/name`).
+pub const CLAIM_HOLDER_PREFIX: &str = "dra:";
+
+/// The table's holder key of a claim.
+pub fn claim_holder(claim: &str) -> HolderKey {
+    HolderKey::new(format!("{CLAIM_HOLDER_PREFIX}{claim}"))
+}
+
+/// The claim (`namespace/name`) a holder key names, if it names one.
+pub fn holder_claim(holder: &HolderKey) -> Option<&str> {
+    holder.as_str().strip_prefix(CLAIM_HOLDER_PREFIX)
+}
+
+/// Counts over the book, for the metrics and the views.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DraCounts {
+    /// Slices of configured drivers.
+    pub slices: usize,
+    /// Slices of drivers not configured (ignored).
+    pub unknown_driver_slices: usize,
+    /// Pools whose devices count.
+    pub pools_complete: usize,
+    /// Pools waiting for slices of their newest generation.
+    pub pools_waiting: usize,
+    /// Pools whose slices name no single node (ignored).
+    pub pools_not_node_local: usize,
+    /// Slices of older generations still listed (ignored).
+    pub stale_slices: usize,
+    /// Whole GPUs and MIG slices offered by complete pools.
+    pub gpus: usize,
+    pub mig_slices: usize,
+    /// Devices left out for a missing or unreadable attribute.
+    pub devices_unreadable: usize,
+    /// Claims with an allocation of configured drivers' devices.
+    pub claims_allocated: usize,
+}
+
+/// What the extender reads of Dynamic Resource Allocation.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DraReport {
+    /// Whether the API server serves `resource.k8s.io/v1` to the extender (false: DRA GPUs are
+    /// not read; the log says why).
+    pub served: bool,
+    pub counts: DraCounts,
+    /// Nodes whose GPUs are offered both by the device plugin and by a DRA driver: claims and
+    /// pods are both accounted on the same GPUs, matched by UUID or index.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes_offered_both_ways: Vec<String>,
+    /// What is wrong with slices and pools (unknown drivers, missing attributes, pools waiting
+    /// for slices, older generations).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
+    /// Every claim allocated devices of a configured driver, by `namespace/name`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub claims: Vec<ClaimReport>,
+}
+
+impl DraReport {
+    /// Nothing of DRA to show: no slice, claim, problem or node offered both ways.
+    pub fn is_empty(&self) -> bool {
+        self.counts == DraCounts::default()
+            && self.nodes_offered_both_ways.is_empty()
+            && self.problems.is_empty()
+            && self.claims.is_empty()
+    }
+}
+
+/// One allocated ResourceClaim.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimReport {
+    /// `namespace/name`.
+    pub claim: String,
+    /// The node its devices are on, once they are mapped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// The GPU indices it holds on that node.
+    #[serde(default)]
+    pub gpus: Vec<u16>,
+    /// Its devices as `driver/pool/device`.
+    pub devices: Vec<String>,
+    /// `namespace/name` of the pods it is reserved for (`status.reservedFor`).
+    #[serde(default)]
+    pub pods: Vec<String>,
+    /// Why some of its devices are not (yet) held in the table.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
 }
 
 /// An allocation record the watch saw on a pod and did not apply.
@@ -143,6 +240,23 @@ pub struct GpuReport {
     pub whole: bool,
     /// `namespace/name` of each pod holding part or all of this GPU.
     pub pods: Vec<String>,
+    /// The DRA claims holding this GPU, whole or a MIG slice of it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub claims: Vec<GpuClaim>,
+}
+
+/// A DRA claim holding a GPU.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuClaim {
+    /// `namespace/name` of the ResourceClaim.
+    pub claim: String,
+    /// The pods it is reserved for.
+    #[serde(default)]
+    pub pods: Vec<String>,
+    /// GPU memory of a MIG slice it holds; absent when it holds the GPU whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_memory_mib: Option<u64>,
 }
 
 impl GpuReport {
@@ -167,9 +281,9 @@ impl GpuReport {
             .min(1.0)
     }
 
-    /// Whether nothing is allocated on the card.
+    /// Whether nothing is allocated on the card, by a pod or a claim.
     pub fn is_idle(&self) -> bool {
-        self.pods.is_empty()
+        self.pods.is_empty() && self.claims.is_empty()
     }
 }
 
@@ -259,7 +373,33 @@ impl ClusterReport {
             quotas: self.quotas.clone(),
             ignored_quotas: self.ignored_quotas.clone(),
             rejected_records: self.rejected_records.clone(),
+            dra: self.dra.clone(),
         }
+    }
+
+    /// Keeps `dra` in the report, with each claim's node and GPUs from the report's GPUs and
+    /// each GPU's claims' pods from `dra`.
+    pub fn with_dra(mut self, mut dra: DraReport) -> Self {
+        let mut index: BTreeMap<String, usize> = BTreeMap::new();
+        for (position, claim) in dra.claims.iter().enumerate() {
+            index.insert(claim.claim.clone(), position);
+        }
+        for node in &mut self.nodes {
+            for gpu in &mut node.gpus {
+                for held in &mut gpu.claims {
+                    let Some(claim) = index.get(&held.claim).map(|&i| &mut dra.claims[i]) else {
+                        continue;
+                    };
+                    held.pods.clone_from(&claim.pods);
+                    claim.node = Some(node.name.clone());
+                    if !claim.gpus.contains(&gpu.index) {
+                        claim.gpus.push(gpu.index);
+                    }
+                }
+            }
+        }
+        self.dra = Some(dra);
+        self
     }
 
     /// The report as a table in the style of `kubectl inspect cgpu`: one row per node, one
@@ -304,15 +444,21 @@ impl ClusterReport {
         if details {
             for node in &self.nodes {
                 for gpu in &node.gpus {
-                    if gpu.pods.is_empty() {
+                    if gpu.is_idle() {
                         continue;
                     }
+                    let holders: Vec<String> = gpu
+                        .pods
+                        .iter()
+                        .cloned()
+                        .chain(gpu.claims.iter().map(claim_cell))
+                        .collect();
                     let _ = writeln!(
                         out,
                         "{} GPU{}: {}",
                         node.name,
                         gpu.index,
-                        gpu.pods.join(", ")
+                        holders.join(", ")
                     );
                 }
             }
@@ -381,6 +527,43 @@ impl ClusterReport {
         for problem in &self.ignored_quotas {
             let _ = writeln!(out, "Ignored: {problem}");
         }
+        if let Some(dra) = &self.dra
+            && !dra.served
+        {
+            let _ = writeln!(
+                out,
+                "DRA: not read (the API server does not serve resource.k8s.io/v1, or refuses; see the log)"
+            );
+        }
+        if let Some(dra) = self
+            .dra
+            .as_ref()
+            .filter(|dra| dra.served && !dra.is_empty())
+        {
+            let counts = &dra.counts;
+            let _ = writeln!(
+                out,
+                "DRA: {} GPUs and {} MIG slices in {} ResourceSlices, {} claims allocated",
+                counts.gpus, counts.mig_slices, counts.slices, counts.claims_allocated
+            );
+            for node in &dra.nodes_offered_both_ways {
+                let _ = writeln!(
+                    out,
+                    "DRA: node {node} offers its GPUs both through the device plugin and a DRA driver"
+                );
+            }
+            for problem in &dra.problems {
+                let _ = writeln!(out, "DRA: {problem}");
+            }
+            for claim in dra.claims.iter().filter(|claim| !claim.problems.is_empty()) {
+                let _ = writeln!(
+                    out,
+                    "DRA: claim {} not fully held: {}",
+                    claim.claim,
+                    claim.problems.join("; ")
+                );
+            }
+        }
         for rejected in &self.rejected_records {
             let _ = writeln!(
                 out,
@@ -390,6 +573,19 @@ impl ClusterReport {
         }
         out
     }
+}
+
+/// A claim on a GPU, in the detail lines: `claim team/c (pods team/p)`, with the MIG slice's
+/// memory when it holds a slice.
+fn claim_cell(claim: &GpuClaim) -> String {
+    let mut cell = format!("claim {}", claim.claim);
+    if let Some(mib) = claim.mig_memory_mib {
+        let _ = write!(cell, " [MIG {} GiB]", gib(mib));
+    }
+    if !claim.pods.is_empty() {
+        let _ = write!(cell, " (pods {})", claim.pods.join(", "));
+    }
+    cell
 }
 
 /// A quota amount: whole numbers without a fraction, others to two places.
@@ -523,6 +719,7 @@ fn node_report(table: &Table, node: &NodeState) -> NodeReport {
             },
             whole: usage.is_whole(),
             pods: Vec::new(),
+            claims: Vec::new(),
         })
         .collect();
     let mut pods = 0;
@@ -534,8 +731,21 @@ fn node_report(table: &Table, node: &NodeState) -> NodeReport {
             }
         }
     }
+    for (holder, entry) in table.externals_on(&node.spec.name) {
+        let claim = holder_claim(holder).unwrap_or(holder.as_str());
+        for hold in &entry.holds {
+            if let Some(gpu) = gpus.iter_mut().find(|g| g.index == hold.gpu.0) {
+                gpu.claims.push(GpuClaim {
+                    claim: claim.to_owned(),
+                    pods: Vec::new(),
+                    mig_memory_mib: (!hold.whole).then_some(hold.mem.0),
+                });
+            }
+        }
+    }
     for gpu in &mut gpus {
         gpu.pods.sort();
+        gpu.claims.sort_by(|a, b| a.claim.cmp(&b.claim));
     }
     NodeReport {
         name: node.spec.name.to_string(),

@@ -3,10 +3,14 @@
 //! A case is a handful of random nodes (1..8 GPUs, any mode, mixed card models and memory, some
 //! GPUs unhealthy, uniform, island or random link matrices), a random typical-pod distribution for
 //! FGD, and a random sequence of operations: fit a random pod and reserve, bind or undo it,
-//! confirm, release, delete pods, resize, relabel, remove and restore nodes, and let time pass
-//! so that reservations expire. After every operation:
-//! - the table's invariants hold (nothing over-committed, usage equals the sum of the pods);
-//! - rebuilding the table from its node specs and pod allocations gives the same table;
+//! confirm, release, delete pods, resize, relabel, remove and restore nodes, let time pass
+//! so that reservations expire, and let holders that are not pods (DRA claims) take idle GPUs
+//! whole or in part and let them go. After every operation:
+//! - the table's invariants hold (nothing over-committed, usage equals the sum of the pods and
+//!   external holds), so no pod is ever placed on a GPU a claim holds;
+//! - rebuilding the table from its node specs, pod allocations and external holds gives the
+//!   same table;
+//! - an external hold released at once leaves the table exactly as it was;
 //!
 //! and for every fitted pod, under Binpack, Spread and Fgd alike:
 //!
@@ -31,9 +35,10 @@ use std::sync::Arc;
 
 use gpu_engine::{
     AlikeScores, Change, ComputeMilli, CpuMilli, Evaluation, Gpu, GpuConstraints, GpuDemand,
-    GpuMode, GpuPlacement, GpuUsage, Grant, Hold, Link, LinkMatrix, MemMiB, ModelPattern, NodeName,
-    NodeSpec, NodeState, PodAllocation, PodKey, PodRequest, Policy, RejectReason, ScoringPolicy,
-    Table, TopologyIndex, TopologyPreference, TypicalPod, TypicalPods, fit, max_replicas,
+    GpuHold, GpuIndex, GpuMode, GpuPlacement, GpuUsage, Grant, Hold, HolderKey, Link, LinkMatrix,
+    MemMiB, ModelPattern, NodeName, NodeSpec, NodeState, PodAllocation, PodKey, PodRequest, Policy,
+    RejectReason, ScoringPolicy, Table, TopologyIndex, TopologyPreference, TypicalPod, TypicalPods,
+    fit, max_replicas,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -174,6 +179,15 @@ enum Op {
     Remove(usize),
     /// Time passes and expired reservations are released.
     Expire(u64),
+    /// A DRA claim takes up to `count` idle GPUs of the node whole, or with `part` a quarter
+    /// of one idle GPU's memory (a MIG slice).
+    HoldIdle {
+        node: usize,
+        count: usize,
+        part: bool,
+    },
+    /// A claim is deallocated.
+    Unhold(usize),
 }
 
 #[derive(Clone, Debug)]
@@ -342,6 +356,9 @@ fn op() -> impl Strategy<Value = Op> {
             }),
         1 => (0usize..8).prop_map(Op::Remove),
         2 => (1u64..=1_500).prop_map(Op::Expire),
+        2 => (0usize..8, 1usize..=3, prop::bool::weighted(0.3))
+            .prop_map(|(node, count, part)| Op::HoldIdle { node, count, part }),
+        1 => (0usize..8).prop_map(Op::Unhold),
     ]
 }
 
@@ -519,7 +536,11 @@ fn fingerprint(table: &Table, holds: bool) -> String {
             (k.to_string(), format!("{hold} {:?}", e.allocation))
         })
         .collect();
-    format!("{nodes:#?}\n{pods:#?}")
+    let externals: BTreeMap<String, String> = table
+        .externals()
+        .map(|(k, e)| (k.to_string(), format!("{e:?}")))
+        .collect();
+    format!("{nodes:#?}\n{pods:#?}\n{externals:#?}")
 }
 
 fn check_table(table: &Table) -> Result<(), TestCaseError> {
@@ -528,11 +549,18 @@ fn check_table(table: &Table) -> Result<(), TestCaseError> {
             "invariants broken: {violations:#?}"
         )));
     }
-    let rebuilt = Table::rebuild(
+    let mut rebuilt = Table::rebuild(
         table.max_shares_per_gpu(),
         table.nodes().map(|n| n.spec.clone()),
         table.pods().map(|(k, e)| (k.clone(), e.allocation.clone())),
     );
+    for (holder, entry) in table.externals() {
+        rebuilt.apply(Change::HoldExternal {
+            holder: holder.clone(),
+            node: entry.node.clone(),
+            holds: entry.holds.clone(),
+        });
+    }
     prop_assert!(
         rebuilt == *table,
         "rebuild differs from the incremental table"
@@ -769,6 +797,40 @@ fn check_rejection(
     Ok(())
 }
 
+/// What a DRA driver would allocate on `node`: up to `count` idle healthy GPUs whole, or with
+/// `part` a quarter of the first idle healthy GPU's memory.
+fn idle_holds(table: &Table, node: &NodeName, count: usize, part: bool) -> Vec<GpuHold> {
+    let Some(state) = table.node(node) else {
+        return Vec::new();
+    };
+    let idle = state
+        .spec
+        .gpus
+        .iter()
+        .zip(state.gpus.iter())
+        .filter(|(gpu, usage)| gpu.healthy && usage.is_idle())
+        .map(|(gpu, _)| gpu);
+    if part {
+        return idle
+            .take(1)
+            .map(|gpu| GpuHold {
+                gpu: gpu.index,
+                whole: false,
+                mem: MemMiB(gpu.memory.0 / 4),
+                compute: ComputeMilli(250),
+            })
+            .collect();
+    }
+    idle.take(count)
+        .map(|gpu| GpuHold {
+            gpu: GpuIndex(gpu.index.0),
+            whole: true,
+            mem: MemMiB(0),
+            compute: ComputeMilli(1000),
+        })
+        .collect()
+}
+
 /// Live pods, in a stable order, so that an operation's index picks a pod deterministically.
 fn live_pods(table: &Table) -> Vec<PodKey> {
     let mut pods: Vec<PodKey> = table.pods().map(|(k, _)| k.clone()).collect();
@@ -790,6 +852,7 @@ fn resized(
     let highest_held = table
         .pods_on(name)
         .flat_map(|(_, e)| e.allocation.footprint())
+        .chain(table.externals_on(name).flat_map(|(_, e)| e.holds.clone()))
         .filter_map(|hold| old.position_of(hold.gpu))
         .map(|position| position + 1)
         .max()
@@ -841,6 +904,7 @@ fn run(
     let mut table = Table::rebuild(max_shares, specs.clone(), []);
     let mut now = 0u64;
     let mut next_pod = 0usize;
+    let mut next_holder = 0usize;
     check_table(&table)?;
     for op in ops {
         let live = live_pods(&table);
@@ -944,6 +1008,38 @@ fn run(
                 let mut expired = table.expire_reservations(now);
                 expired.sort();
                 prop_assert_eq!(expired, due);
+            }
+            Op::HoldIdle { node, count, part } => {
+                let index = node % specs.len();
+                if !present[index] {
+                    continue;
+                }
+                let holds = idle_holds(&table, &specs[index].name, *count, *part);
+                if holds.is_empty() {
+                    continue;
+                }
+                next_holder += 1;
+                let holder = HolderKey::new(format!("dra:c/{next_holder}"));
+                let hold = Change::HoldExternal {
+                    holder: holder.clone(),
+                    node: specs[index].name.clone(),
+                    holds,
+                };
+                let before = fingerprint(&table, true);
+                table.apply(hold.clone());
+                check_table(&table)?;
+                table.apply(Change::ReleaseExternal(holder));
+                prop_assert_eq!(fingerprint(&table, true), before);
+                table.apply(hold);
+            }
+            Op::Unhold(i) => {
+                let mut holders: Vec<HolderKey> =
+                    table.externals().map(|(k, _)| k.clone()).collect();
+                holders.sort();
+                if let Some(holder) = holders.get(i % holders.len().max(1)) {
+                    table.apply(Change::ReleaseExternal(holder.clone()));
+                    prop_assert!(table.external(holder).is_none());
+                }
             }
         }
         check_table(&table)?;

@@ -163,6 +163,8 @@ pub const KEYS: &[&str] = &[
     "webhook.tls.clientCaFile",
     "webhook.tls.reloadIntervalSeconds",
     "webhook.tls.allowedClientNames",
+    "dra.enabled",
+    "dra.drivers",
 ];
 
 /// Why the configuration could not be loaded. Messages name the file, variable or key at fault.
@@ -216,6 +218,7 @@ pub struct Config {
     pub limits: Limits,
     pub estimator: EstimatorConfig,
     pub webhook: WebhookConfig,
+    pub dra: DraConfig,
 }
 
 /// Extended resource names pods request and nodes advertise, and the pod label for multi-GPU
@@ -865,6 +868,80 @@ pub struct WatchConfig {
 impl Default for WatchConfig {
     fn default() -> Self {
         Self { protobuf: true }
+    }
+}
+
+/// GPUs handed out by Dynamic Resource Allocation (`src/k8s/dra.rs`, docs/dra.md): the
+/// ResourceSlices and ResourceClaims of the listed drivers, read as GPUs and claims holding them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct DraConfig {
+    /// Watch ResourceSlices and ResourceClaims (`resource.k8s.io/v1`) where the API server
+    /// serves them; where it does not, this is said once in the log and nothing waits for it.
+    pub enabled: bool,
+    /// The DRA drivers whose devices are GPUs, and how to read their devices.
+    pub drivers: Vec<DraDriverConfig>,
+}
+
+impl Default for DraConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            drivers: vec![DraDriverConfig::default()],
+        }
+    }
+}
+
+/// How one DRA driver describes its GPUs: the attribute and capacity names of its devices.
+/// Attribute names are looked up as written and qualified with the driver's name
+/// (`gpu.nvidia.com/uuid` and `uuid` are the same attribute), as Kubernetes does.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct DraDriverConfig {
+    /// The driver's name (`spec.driver` of its ResourceSlices).
+    pub name: String,
+    /// The DeviceClasses whose claims ask for this driver's GPUs: prioritize ranks nodes for a
+    /// pod whose claims ask for whole GPUs of these classes.
+    pub device_classes: Vec<String>,
+    /// The string attribute that tells a whole GPU from a MIG slice.
+    pub type_attribute: String,
+    /// Its value for a whole GPU.
+    pub gpu_type: String,
+    /// Its value for a MIG slice.
+    pub mig_type: String,
+    /// The string attribute with the GPU's (or the MIG slice's) UUID.
+    pub uuid_attribute: String,
+    /// The int attribute with the GPU's index on its node.
+    pub index_attribute: String,
+    /// The string attribute with a MIG slice's parent GPU UUID.
+    pub parent_uuid_attribute: String,
+    /// The int attribute with a MIG slice's parent GPU index.
+    pub parent_index_attribute: String,
+    /// The string attribute with the GPU model.
+    pub model_attribute: String,
+    /// The string attribute with a MIG slice's profile (`1g.10gb`).
+    pub profile_attribute: String,
+    /// The capacity with the device's memory.
+    pub memory_capacity: String,
+}
+
+impl Default for DraDriverConfig {
+    /// NVIDIA's DRA driver (`k8s-dra-driver-gpu`).
+    fn default() -> Self {
+        Self {
+            name: "gpu.nvidia.com".into(),
+            device_classes: vec!["gpu.nvidia.com".into()],
+            type_attribute: "type".into(),
+            gpu_type: "gpu".into(),
+            mig_type: "mig".into(),
+            uuid_attribute: "uuid".into(),
+            index_attribute: "index".into(),
+            parent_uuid_attribute: "parentUUID".into(),
+            parent_index_attribute: "parentIndex".into(),
+            model_attribute: "productName".into(),
+            profile_attribute: "profile".into(),
+            memory_capacity: "memory".into(),
+        }
     }
 }
 

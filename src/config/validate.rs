@@ -29,6 +29,42 @@ impl Config {
             );
         }
 
+        let mut driver_names = BTreeSet::new();
+        for (i, driver) in self.dra.drivers.iter().enumerate() {
+            let key = format!("dra.drivers[{i}]");
+            check(
+                !driver.name.trim().is_empty(),
+                &key,
+                "name must name the driver (spec.driver of its ResourceSlices)".into(),
+            );
+            check(
+                driver_names.insert(driver.name.as_str()),
+                &key,
+                format!("driver {:?} is listed twice", driver.name),
+            );
+            check(
+                driver.gpu_type != driver.mig_type,
+                &key,
+                "gpuType and migType must differ".into(),
+            );
+            for (field, value) in [
+                ("typeAttribute", &driver.type_attribute),
+                ("uuidAttribute", &driver.uuid_attribute),
+                ("indexAttribute", &driver.index_attribute),
+                ("parentUuidAttribute", &driver.parent_uuid_attribute),
+                ("parentIndexAttribute", &driver.parent_index_attribute),
+                ("modelAttribute", &driver.model_attribute),
+                ("profileAttribute", &driver.profile_attribute),
+                ("memoryCapacity", &driver.memory_capacity),
+            ] {
+                check(
+                    !value.trim().is_empty(),
+                    &format!("{key}.{field}"),
+                    "must not be empty".into(),
+                );
+            }
+        }
+
         let r = &self.resources;
         for (key, name) in [
             ("resources.wholeGpu", &r.whole_gpu),

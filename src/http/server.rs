@@ -147,6 +147,8 @@ fn verb_routes(state: AppState, prefix: &str) -> Router {
     Router::new()
         .route(&format!("{prefix}/filter"), post(filter))
         .route(&format!("{prefix}/prioritize"), post(prioritize))
+        // The DRA stanza's prioritize (docs/dra.md): pods whose claims ask for GPUs.
+        .route(&format!("{prefix}/dra/prioritize"), post(prioritize_claims))
         .route(&format!("{prefix}/bind"), post(bind))
         .route(&format!("{prefix}/preempt"), post(preempt))
         .layer(DefaultBodyLimit::max(limit))
@@ -681,6 +683,31 @@ async fn prioritize(State(state): State<AppState>, body: Bytes) -> Response {
     })
 }
 
+/// Prioritize for pods whose DRA claims ask for GPUs ([`Verbs::prioritize_claims`]), called by
+/// a stanza of its own that names no managed resources: kube-scheduler calls such an extender
+/// for every pod, so it answers no opinion for all others.
+async fn prioritize_claims(State(state): State<AppState>, body: Bytes) -> Response {
+    // Counted with the other stanza's calls, as the same verb.
+    let timer = Timer::start(&state.metrics, "prioritize");
+    let args: CandidateArgs<'_> = match decode("prioritize", &body) {
+        Ok(args) => args,
+        Err(error) => {
+            timer.finish("bad_request");
+            return error.into_response();
+        }
+    };
+    let span = info_span!("prioritize_claims", pod = %pod_name(args.pod.as_ref()));
+    span.in_scope(|| {
+        let candidates = candidates(&args, &state.config);
+        let scores = state
+            .verbs()
+            .prioritize_claims(args.pod.as_ref(), candidates.offered());
+        let scores = positive(scores);
+        timer.finish("ok");
+        json_response(&scores, HostScore::encoded_len_hint(&scores))
+    })
+}
+
 fn prioritize_decision<'a>(
     state: &AppState,
     args: &CandidateArgs<'_>,
@@ -689,6 +716,11 @@ fn prioritize_decision<'a>(
     let scores = state
         .verbs()
         .prioritize(args.pod.as_ref(), candidates.offered());
+    positive(scores)
+}
+
+/// Scores as kube-scheduler reads them.
+fn positive(scores: Vec<(&str, i64)>) -> Vec<HostScore<'_>> {
     // No opinion (no pod, or one that does not read) is an empty list: 0 everywhere, so it
     // changes no ranking. kube-scheduler counts a candidate the answer leaves out as 0 (it adds
     // only the hosts it is given), so zeros are left out: less for its serial loop to decode.

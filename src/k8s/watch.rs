@@ -13,7 +13,8 @@
 //!
 //! Lists are buffered from `Init` to `InitDone` and applied under one write lock, so readers see
 //! either the old or the new list, never half of it; objects missing from a relist are treated
-//! as deleted. The state reports ready once both initial lists are applied.
+//! as deleted. The state reports ready once both initial lists are applied, and DRA's
+//! ResourceSlice and ResourceClaim lists where the API serves them ([`dra`]).
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -32,6 +33,7 @@ use kube::{Api, ResourceExt};
 use tracing::{debug, info, warn};
 
 use crate::config::Config;
+use crate::k8s::dra::DraEvent;
 use crate::objects::record;
 use crate::objects::scheduling::POD_SCHEDULED;
 pub use crate::objects::scheduling::is_unschedulable;
@@ -143,6 +145,8 @@ pub struct Feed {
     /// `take_node_memo`: stats are published after every pod event, and counting them there
     /// was a pass over every node per pod event.
     nodes_with_problems: usize,
+    /// ResourceSlices and ResourceClaims ([`dra`]).
+    dra: dra::DraSide,
 }
 
 impl Feed {
@@ -162,6 +166,7 @@ impl Feed {
             waiting: HashMap::new(),
             tally: FeedStats::default(),
             nodes_with_problems: 0,
+            dra: dra::DraSide::default(),
         }
     }
 
@@ -268,15 +273,15 @@ impl Feed {
     }
 
     fn maybe_ready(&self) {
-        if self.nodes_listed && self.pods_listed && !self.state.is_ready() {
-            info!("initial node and pod lists applied: ready");
+        if self.nodes_listed && self.pods_listed && self.dra.settled() && !self.state.is_ready() {
+            info!("initial node and pod lists (and DRA's, where read) applied: ready");
             self.state.set_ready();
         }
     }
 
     fn upsert_node(&mut self, table: &mut Table, node: &Node) {
         let translation = translate_node(node, &self.cfg);
-        let spec = translation.spec;
+        let spec = self.dra_merge(translation.spec);
         let memo = NodeMemo {
             fingerprint: spec_fingerprint(&spec),
             has_problems: !translation.problems.is_empty(),
@@ -289,10 +294,16 @@ impl Feed {
         for problem in &translation.problems {
             warn!(node = %spec.name, %problem, "node translated with problems");
         }
+        self.apply_node_spec(table, spec, memo);
+        self.note_claims(table, node);
+    }
+
+    /// Puts a node's new or changed spec in the table, then what depends on it: the pods
+    /// waiting for it, and the DRA claims on its GPUs.
+    fn apply_node_spec(&mut self, table: &mut Table, spec: NodeSpec, memo: NodeMemo) {
         let name = spec.name.clone();
         debug!(node = %name, gpus = spec.gpus.len(), mode = spec.mode.as_str(), "node upserted");
         table.apply(Change::UpsertNode(spec));
-        self.note_claims(table, node);
         // New or changed capacity: pods waiting for room may fit now.
         self.state.note_freed(&name);
         self.set_node_memo(name.clone(), memo);
@@ -301,6 +312,7 @@ impl Feed {
                 self.place_inferred(table, key, &name, inference);
             }
         }
+        self.refresh_dra_claims_on(table, &name);
     }
 
     /// Keeps what kube-scheduler's node-level filters read of `node` for the estimator, under
@@ -316,6 +328,7 @@ impl Feed {
 
     fn remove_node(&mut self, table: &mut Table, name: &NodeName) {
         self.state.forget_node_claims(name);
+        self.dra_node_gone(name);
         if self.take_node_memo(name).is_some() || table.node(name).is_some() {
             debug!(node = %name, "node removed");
             table.apply(Change::RemoveNode(name.clone()));
@@ -865,11 +878,17 @@ pub async fn run(client: kube::Client, mut feed: Feed, epoch: Instant) {
     enum Item {
         Node(Box<Result<Event<Node>, watcher::Error>>),
         Pod(Box<Result<Event<Pod>, watcher::Error>>),
+        Dra(Box<DraEvent>),
     }
     let nodes = watch_stream(Api::<Node>::all(client.clone()), watcher::Config::default())
         .default_backoff()
         .modify(|node| node.managed_fields_mut().clear())
         .map(|item| Item::Node(Box::new(item)));
+    if feed.cfg.dra.enabled {
+        feed.watch_dra();
+    }
+    let resources =
+        crate::k8s::dra::events(client.clone(), &feed.cfg).map(|event| Item::Dra(Box::new(event)));
     let pods = if protobuf {
         protobuf::pod_watch(client, LIVE_PODS)
             .default_backoff()
@@ -884,7 +903,10 @@ pub async fn run(client: kube::Client, mut feed: Feed, epoch: Instant) {
         .boxed()
     }
     .map(|item| Item::Pod(Box::new(item)));
-    let mut events = std::pin::pin!(futures::stream::select(nodes, pods));
+    let mut events = std::pin::pin!(futures::stream::select(
+        futures::stream::select(nodes, pods),
+        resources
+    ));
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -904,6 +926,7 @@ pub async fn run(client: kube::Client, mut feed: Feed, epoch: Instant) {
                         warn!(%error, "pod watch failed; retrying with backoff");
                     }
                 },
+                Some(Item::Dra(event)) => feed.apply_dra_event(*event),
                 None => break,
             },
             _ = tick.tick() => {
@@ -916,6 +939,7 @@ pub async fn run(client: kube::Client, mut feed: Feed, epoch: Instant) {
     }
 }
 
+mod dra;
 mod protobuf;
 pub use protobuf::pod_watch;
 

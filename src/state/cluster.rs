@@ -17,7 +17,9 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::config::Config;
+use crate::inspect::{ClaimReport, DraReport};
 use crate::objects::admission::NodeClaims;
+use crate::objects::dra::{DraCounts, DraState};
 use gpu_engine::quota::QuotaSet;
 use gpu_engine::{NodeName, PodAllocation, PodKey, Table};
 
@@ -65,6 +67,11 @@ pub struct ClusterState {
     pub(super) quotas: RwLock<Arc<QuotaSet>>,
     /// Allocation records the watch refused to apply ([`super::rejected`]).
     pub(super) rejected: Mutex<super::rejected::RejectedRecords>,
+    /// What the feed reads of Dynamic Resource Allocation: the slices and claims, slimmed, and
+    /// what they mean as GPUs. Written by the feed with the table's write lock held (so always
+    /// taken after the table's lock, never before it); read for the views under its own lock
+    /// alone.
+    dra: RwLock<DraState>,
 }
 
 /// What the node-level filters read of each node, by name ([`ClusterState::node_claims`]).
@@ -172,7 +179,60 @@ impl ClusterState {
             rebuilds: Mutex::new(Vec::new()),
             quotas: RwLock::new(Arc::new(QuotaSet::default())),
             rejected: Mutex::default(),
+            dra: RwLock::default(),
         }
+    }
+
+    /// What the views show of Dynamic Resource Allocation; `None` while it is not read
+    /// (`dra.enabled` off, or before the feed knows whether the API serves it). Claims carry
+    /// no node or GPUs here: [`ClusterReport::with_dra`](crate::inspect::ClusterReport::with_dra)
+    /// fills those in from the table's report.
+    pub fn dra_report(&self) -> Option<DraReport> {
+        let dra = self.dra.read();
+        let served = dra.served?;
+        let mut keys = dra.book.claim_keys();
+        keys.sort();
+        let claims = keys
+            .into_iter()
+            .map(|key| ClaimReport {
+                devices: dra.book.claim_devices(&key),
+                pods: dra.book.claim_pods(&key).to_vec(),
+                problems: dra.claim_problems.get(&key).cloned().unwrap_or_default(),
+                claim: key,
+                node: None,
+                gpus: Vec::new(),
+            })
+            .collect();
+        Some(DraReport {
+            served,
+            counts: dra.book.counts(),
+            nodes_offered_both_ways: dra.both_ways.iter().cloned().collect(),
+            problems: dra.book.problems(),
+            claims,
+        })
+    }
+
+    /// Whole GPUs `pod`'s claims ask for of the configured DeviceClasses, as the watch last saw
+    /// the claims; `None` when they ask for none (or the pod has no claims).
+    pub fn claim_gpus(&self, pod: &Pod) -> Option<u64> {
+        let claims = crate::objects::dra::pod_claims(pod);
+        if claims.is_empty() {
+            return None;
+        }
+        let dra = self.dra.read();
+        let gpus = claims
+            .iter()
+            .filter_map(|claim| dra.book.claim_request(claim))
+            .fold(0u64, u64::saturating_add);
+        (gpus > 0).then_some(gpus)
+    }
+
+    /// What the metrics read of Dynamic Resource Allocation: whether it is served, the book's
+    /// counts and how many nodes offer GPUs both ways; `None` while it is not read.
+    pub fn dra_counts(&self) -> Option<(bool, DraCounts, usize)> {
+        let dra = self.dra.read();
+        let served = dra.served?;
+        Some((served, dra.book.counts(), dra.both_ways.len()))
     }
 
     /// A state serving a fixed table, synced by definition (tools, tests, load runs).
@@ -426,6 +486,18 @@ impl TableWriter {
     /// The table for writing, briefly: the feed applies one change, the binder reserves.
     pub fn write(&self) -> RwLockWriteGuard<'_, Table> {
         self.0.write_table()
+    }
+
+    /// What the feed reads of Dynamic Resource Allocation, for reading (the feed's call on every
+    /// node event, which needs to write only for nodes DRA serves).
+    pub fn dra_read(&self) -> RwLockReadGuard<'_, DraState> {
+        self.0.dra.read()
+    }
+
+    /// What the feed reads of Dynamic Resource Allocation, for writing (the feed's call, with
+    /// the table's write lock already held when both are needed).
+    pub fn dra_write(&self) -> RwLockWriteGuard<'_, DraState> {
+        self.0.dra.write()
     }
 
     /// Releases reservations older than their TTL; returns the pods released.

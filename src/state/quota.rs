@@ -43,7 +43,10 @@ impl ClusterState {
         drop(table);
         report.ignored_quotas = quotas.problems.clone();
         report.rejected_records = self.rejected_records();
-        report
+        match self.dra_report() {
+            Some(dra) => report.with_dra(dra),
+            None => report,
+        }
     }
 }
 

@@ -3,6 +3,8 @@
 //! The HTTP layer decodes a call into [`Offered`] nodes and a pod, asks one of these, counts
 //! what it says in the metrics, and encodes the answer.
 
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::Pod;
 use tracing::debug;
 
@@ -14,7 +16,7 @@ use crate::config::Config;
 use crate::objects::admission::PodClaims;
 use crate::objects::quota::quota_names;
 use crate::objects::translate;
-use gpu_engine::{NodeState, PodRequest, Policy};
+use gpu_engine::{GpuDemand, NodeState, PodRequest, Policy};
 
 /// The nodes one call offers: kube-scheduler's candidate names (`nodeCacheCapable: true`), or
 /// the node objects it sent, each read into a node state or the reason it could not be.
@@ -206,14 +208,51 @@ impl Verbs<'_> {
         let Some(request) = request else {
             return Vec::new();
         };
+        self.rank(policy, offered, &request)
+    }
+
+    /// Prioritize for pods whose DRA claims ask for whole GPUs of the configured DeviceClasses
+    /// (docs/dra.md): the offered nodes ranked with the policy in force for that many whole
+    /// GPUs, on the GPUs the nodes' slices publish less those claims hold. Empty (no opinion)
+    /// for a pod that asks for GPUs through extended resources (the extender's own stanza
+    /// ranks those) or through no claim of a known class.
+    pub fn prioritize_claims<'a>(
+        &self,
+        pod: Option<&Pod>,
+        offered: Offered<'a>,
+    ) -> Vec<(&'a str, i64)> {
+        let Some(pod) = pod else {
+            return Vec::new();
+        };
+        if translate::names_gpu_resource(pod, self.config) {
+            return Vec::new();
+        }
+        let Some(gpus) = self.cluster.claim_gpus(pod) else {
+            return Vec::new();
+        };
+        let (cpu, memory) = translate::pod_host_request(pod).unwrap_or_default();
+        let Ok(demand) = GpuDemand::whole(gpus) else {
+            return Vec::new();
+        };
+        let request = PodRequest::single(cpu, memory, demand);
+        self.rank(self.policy.load(), offered, &request)
+    }
+
+    /// The offered nodes scored for `request` with `policy`.
+    fn rank<'a>(
+        &self,
+        policy: Arc<Policy>,
+        offered: Offered<'a>,
+        request: &PodRequest,
+    ) -> Vec<(&'a str, i64)> {
         match offered {
-            Offered::Names(names) => Snapshot::of(self.cluster, policy).prioritize(names, &request),
+            Offered::Names(names) => Snapshot::of(self.cluster, policy).prioritize(names, request),
             Offered::Objects { names, states } => decide::prioritize(
                 names
                     .iter()
                     .zip(states)
                     .map(|(name, node)| (name.as_str(), node.as_ref().ok())),
-                &request,
+                request,
                 &policy,
             ),
         }

@@ -428,8 +428,8 @@ mod tests {
         cluster.note_rebuild(std::time::Duration::from_millis(3));
         let text = metrics.render().unwrap();
         let typed = families_are_grouped(&text).unwrap_or_else(|error| panic!("{error}\n{text}"));
-        // Every family of the state is there, but the per-quota ones: no ElasticQuota, no
-        // series.
+        // Every family of the state is there, but the per-quota ones (no ElasticQuota, no
+        // series) and DRA's (not read by a state without a watch).
         let missing: Vec<&str> = state_collector::family_names()
             .filter(|name| !typed.contains(name))
             .collect();
@@ -439,7 +439,13 @@ mod tests {
                 "gpu_extender_quota_used",
                 "gpu_extender_quota_min",
                 "gpu_extender_quota_max",
-                "gpu_extender_quota_borrowed"
+                "gpu_extender_quota_borrowed",
+                "gpu_extender_dra_served",
+                "gpu_extender_dra_devices",
+                "gpu_extender_dra_claims_allocated",
+                "gpu_extender_dra_gpus_held",
+                "gpu_extender_dra_nodes_offered_both_ways",
+                "gpu_extender_dra_slice_problems",
             ],
             "{text}"
         );

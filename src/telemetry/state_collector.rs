@@ -91,6 +91,37 @@ const QUOTAS_IGNORED: Family = gauge(
 );
 const PER_NODE: &[&str] = &["node"];
 
+const DRA_SERVED: Family = gauge(
+    "gpu_extender_dra_served",
+    "1 while the extender reads Dynamic Resource Allocation (resource.k8s.io/v1 served and allowed), 0 where it cannot; no series with dra.enabled off.",
+    &[],
+);
+const DRA_DEVICES: Family = gauge(
+    "gpu_extender_dra_devices",
+    "Devices complete ResourceSlice pools of the configured DRA drivers publish, by type: whole GPUs (gpu) and MIG slices (mig).",
+    &["type"],
+);
+const DRA_CLAIMS: Family = gauge(
+    "gpu_extender_dra_claims_allocated",
+    "ResourceClaims allocated devices of the configured DRA drivers.",
+    &[],
+);
+const DRA_GPUS_HELD: Family = gauge(
+    "gpu_extender_dra_gpus_held",
+    "GPUs in the table that DRA claims hold, whole or a MIG slice of them: the extender gives none of them out.",
+    &[],
+);
+const DRA_BOTH_WAYS: Family = gauge(
+    "gpu_extender_dra_nodes_offered_both_ways",
+    "Nodes whose GPUs are offered both by the device plugin and a DRA driver.",
+    &[],
+);
+const DRA_SLICE_PROBLEMS: Family = gauge(
+    "gpu_extender_dra_slice_problems",
+    "What keeps DRA devices from being counted, by kind: unknown_driver (slices of drivers dra.drivers does not list), device_unreadable (a device missing an attribute), pool_waiting (pools missing slices of their newest generation), stale_slice (slices of an older generation), not_node_local (pools naming no single node).",
+    &["kind"],
+);
+
 const TABLE_NODES: Family = gauge(
     "gpu_extender_table_nodes",
     "Nodes in the allocation table.",
@@ -224,7 +255,7 @@ const REBUILD_HELP: &str =
     "Time to apply one full list of nodes or of pods to the allocation table.";
 
 /// Every family written from the state (the rebuild histogram aside: a registered metric).
-const FAMILIES: [&Family; 32] = [
+const FAMILIES: [&Family; 38] = [
     &TABLE_NODES,
     &TABLE_PODS,
     &RESERVATIONS_OUTSTANDING,
@@ -257,6 +288,12 @@ const FAMILIES: [&Family; 32] = [
     &QUOTA_MAX,
     &QUOTA_BORROWED,
     &QUOTAS_IGNORED,
+    &DRA_SERVED,
+    &DRA_DEVICES,
+    &DRA_CLAIMS,
+    &DRA_GPUS_HELD,
+    &DRA_BOTH_WAYS,
+    &DRA_SLICE_PROBLEMS,
 ];
 
 /// The names of the families the state's metrics export (for `Metrics::names`).
@@ -375,6 +412,7 @@ impl StateCollector {
         events.done(out);
         write_capacity(out, &report, capacity);
         write_quotas(out, &self.cluster);
+        write_dra(out, &self.cluster, &report);
     }
 }
 
@@ -510,6 +548,39 @@ fn write_quotas(out: &mut String, cluster: &ClusterState) {
         &QUOTAS_IGNORED,
         whole(cluster.quotas().problems.len() as u64),
     );
+}
+
+/// The DRA gauges (none while DRA is not read): from the book's counts, and the GPUs `report`
+/// shows held by claims.
+fn write_dra(out: &mut String, cluster: &ClusterState, report: &ClusterReport) {
+    let Some((served, counts, both_ways)) = cluster.dra_counts() else {
+        return;
+    };
+    single(out, &DRA_SERVED, f64::from(u8::from(served)));
+    let mut devices = Building::of(&DRA_DEVICES);
+    devices.add(&["gpu"], whole(counts.gpus as u64));
+    devices.add(&["mig"], whole(counts.mig_slices as u64));
+    devices.done(out);
+    single(out, &DRA_CLAIMS, whole(counts.claims_allocated as u64));
+    let held = report
+        .nodes
+        .iter()
+        .flat_map(|node| &node.gpus)
+        .filter(|gpu| !gpu.claims.is_empty())
+        .count();
+    single(out, &DRA_GPUS_HELD, whole(held as u64));
+    single(out, &DRA_BOTH_WAYS, whole(both_ways as u64));
+    let mut problems = Building::of(&DRA_SLICE_PROBLEMS);
+    for (kind, count) in [
+        ("device_unreadable", counts.devices_unreadable),
+        ("not_node_local", counts.pools_not_node_local),
+        ("pool_waiting", counts.pools_waiting),
+        ("stale_slice", counts.stale_slices),
+        ("unknown_driver", counts.unknown_driver_slices),
+    ] {
+        problems.add(&[kind], whole(count as u64));
+    }
+    problems.done(out);
 }
 
 /// The per-GPU, per-node and cluster allocation gauges of `report`: series exist only for the

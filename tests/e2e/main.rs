@@ -16,6 +16,7 @@ mod autoscaling;
 mod burst;
 mod configs;
 mod doors;
+mod dra;
 mod failover;
 mod faults;
 mod image;

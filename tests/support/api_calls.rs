@@ -166,7 +166,9 @@ pub const KINDS: &[(&str, &str, &str)] = kinds![
     policy::v1::PodDisruptionBudget,
     scheduling::v1::PriorityClass,
     authentication::v1::TokenReview,
-    authorization::v1::SubjectAccessReview;
+    authorization::v1::SubjectAccessReview,
+    resource::v1::ResourceSlice,
+    resource::v1::ResourceClaim;
     // kube's `DynamicObject`: the only dynamic kind the code holds an `Api` of is scheduler-plugins'
     // `ElasticQuota` (src/k8s/quota.rs).
     (DYNAMIC_OBJECT, "scheduling.x-k8s.io", "elasticquotas"),

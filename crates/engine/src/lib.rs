@@ -31,8 +31,8 @@ pub use capacity::{max_replicas, replicas_on};
 pub use evaluate::AlikeScores;
 pub use fit::{RejectReason, fit, fit_choosing};
 pub use model::{
-    ComputeMilli, CpuMilli, Gpu, GpuIndex, GpuMode, GpuPlacement, Link, LinkMatrix, MemMiB,
-    NodeName, NodeSpec, PodKey, WHOLE_GPU_COMPUTE,
+    ComputeMilli, CpuMilli, Gpu, GpuIndex, GpuMode, GpuPlacement, HolderKey, Link, LinkMatrix,
+    MemMiB, NodeName, NodeSpec, PodKey, WHOLE_GPU_COMPUTE,
 };
 pub use policy::learn::{TYPICAL_COVERAGE, learn_typical, typical_from_classes};
 pub use policy::typical::{TypicalPod, TypicalPods};
@@ -42,5 +42,5 @@ pub use request::{
     ShareRules, TopologyPreference,
 };
 pub use state::{GpuUsage, NodeState, PerGpu, shape_hash};
-pub use table::{Change, Hold, PodEntry, Table, TableError};
+pub use table::{Change, ExternalHold, Hold, PodEntry, Table, TableError};
 pub use topology::TopologyIndex;

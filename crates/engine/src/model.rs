@@ -81,6 +81,30 @@ impl fmt::Display for PodKey {
     }
 }
 
+/// Who holds GPUs outside the pods the table places (a Dynamic Resource Allocation claim, say,
+/// as `dra:namespace/name`): the table keeps such holds apart from pods, so that no pod is
+/// placed on them and views can name the holder. Cheap to clone.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct HolderKey(pub Arc<str>);
+
+impl HolderKey {
+    /// Makes a holder key from anything string-like.
+    pub fn new(name: impl AsRef<str>) -> Self {
+        Self(Arc::from(name.as_ref()))
+    }
+
+    /// The key as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for HolderKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// How a node shares its GPUs (the `ack.node.gpu.schedule` label).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GpuMode {

@@ -385,6 +385,21 @@ impl NodeState {
         allocation.for_each_hold(|hold| self.apply_hold(hold, false));
     }
 
+    /// Adds GPU holds of a holder that is not a pod ([`crate::table::ExternalHold`]): its GPUs
+    /// only, no host CPU, memory or pod slot (the holder's pods, if any, are counted as pods).
+    pub fn add_external(&mut self, holds: &[GpuHold]) {
+        for hold in holds {
+            self.apply_hold(hold, true);
+        }
+    }
+
+    /// Removes holds added by [`NodeState::add_external`]: its exact inverse.
+    pub fn remove_external(&mut self, holds: &[GpuHold]) {
+        for hold in holds {
+            self.apply_hold(hold, false);
+        }
+    }
+
     fn apply_hold(&mut self, hold: &GpuHold, adding: bool) {
         let Some(position) = self.position_of(hold.gpu) else {
             self.dangling_holds = if adding {

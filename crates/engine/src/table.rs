@@ -1,6 +1,8 @@
-//! The cluster's allocation table: every node's usage and every pod's allocation, changed only
-//! through [`Table::apply`], [`Table::reserve`] and [`Table::release`], and checkable against its
-//! invariants. Time is passed in (milliseconds on any monotonic clock the caller owns).
+//! The cluster's allocation table: every node's usage, every pod's allocation and the GPUs held
+//! by holders that are not pods (external holds: Dynamic Resource Allocation claims), changed
+//! only through [`Table::apply`], [`Table::reserve`] and [`Table::release`], and checkable
+//! against its invariants. Time is passed in (milliseconds on any monotonic clock the caller
+//! owns).
 
 use std::collections::{BTreeSet, HashMap};
 use std::hash::Hash;
@@ -8,8 +10,8 @@ use std::sync::{Arc, Weak};
 
 use thiserror::Error;
 
-use super::allocation::PodAllocation;
-use super::model::{LinkMatrix, NodeName, NodeSpec, PodKey, WHOLE_GPU_COMPUTE};
+use super::allocation::{GpuHold, PodAllocation};
+use super::model::{HolderKey, LinkMatrix, NodeName, NodeSpec, PodKey, WHOLE_GPU_COMPUTE};
 use super::state::{GpuUsage, NodeState, same_shape};
 use super::topology::TopologyIndex;
 
@@ -27,6 +29,22 @@ pub enum Change {
     },
     /// A pod finished (Succeeded/Failed) or was deleted: its GPUs are free again.
     PodGone(PodKey),
+    /// A holder that is not a pod (a DRA claim) holds these GPUs of `node`, replacing what it
+    /// held before. No pod is placed on them; like every fact, never refused.
+    HoldExternal {
+        holder: HolderKey,
+        node: NodeName,
+        holds: Vec<GpuHold>,
+    },
+    /// The holder let go of everything it held (a claim deallocated or deleted).
+    ReleaseExternal(HolderKey),
+}
+
+/// What a holder that is not a pod holds ([`Change::HoldExternal`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExternalHold {
+    pub node: NodeName,
+    pub holds: Vec<GpuHold>,
 }
 
 /// Whether a pod's hold is confirmed by the API server or only promised by a bind in flight.
@@ -132,6 +150,10 @@ pub struct Table {
     pods: HashMap<PodKey, PodEntry>,
     /// Pods by the node their allocation names, including nodes not (yet) known.
     pods_by_node: NameMap<BTreeSet<PodKey>>,
+    /// GPUs held by holders that are not pods, and those holders by node (nodes not known
+    /// included), as `pods` and `pods_by_node`.
+    external: HashMap<HolderKey, ExternalHold>,
+    external_by_node: NameMap<BTreeSet<HolderKey>>,
     max_shares_per_gpu: u16,
     /// One topology index per distinct link matrix among the nodes: nodes of one hardware type
     /// share an index instead of each holding its own copy of a few KiB, so that filtering
@@ -151,6 +173,8 @@ impl Table {
             nodes: HashMap::default(),
             pods: HashMap::new(),
             pods_by_node: NameMap::default(),
+            external: HashMap::new(),
+            external_by_node: NameMap::default(),
             max_shares_per_gpu,
             topologies: HashMap::new(),
             shapes: HashMap::new(),
@@ -192,6 +216,11 @@ impl Table {
                         state.add(&entry.allocation);
                     }
                 }
+                for holder in self.external_by_node.get(&name).into_iter().flatten() {
+                    if let Some(entry) = self.external.get(holder) {
+                        state.add_external(&entry.holds);
+                    }
+                }
                 if let Some(old) = self.nodes.insert(NameKey::new(name.as_str()), state) {
                     self.forget(old);
                 }
@@ -220,7 +249,44 @@ impl Table {
             Change::PodGone(pod) => {
                 self.release(&pod);
             }
+            Change::HoldExternal {
+                holder,
+                node,
+                holds,
+            } => {
+                let entry = ExternalHold { node, holds };
+                if self.external.get(&holder) == Some(&entry) {
+                    return;
+                }
+                self.release_external(&holder);
+                if let Some(state) = self.node_mut(&entry.node) {
+                    state.add_external(&entry.holds);
+                }
+                self.external_by_node
+                    .entry(entry.node.clone())
+                    .or_default()
+                    .insert(holder.clone());
+                self.external.insert(holder, entry);
+            }
+            Change::ReleaseExternal(holder) => {
+                self.release_external(&holder);
+            }
         }
+    }
+
+    /// Frees whatever `holder` holds and returns it.
+    fn release_external(&mut self, holder: &HolderKey) -> Option<ExternalHold> {
+        let entry = self.external.remove(holder)?;
+        if let Some(state) = self.node_mut(&entry.node) {
+            state.remove_external(&entry.holds);
+        }
+        if let Some(set) = self.external_by_node.get_mut(&entry.node) {
+            set.remove(holder);
+            if set.is_empty() {
+                self.external_by_node.remove(&entry.node);
+            }
+        }
+        Some(entry)
     }
 
     /// The index the table already holds that is equal to `index`, or `index` itself (then
@@ -423,6 +489,28 @@ impl Table {
         self.pods.len()
     }
 
+    /// What a holder that is not a pod holds.
+    pub fn external(&self, holder: &HolderKey) -> Option<&ExternalHold> {
+        self.external.get(holder)
+    }
+
+    /// Every holder that is not a pod, in no particular order.
+    pub fn externals(&self) -> impl Iterator<Item = (&HolderKey, &ExternalHold)> {
+        self.external.iter()
+    }
+
+    /// The holders that are not pods holding GPUs of `node`.
+    pub fn externals_on(
+        &self,
+        node: &NodeName,
+    ) -> impl Iterator<Item = (&HolderKey, &ExternalHold)> {
+        self.external_by_node
+            .get(node)
+            .into_iter()
+            .flatten()
+            .filter_map(|holder| self.external.get(holder).map(|entry| (holder, entry)))
+    }
+
     /// The pods whose allocation names `node`.
     pub fn pods_on(&self, node: &NodeName) -> impl Iterator<Item = (&PodKey, &PodEntry)> {
         self.pods_by_node
@@ -434,8 +522,8 @@ impl Table {
 
     /// Every broken invariant, as readable lines: no GPU over-committed in memory or compute, none
     /// both whole and shared or whole twice, at most the per-GPU pod limit, host CPU and memory
-    /// within capacity, and every node's usage equal to the sum of its pods (so released capacity
-    /// equals what was allocated).
+    /// within capacity, and every node's usage equal to the sum of its pods and external holds
+    /// (so released capacity equals what was allocated).
     pub fn check_invariants(&self) -> Result<(), Vec<String>> {
         let mut violations = Vec::new();
         for node in self.nodes.values() {
@@ -445,13 +533,16 @@ impl Table {
             for (_, entry) in self.pods_on(name) {
                 recomputed.add(&entry.allocation);
             }
+            for (_, entry) in self.externals_on(name) {
+                recomputed.add_external(&entry.holds);
+            }
             if recomputed.gpus != node.gpus
                 || recomputed.cpu_used != node.cpu_used
                 || recomputed.mem_used != node.mem_used
                 || recomputed.pods != node.pods
             {
                 violations.push(format!(
-                    "node {name}: usage differs from the sum of its pods"
+                    "node {name}: usage differs from the sum of its pods and external holds"
                 ));
             }
         }
@@ -462,6 +553,17 @@ impl Table {
                 .is_some_and(|s| s.contains(pod));
             if !listed {
                 violations.push(format!("pod {pod}: missing from its node's pod index"));
+            }
+        }
+        for (holder, entry) in &self.external {
+            let listed = self
+                .external_by_node
+                .get(&entry.node)
+                .is_some_and(|s| s.contains(holder));
+            if !listed {
+                violations.push(format!(
+                    "holder {holder}: missing from its node's holder index"
+                ));
             }
         }
         if violations.is_empty() {
@@ -496,6 +598,7 @@ impl PartialEq for Table {
         self.max_shares_per_gpu == other.max_shares_per_gpu
             && node_usage(self) == node_usage(other)
             && allocations(self) == allocations(other)
+            && self.external == other.external
     }
 }
 

@@ -11,8 +11,9 @@ mod common;
 
 use common::{Held, gib, held_allocation, share, uniform, whole};
 use gpu_engine::{
-    Change, ComputeMilli, ContainerAllocation, CpuMilli, GpuGrant, GpuIndex, GpuMode, Grant, Hold,
-    MemMiB, NodeName, NodeSpec, PodAllocation, PodKey, Policy, Table, TableError, fit,
+    Change, ComputeMilli, ContainerAllocation, CpuMilli, GpuGrant, GpuHold, GpuIndex, GpuMode,
+    Grant, Hold, HolderKey, MemMiB, NodeName, NodeSpec, PodAllocation, PodKey, Policy, Table,
+    TableError, fit,
 };
 
 const LIMIT: u16 = 20;
@@ -500,4 +501,109 @@ fn gpu_conflicts_name_what_an_allocation_would_over_commit_beyond_what_is() {
     // An unknown node: nothing to judge against.
     let elsewhere = held_allocation(&node("gone"), Held::Whole(&[0]));
     assert!(table.gpu_conflicts(&key("b"), &elsewhere).is_empty());
+}
+
+fn claim(name: &str) -> HolderKey {
+    HolderKey::new(format!("dra:default/{name}"))
+}
+
+fn whole_holds(indices: &[u16]) -> Vec<GpuHold> {
+    indices
+        .iter()
+        .map(|&gpu| GpuHold {
+            gpu: GpuIndex(gpu),
+            whole: true,
+            mem: MemMiB(0),
+            compute: ComputeMilli(1000),
+        })
+        .collect()
+}
+
+#[test]
+fn external_holds_keep_their_gpus_from_pods_and_release_exactly() {
+    let mut table = two_node_table();
+    let policy = Policy::default();
+    let empty = usage(&table, "whole");
+    table.apply(Change::HoldExternal {
+        holder: claim("c1"),
+        node: node("whole"),
+        holds: whole_holds(&[0, 1]),
+    });
+    // No pod slot, CPU or memory: the claim's pod is counted as a pod by itself.
+    let held = table.node_by_str("whole").unwrap();
+    assert_eq!(held.pods, 0);
+    assert!(held.gpus[0].is_whole() && held.gpus[1].is_whole());
+    // Fit places around the claim's GPUs, and reserve refuses them.
+    let allocation = fit(held, &whole(2), &policy).unwrap();
+    let given: Vec<u16> = allocation.containers[0]
+        .gpus
+        .iter()
+        .map(|g| g.gpu.0)
+        .collect();
+    assert_eq!(given, vec![2, 3]);
+    let onto_claim = held_allocation(&node("whole"), Held::Whole(&[1]));
+    assert!(matches!(
+        table.reserve(key("x"), onto_claim.clone(), 10),
+        Err(TableError::NoLongerFits { .. })
+    ));
+    // A record naming a claimed GPU conflicts.
+    assert_eq!(
+        table.gpu_conflicts(&key("x"), &onto_claim),
+        vec!["node whole GPU 1: held whole by several pods"]
+    );
+    // A node update keeps the hold; the same hold again changes nothing.
+    table.apply(Change::UpsertNode(named(
+        "whole",
+        uniform(GpuMode::Exclusive, 4, "A100", 80),
+    )));
+    table.apply(Change::HoldExternal {
+        holder: claim("c1"),
+        node: node("whole"),
+        holds: whole_holds(&[0, 1]),
+    });
+    assert!(table.node_by_str("whole").unwrap().gpus[1].is_whole());
+    assert_eq!(table.externals_on(&node("whole")).count(), 1);
+    table.check_invariants().unwrap();
+    // A changed allocation replaces the old one; a release restores the node exactly.
+    table.apply(Change::HoldExternal {
+        holder: claim("c1"),
+        node: node("whole"),
+        holds: whole_holds(&[3]),
+    });
+    let moved = table.node_by_str("whole").unwrap();
+    assert!(!moved.gpus[0].is_whole() && moved.gpus[3].is_whole());
+    table.apply(Change::ReleaseExternal(claim("c1")));
+    assert_eq!(usage(&table, "whole"), empty);
+    assert!(table.external(&claim("c1")).is_none());
+    table.check_invariants().unwrap();
+}
+
+#[test]
+fn an_external_hold_on_a_pods_gpu_is_a_visible_over_commit() {
+    let mut table = two_node_table();
+    bound(&mut table, "a", "whole", Held::Whole(&[0]));
+    // The cluster's facts are never refused: a claim on the pod's GPU is kept and reported.
+    table.apply(Change::HoldExternal {
+        holder: claim("c1"),
+        node: node("whole"),
+        holds: whole_holds(&[0]),
+    });
+    let violations = table.check_invariants().unwrap_err();
+    assert_eq!(
+        violations,
+        vec!["node whole GPU 0: held whole by several pods"]
+    );
+    // A hold on a node not (yet) known is kept and applied when the node appears.
+    table.apply(Change::HoldExternal {
+        holder: claim("c2"),
+        node: node("later"),
+        holds: whole_holds(&[1]),
+    });
+    table.apply(Change::UpsertNode(named(
+        "later",
+        uniform(GpuMode::Exclusive, 2, "H100", 80),
+    )));
+    assert!(table.node_by_str("later").unwrap().gpus[1].is_whole());
+    table.apply(Change::ReleaseExternal(claim("c1")));
+    table.check_invariants().unwrap();
 }
