@@ -514,3 +514,32 @@ impl std::ops::Deref for TableWriter {
         &self.0
     }
 }
+
+impl ClusterState {
+    /// Notes a record the watch refused on pod `key` (UID `uid`); `true` when it is news
+    /// ([`super::rejected::RejectedRecords`]).
+    pub fn note_rejected_record(
+        &self,
+        key: &PodKey,
+        uid: &str,
+        reason: &str,
+        detail: &str,
+    ) -> bool {
+        self.rejected.lock().note(key, uid, reason, detail)
+    }
+
+    /// Forgets pod `key`'s refused record (the pod is gone).
+    pub fn forget_rejected_record(&self, key: &PodKey) {
+        self.rejected.lock().forget(key);
+    }
+
+    /// The refused records of the pods that still exist, by pod.
+    pub fn rejected_records(&self) -> Vec<crate::inspect::RejectedRecord> {
+        self.rejected.lock().list()
+    }
+
+    /// The refused records no Event has told yet; each is returned once, until it changes.
+    pub fn take_untold_rejections(&self) -> Vec<crate::inspect::RejectedRecord> {
+        self.rejected.lock().take_untold()
+    }
+}

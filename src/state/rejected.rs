@@ -10,13 +10,12 @@ use std::collections::{HashMap, VecDeque};
 
 use gpu_engine::PodKey;
 
-use super::ClusterState;
 use crate::inspect::RejectedRecord;
 
 /// Pods with a refused record kept at most.
 pub const REJECTED_LIMIT: usize = 1024;
 
-/// The refused records ([`ClusterState::note_rejected_record`]).
+/// The refused records ([`super::ClusterState::note_rejected_record`]).
 #[derive(Debug, Default)]
 pub struct RejectedRecords {
     /// Per pod: the latest refusal, and whether an Event has told it.
@@ -29,7 +28,7 @@ impl RejectedRecords {
     /// Notes that `key`'s record was refused for `reason`; `true` when this is news (the pod's
     /// first refusal, or another reason or detail than the last), which is worth a log line
     /// and an Event; a repeat only counts.
-    fn note(&mut self, key: &PodKey, uid: &str, reason: &str, detail: &str) -> bool {
+    pub fn note(&mut self, key: &PodKey, uid: &str, reason: &str, detail: &str) -> bool {
         if let Some((record, published)) = self.entries.get_mut(key) {
             record.times = record.times.saturating_add(1);
             if record.reason == reason && record.detail == detail && record.uid == uid {
@@ -63,14 +62,15 @@ impl RejectedRecords {
         true
     }
 
-    fn forget(&mut self, key: &PodKey) {
+    /// Forgets `key` (the pod is gone).
+    pub fn forget(&mut self, key: &PodKey) {
         if self.entries.remove(key).is_some() {
             self.order.retain(|kept| kept != key);
         }
     }
 
     /// Every entry, by pod.
-    fn list(&self) -> Vec<RejectedRecord> {
+    pub fn list(&self) -> Vec<RejectedRecord> {
         let mut list: Vec<RejectedRecord> = self
             .entries
             .values()
@@ -81,7 +81,7 @@ impl RejectedRecords {
     }
 
     /// The entries no Event has told yet, now marked told.
-    fn take_untold(&mut self) -> Vec<RejectedRecord> {
+    pub fn take_untold(&mut self) -> Vec<RejectedRecord> {
         let mut untold: Vec<RejectedRecord> = self
             .entries
             .values_mut()
@@ -93,35 +93,6 @@ impl RejectedRecords {
             .collect();
         untold.sort_by(|a, b| a.pod.cmp(&b.pod));
         untold
-    }
-}
-
-impl ClusterState {
-    /// Notes a record the watch refused on pod `key` (UID `uid`); `true` when it is news
-    /// ([`RejectedRecords`]).
-    pub fn note_rejected_record(
-        &self,
-        key: &PodKey,
-        uid: &str,
-        reason: &str,
-        detail: &str,
-    ) -> bool {
-        self.rejected.lock().note(key, uid, reason, detail)
-    }
-
-    /// Forgets pod `key`'s refused record (the pod is gone).
-    pub fn forget_rejected_record(&self, key: &PodKey) {
-        self.rejected.lock().forget(key);
-    }
-
-    /// The refused records of the pods that still exist, by pod.
-    pub fn rejected_records(&self) -> Vec<RejectedRecord> {
-        self.rejected.lock().list()
-    }
-
-    /// The refused records no Event has told yet; each is returned once, until it changes.
-    pub fn take_untold_rejections(&self) -> Vec<RejectedRecord> {
-        self.rejected.lock().take_untold()
     }
 }
 
