@@ -321,6 +321,23 @@ fn decode<'a, T: Deserialize<'a>>(verb: &str, body: &'a Bytes) -> Result<T, BadR
         .map_err(|error| BadRequest(format!("cannot decode {verb} request body: {error}")))
 }
 
+/// Starts `verb`'s timer and decodes its body; a body that does not decode is counted as a
+/// `bad_request` and answered 400.
+fn decode_timed<'a, T: Deserialize<'a>>(
+    metrics: &'a Metrics,
+    verb: &'static str,
+    body: &'a Bytes,
+) -> Result<(Timer<'a>, T), BadRequest> {
+    let timer = Timer::start(metrics, verb);
+    match decode(verb, body) {
+        Ok(args) => Ok((timer, args)),
+        Err(error) => {
+            timer.finish("bad_request");
+            Err(error)
+        }
+    }
+}
+
 fn pod_name(pod: Option<&Pod>) -> String {
     pod.map(|p| {
         format!(
@@ -489,13 +506,9 @@ fn json_response(value: &impl Serialize, capacity: usize) -> Response {
 }
 
 async fn filter(State(state): State<AppState>, body: Bytes) -> Response {
-    let timer = Timer::start(&state.metrics, "filter");
-    let args: CandidateArgs<'_> = match decode("filter", &body) {
-        Ok(args) => args,
-        Err(error) => {
-            timer.finish("bad_request");
-            return error.into_response();
-        }
+    let (timer, args) = match decode_timed::<CandidateArgs<'_>>(&state.metrics, "filter", &body) {
+        Ok(decoded) => decoded,
+        Err(refused) => return refused.into_response(),
     };
     let span = info_span!("filter", pod = %pod_name(args.pod.as_ref()));
     span.in_scope(|| {
@@ -666,13 +679,10 @@ fn record_verdict(metrics: &Metrics, verdict: &FilterVerdict<'_>) {
 }
 
 async fn prioritize(State(state): State<AppState>, body: Bytes) -> Response {
-    let timer = Timer::start(&state.metrics, "prioritize");
-    let args: CandidateArgs<'_> = match decode("prioritize", &body) {
-        Ok(args) => args,
-        Err(error) => {
-            timer.finish("bad_request");
-            return error.into_response();
-        }
+    let (timer, args) = match decode_timed::<CandidateArgs<'_>>(&state.metrics, "prioritize", &body)
+    {
+        Ok(decoded) => decoded,
+        Err(refused) => return refused.into_response(),
     };
     let span = info_span!("prioritize", pod = %pod_name(args.pod.as_ref()));
     span.in_scope(|| {
@@ -688,13 +698,10 @@ async fn prioritize(State(state): State<AppState>, body: Bytes) -> Response {
 /// for every pod, so it answers no opinion for all others.
 async fn prioritize_claims(State(state): State<AppState>, body: Bytes) -> Response {
     // Counted with the other stanza's calls, as the same verb.
-    let timer = Timer::start(&state.metrics, "prioritize");
-    let args: CandidateArgs<'_> = match decode("prioritize", &body) {
-        Ok(args) => args,
-        Err(error) => {
-            timer.finish("bad_request");
-            return error.into_response();
-        }
+    let (timer, args) = match decode_timed::<CandidateArgs<'_>>(&state.metrics, "prioritize", &body)
+    {
+        Ok(decoded) => decoded,
+        Err(refused) => return refused.into_response(),
     };
     let span = info_span!("prioritize_claims", pod = %pod_name(args.pod.as_ref()));
     span.in_scope(|| {

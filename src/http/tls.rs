@@ -480,6 +480,15 @@ mod tests {
         }
     }
 
+    /// A new client CA, written to `dir` and required of clients by `files`.
+    fn require_client_certificates(dir: &Path, files: &mut TlsConfig) -> Ca {
+        let client_ca = ca();
+        let client_ca_file = dir.join("client-ca.crt");
+        std::fs::write(&client_ca_file, &client_ca.pem).unwrap();
+        files.client_ca_file = Some(client_ca_file);
+        client_ca
+    }
+
     fn write(files: &TlsConfig, cert: &str, key: &str) {
         std::fs::write(&files.cert_file, cert).unwrap();
         std::fs::write(&files.key_file, key).unwrap();
@@ -561,10 +570,7 @@ mod tests {
         let ca = ca();
         let (cert, key, _) = leaf(&ca);
         write(&files, &cert, &key);
-        let client_ca = self::ca();
-        let client_ca_file = dir.join("client-ca.crt");
-        std::fs::write(&client_ca_file, &client_ca.pem).unwrap();
-        files.client_ca_file = Some(client_ca_file);
+        let client_ca = require_client_certificates(&dir, &mut files);
         let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
         let (addr, server) = serve(&files, Duration::from_secs(3600), app).await;
 
@@ -678,10 +684,7 @@ mod tests {
         let ca = ca();
         let (cert, key, _) = leaf(&ca);
         write(&files, &cert, &key);
-        let client_ca = self::ca();
-        let client_ca_file = dir.join("client-ca.crt");
-        std::fs::write(&client_ca_file, &client_ca.pem).unwrap();
-        files.client_ca_file = Some(client_ca_file);
+        let client_ca = require_client_certificates(&dir, &mut files);
         files.allowed_client_names = vec!["kube-scheduler.gpu-extender.svc".to_owned()];
         let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
         let (addr, server) = serve(&files, Duration::from_secs(3600), app).await;

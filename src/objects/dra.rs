@@ -677,20 +677,7 @@ pub fn node_gpus(devices: &[&DraDevice]) -> (Vec<Gpu>, Vec<String>) {
             ));
             continue;
         }
-        gpus.insert(
-            device.gpu_index,
-            Gpu {
-                index: GpuIndex(device.gpu_index),
-                uuid: device.gpu_uuid.clone(),
-                model: device
-                    .model
-                    .clone()
-                    .unwrap_or_else(|| UNKNOWN_MODEL.to_owned()),
-                memory: device.memory,
-                numa: None,
-                healthy: true,
-            },
-        );
+        gpus.insert(device.gpu_index, card_of(device, device.memory, true));
     }
     let mut parents: BTreeMap<u16, Gpu> = BTreeMap::new();
     for device in devices
@@ -701,21 +688,28 @@ pub fn node_gpus(devices: &[&DraDevice]) -> (Vec<Gpu>, Vec<String>) {
             gpu.healthy = false;
             continue;
         }
-        let parent = parents.entry(device.gpu_index).or_insert_with(|| Gpu {
-            index: GpuIndex(device.gpu_index),
-            uuid: device.gpu_uuid.clone(),
-            model: device
-                .model
-                .clone()
-                .unwrap_or_else(|| UNKNOWN_MODEL.to_owned()),
-            memory: MemMiB(0),
-            numa: None,
-            healthy: false,
-        });
+        let parent = parents
+            .entry(device.gpu_index)
+            .or_insert_with(|| card_of(device, MemMiB(0), false));
         parent.memory = MemMiB(parent.memory.0.saturating_add(device.memory.0));
     }
     gpus.extend(parents);
     (gpus.into_values().collect(), problems)
+}
+
+/// The card `device` is, or is a MIG slice of, with `memory` and `healthy` as given.
+fn card_of(device: &DraDevice, memory: MemMiB, healthy: bool) -> Gpu {
+    Gpu {
+        index: GpuIndex(device.gpu_index),
+        uuid: device.gpu_uuid.clone(),
+        model: device
+            .model
+            .clone()
+            .unwrap_or_else(|| UNKNOWN_MODEL.to_owned()),
+        memory,
+        numa: None,
+        healthy,
+    }
 }
 
 /// The GPU of `gpus` (a node's, as the table knows them) that `device` is or is part of: the
