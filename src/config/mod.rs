@@ -1033,8 +1033,8 @@ pub struct Limits {
     /// Open connections per listener (verbs, admin); further clients wait in the kernel's
     /// accept queue until one closes.
     pub max_connections: u32,
-    /// An HTTP/1 client that has not sent a request's headers this long after it started (or
-    /// after the connection went idle) is disconnected.
+    /// An HTTP/1 client that has not sent a request's whole headers within this long (hyper's
+    /// `header_read_timeout`) is disconnected.
     pub header_read_timeout_ms: u64,
     /// A request whose body has not arrived whole this long after its headers is answered 408.
     /// Bodies are read before a request waits for its turn, so a slow sender holds no turn.
