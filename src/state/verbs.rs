@@ -107,7 +107,7 @@ impl Verbs<'_> {
             return FilterDecision::NoPod;
         };
         let policy = self.policy.load();
-        let request = match placement_request(pod, config, &policy) {
+        let mut request = match placement_request(pod, config, &policy) {
             Ok(request) => request,
             Err(message) => return FilterDecision::Unreadable(message),
         };
@@ -119,6 +119,14 @@ impl Verbs<'_> {
                 return FilterDecision::NotReady;
             }
             return FilterDecision::OverQuota(reason);
+        }
+        // A pod whose GPUs come through DRA claims: kube-scheduler's DRA plugin filters for
+        // them with what the extender cannot see (selectors, CEL), so nothing is narrowed here,
+        // not even to the policy's best nodes (policy.filterBestOnly); prioritize ranks them.
+        if request.as_ref().is_none_or(|request| !request.wants_gpu())
+            && self.cluster.claim_gpus(pod).is_some()
+        {
+            request = None;
         }
         match offered {
             Offered::Names(names) => {
@@ -200,15 +208,22 @@ impl Verbs<'_> {
 
     /// Prioritize: the offered nodes' scores (0..=10) for `pod`, in offered order; empty when
     /// the pod is absent or does not read (kube-scheduler ignores prioritize's errors, so an
-    /// unreadable pod just gets no preference anywhere).
+    /// unreadable pod just gets no preference anywhere). A pod that asks no GPU of the extender
+    /// but whole GPUs through DRA claims (it reaches this stanza where the profile sends every
+    /// pod, as the dedicated scheduler does) is ranked for those GPUs, as
+    /// [`Self::prioritize_claims`] ranks it.
     pub fn prioritize<'a>(&self, pod: Option<&Pod>, offered: Offered<'a>) -> Vec<(&'a str, i64)> {
         let policy = self.policy.load();
         let request =
             pod.and_then(|pod| placement_request(pod, self.config, &policy).ok().flatten());
-        let Some(request) = request else {
-            return Vec::new();
+        let claimed = match &request {
+            Some(request) if request.wants_gpu() => None,
+            _ => pod.and_then(|pod| self.claim_request(pod)),
         };
-        self.rank(policy, offered, &request)
+        match claimed.or(request) {
+            Some(request) => self.rank(policy, offered, &request),
+            None => Vec::new(),
+        }
     }
 
     /// Prioritize for pods whose DRA claims ask for whole GPUs of the configured DeviceClasses
@@ -227,15 +242,19 @@ impl Verbs<'_> {
         if translate::names_gpu_resource(pod, self.config) {
             return Vec::new();
         }
-        let Some(gpus) = self.cluster.claim_gpus(pod) else {
+        let Some(request) = self.claim_request(pod) else {
             return Vec::new();
         };
-        let (cpu, memory) = translate::pod_host_request(pod).unwrap_or_default();
-        let Ok(demand) = GpuDemand::whole(gpus) else {
-            return Vec::new();
-        };
-        let request = PodRequest::single(cpu, memory, demand);
         self.rank(self.policy.load(), offered, &request)
+    }
+
+    /// What `pod` asks through its DRA claims, as a request for that many whole GPUs with its
+    /// containers' CPU and memory; `None` when its claims ask for no GPU the extender reads.
+    fn claim_request(&self, pod: &Pod) -> Option<PodRequest> {
+        let gpus = self.cluster.claim_gpus(pod)?;
+        let (cpu, memory) = translate::pod_host_request(pod).unwrap_or_default();
+        let demand = GpuDemand::whole(gpus).ok()?;
+        Some(PodRequest::single(cpu, memory, demand))
     }
 
     /// The offered nodes scored for `request` with `policy`.

@@ -4,13 +4,18 @@
 //! claims' GPUs next to the GPUs it places itself: a node offered both ways never double-books,
 //! `inspect` lists every claim's GPUs and pods, a released claim frees its GPUs, and bad or
 //! partial slices are said, not guessed around. With the DRA prioritize stanza (docs/dra.md),
-//! claim pods are packed as the policy says.
+//! claim pods are packed as the policy says; so are they in the dedicated scheduler as shipped,
+//! whose profile sends every pod to the extender's own stanza. With kube-controller-manager's
+//! resourceclaim controller, claims made from ResourceClaimTemplates are packed the same way,
+//! and deleting a pod releases its claim's GPUs in the table.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::{
+    DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
+};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -89,6 +94,30 @@ async fn dra_node(client: &kube::Client, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// A DRA-only node with `count` whole GPUs in one ResourceSlice (`<node>-gpus`, pool `<node>`).
+async fn dra_node_with_gpus(client: &kube::Client, node: &str, count: u16) -> Result<()> {
+    dra_node(client, node).await?;
+    let gpus = (0..count)
+        .map(|i| gpu(i, &format!("GPU-{node}-{i}"), Some("80Gi")))
+        .collect();
+    publish(client, &format!("{node}-gpus"), DRIVER, node, node, 1, gpus).await
+}
+
+/// The `gpu.nvidia.com` DeviceClass NVIDIA's driver installs: every device of the driver.
+async fn create_device_class(client: &kube::Client) -> Result<()> {
+    let device_class: DeviceClass = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": DRIVER},
+        "spec": {"selectors": [{"cel": {"expression": format!("device.driver == '{DRIVER}'")}}]},
+    }))?;
+    Api::<DeviceClass>::all(client.clone())
+        .create(&PostParams::default(), &device_class)
+        .await
+        .context("creating the DeviceClass")?;
+    Ok(())
+}
+
 /// A claim for `count` GPUs of the `gpu.nvidia.com` DeviceClass.
 async fn create_claim(client: &kube::Client, name: &str, count: u32) -> Result<()> {
     let claim: ResourceClaim = serde_json::from_value(json!({
@@ -113,13 +142,48 @@ async fn create_claim_pod(
     claim: &str,
     node: Option<&str>,
 ) -> Result<()> {
+    let claim = json!({"resourceClaimName": claim});
+    create_pod_claiming(client, name, claim, "default-scheduler", node).await
+}
+
+/// A pod of the `gpu-scheduler` profile whose claim comes from `template`
+/// (kube-controller-manager's resourceclaim controller makes it), kept to `node` where one is
+/// named.
+async fn create_template_pod(
+    client: &kube::Client,
+    name: &str,
+    template: &str,
+    node: Option<&str>,
+) -> Result<()> {
+    create_pod_claiming(
+        client,
+        name,
+        json!({"resourceClaimTemplateName": template}),
+        "gpu-scheduler",
+        node,
+    )
+    .await
+}
+
+/// A pod of profile `scheduler` with one claim `gpus` from `source` (`resourceClaimName` or
+/// `resourceClaimTemplateName`), kept to `node` where one is named.
+async fn create_pod_claiming(
+    client: &kube::Client,
+    name: &str,
+    source: Value,
+    scheduler: &str,
+    node: Option<&str>,
+) -> Result<()> {
+    let mut claim = source;
+    claim["name"] = json!("gpus");
     let mut pod = json!({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": NS},
         "spec": {
+            "schedulerName": scheduler,
             "terminationGracePeriodSeconds": 0,
-            "resourceClaims": [{"name": "gpus", "resourceClaimName": claim}],
+            "resourceClaims": [claim],
             "containers": [{
                 "name": "c",
                 "image": "registry.k8s.io/pause:3.10",
@@ -208,15 +272,7 @@ fn dra_claims_are_accounted_next_to_the_extenders_pods() {
         let both = GpuNode::new("both", Mode::Exclusive, 2, "A100", 80)
             .annotation("gpu-extender.io/gpus", &agent.to_string());
         dra_node(&client, "dra-a").await?;
-        let device_class: DeviceClass = serde_json::from_value(json!({
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceClass",
-            "metadata": {"name": DRIVER},
-            "spec": {"selectors": [{"cel": {"expression": format!("device.driver == '{DRIVER}'")}}]},
-        }))?;
-        Api::<DeviceClass>::all(client.clone())
-            .create(&PostParams::default(), &device_class)
-            .await?;
+        create_device_class(&client).await?;
         publish(
             &client,
             "both-gpus",
@@ -435,30 +491,9 @@ fn dra_pods_are_packed_by_the_policy() {
     crate::harness::run("dra-packing", async |c| {
         let client = c.client.clone();
         for node in ["pack-a", "pack-b"] {
-            dra_node(&client, node).await?;
-            let gpus = (0..4)
-                .map(|i| gpu(i, &format!("GPU-{node}-{i}"), Some("80Gi")))
-                .collect();
-            publish(
-                &client,
-                &format!("{node}-gpus"),
-                DRIVER,
-                node,
-                node,
-                1,
-                gpus,
-            )
-            .await?;
+            dra_node_with_gpus(&client, node, 4).await?;
         }
-        let device_class: DeviceClass = serde_json::from_value(json!({
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceClass",
-            "metadata": {"name": DRIVER},
-            "spec": {"selectors": [{"cel": {"expression": format!("device.driver == '{DRIVER}'")}}]},
-        }))?;
-        Api::<DeviceClass>::all(client.clone())
-            .create(&PostParams::default(), &device_class)
-            .await?;
+        create_device_class(&client).await?;
         // Binpack (the default policy).
         c.start_extender("").await?;
         let rendered = with_dra_stanza(c)?;
@@ -499,6 +534,211 @@ fn dra_pods_are_packed_by_the_policy() {
             &[("verb", "prioritize")],
         );
         ensure!(ranked >= 3.0, "the DRA stanza's prioritize calls: {ranked}");
+        Ok(())
+    });
+}
+
+/// A ResourceClaimTemplate `name` for `count` GPUs of the `gpu.nvidia.com` DeviceClass.
+async fn create_template(client: &kube::Client, name: &str, count: u32) -> Result<()> {
+    let template: ResourceClaimTemplate = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"spec": {"devices": {"requests": [
+            {"name": "gpus", "exactly": {"deviceClassName": DRIVER, "count": count}},
+        ]}}},
+    }))?;
+    Api::<ResourceClaimTemplate>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &template)
+        .await
+        .with_context(|| format!("creating ResourceClaimTemplate {name}"))?;
+    Ok(())
+}
+
+/// The claim kube-controller-manager made from a template for `pod`'s claim `gpus`.
+async fn generated_claim(client: &kube::Client, pod: &str) -> Result<Option<String>> {
+    let pod = pods(client).get(pod).await?;
+    Ok(pod
+        .status
+        .and_then(|s| s.resource_claim_statuses)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|status| status.name == "gpus")
+        .and_then(|status| status.resource_claim_name))
+}
+
+/// The claims `inspect` shows holding GPUs of `node`, sorted.
+fn held_claims(report: &Value, node: &str) -> Vec<String> {
+    let mut claims: Vec<String> = report["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|n| n["name"] == node)
+        .flat_map(|n| n["gpus"].as_array().cloned().unwrap_or_default())
+        .flat_map(|g| g["claims"].as_array().cloned().unwrap_or_default())
+        .filter_map(|c| c["claim"].as_str().map(str::to_owned))
+        .collect();
+    claims.sort();
+    claims.dedup();
+    claims
+}
+
+#[test]
+#[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
+fn dra_template_claims_are_made_packed_and_released() {
+    crate::harness::run("dra-templates", async |c| {
+        let client = c.client.clone();
+        for node in ["tmpl-a", "tmpl-b"] {
+            dra_node_with_gpus(&client, node, 4).await?;
+        }
+        create_device_class(&client).await?;
+        create_template(&client, "two-gpus", 2).await?;
+        // kube-controller-manager's resourceclaim controller makes each pod's claim from the
+        // template, and deallocates and deletes it when the pod is gone.
+        c.start_controller_manager(&["resourceclaim-controller"])
+            .await?;
+        // The dedicated scheduler, as the chart ships it: every pod of its profile reaches the
+        // extender's own stanza, whose prioritize ranks claim pods too. No DRA stanza.
+        c.start_extender("").await?;
+        c.start_scheduler("scheduler-config/gpu-scheduler-dedicated.yaml")
+            .await?;
+
+        // The first pod kept to tmpl-b, the second free: binpack puts it beside the first.
+        create_template_pod(&client, "t-1", "two-gpus", Some("tmpl-b")).await?;
+        wait_bound(&client, "t-1", BIND).await?;
+        create_template_pod(&client, "t-2", "two-gpus", None).await?;
+        let bound = wait_bound(&client, "t-2", BIND).await?;
+        ensure!(
+            node_of(&bound) == Some("tmpl-b"),
+            "t-2 went to {:?}, not beside t-1 on tmpl-b",
+            node_of(&bound)
+        );
+        let mut claims = Vec::new();
+        for pod in ["t-1", "t-2"] {
+            let claim = generated_claim(&client, pod)
+                .await?
+                .with_context(|| format!("{pod} has no claim made from the template"))?;
+            ensure!(
+                allocated(&client, &claim).await?.len() == 2,
+                "{claim} not allocated 2 GPUs"
+            );
+            claims.push(format!("{NS}/{claim}"));
+        }
+        claims.sort();
+        // Every claim's GPUs listed, with its pod.
+        let report = wait_inspect(c, "both template claims on tmpl-b", BIND, |r| {
+            held_claims(r, "tmpl-b") == claims
+        })
+        .await?;
+        for (claim, pod) in claims.iter().zip(["t-1", "t-2"]) {
+            ensure!(
+                claim_gpus(&report, "tmpl-b", claim).len() == 2,
+                "{claim}: {:#}",
+                report["dra"]
+            );
+            let listed = report["dra"]["claims"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["claim"] == claim.as_str())
+                .with_context(|| format!("{claim} in inspect's claims"))?;
+            ensure!(listed["node"] == "tmpl-b", "{claim}: {listed:#}");
+            let pods = listed["pods"].to_string();
+            ensure!(pods.contains(&format!("{NS}/{pod}")), "{claim}: {listed:#}");
+        }
+        eprintln!("  t-1 and t-2 packed on tmpl-b: {claims:?}");
+
+        // A third finds tmpl-b full and goes to tmpl-a.
+        create_template_pod(&client, "t-3", "two-gpus", None).await?;
+        let bound = wait_bound(&client, "t-3", BIND).await?;
+        ensure!(
+            node_of(&bound) == Some("tmpl-a"),
+            "t-3 on {:?}",
+            node_of(&bound)
+        );
+
+        // Released: deleting t-3 has kube-controller-manager deallocate its claim, and the
+        // extender frees its GPUs.
+        let third = generated_claim(&client, "t-3")
+            .await?
+            .context("t-3 has no claim made from the template")?;
+        delete_pod(&client, "t-3").await?;
+        let report = wait_inspect(c, "t-3's claim released", BIND, |r| {
+            held_claims(r, "tmpl-a").is_empty()
+        })
+        .await?;
+        let metrics = c.metrics().await?;
+        let ranked = metric_sum(
+            &metrics,
+            "gpu_extender_requests_total",
+            &[("verb", "prioritize")],
+        );
+        // t-2's: kube-scheduler asks no ranking where one node passes its filters (t-1, t-3).
+        ensure!(ranked >= 1.0, "prioritize calls: {ranked}");
+        let allocated_claims = metric_sum(&metrics, "gpu_extender_dra_claims_allocated", &[]);
+        ensure!(
+            allocated_claims == 2.0,
+            "claims allocated after the release: {allocated_claims}: {:#}",
+            report["dra"]
+        );
+        // kube-controller-manager deallocated it (the garbage collector, not run here, would
+        // delete it next: the pod owns it).
+        let left = Api::<ResourceClaim>::namespaced(client.clone(), NS)
+            .get_opt(&third)
+            .await?
+            .and_then(|claim| claim.status)
+            .and_then(|status| status.allocation);
+        ensure!(left.is_none(), "{third} still allocated: {left:?}");
+        // The freed GPUs take a pod asking all four, and the table shows them held by it.
+        create_template(&client, "four-gpus", 4).await?;
+        create_template_pod(&client, "t-4", "four-gpus", None).await?;
+        let bound = wait_bound(&client, "t-4", BIND).await?;
+        ensure!(
+            node_of(&bound) == Some("tmpl-a"),
+            "t-4 on {:?}",
+            node_of(&bound)
+        );
+        let fourth = generated_claim(&client, "t-4")
+            .await?
+            .context("t-4 has no claim made from the template")?;
+        let fourth = format!("{NS}/{fourth}");
+        wait_inspect(c, "t-4's four GPUs", BIND, |r| {
+            claim_gpus(r, "tmpl-a", &fourth).len() == 4
+        })
+        .await?;
+
+        // A driver republishing tmpl-a's pool as generation 2: only the new slice counts and
+        // the old one is said to be ignored.
+        let newer: ResourceSlice = serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": "tmpl-a-gpus-2"},
+            "spec": {
+                "driver": DRIVER,
+                "nodeName": "tmpl-a",
+                "pool": {"name": "tmpl-a", "generation": 2, "resourceSliceCount": 1},
+                "devices": (0..4).map(|i| gpu(i, &format!("GPU-tmpl-a-{i}"), Some("80Gi"))).collect::<Vec<_>>(),
+            },
+        }))?;
+        Api::<ResourceSlice>::all(client.clone())
+            .create(&PostParams::default(), &newer)
+            .await?;
+        let report = wait_inspect(c, "the older generation said", BIND, |r| {
+            r["dra"]["problems"]
+                .to_string()
+                .contains("pool gpu.nvidia.com/tmpl-a: 1 slice(s) of an older generation ignored")
+        })
+        .await?;
+        let tmpl_a = report["nodes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|n| n["name"] == "tmpl-a")
+            .context("tmpl-a in inspect")?;
+        ensure!(
+            tmpl_a["gpus"].as_array().map_or(0, Vec::len) == 4,
+            "tmpl-a counted once across generations: {tmpl_a:#}"
+        );
         Ok(())
     });
 }

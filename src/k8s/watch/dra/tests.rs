@@ -412,6 +412,28 @@ fn prioritize_ranks_nodes_for_a_pods_gpu_claims_with_the_policy() {
             .unwrap_or(0)
     };
     assert!(score("d1") > 0 && score("d2") == 0, "{scores:?}");
+    // The main stanza's prioritize (every pod of the dedicated profile reaches it) ranks the
+    // claim pod alike, not as a CPU-only pod.
+    let pod = claim_pod("p", "wants");
+    assert_eq!(
+        verbs.prioritize(Some(&pod), crate::state::Offered::Names(&names)),
+        verbs.prioritize_claims(Some(&pod), crate::state::Offered::Names(&names)),
+    );
+    // Filter narrows nothing for it, even where the policy's filter passes only its best
+    // nodes: kube-scheduler's DRA plugin judges the devices.
+    let best_only = crate::state::PolicyCell::from(Policy {
+        filter_best_only: true,
+        ..Policy::default()
+    });
+    let narrowing = crate::state::Verbs {
+        policy: &best_only,
+        ..verbs
+    };
+    let decision = narrowing.filter(Some(&pod), crate::state::Offered::Names(&names));
+    assert!(
+        matches!(decision, crate::state::FilterDecision::PassAll),
+        "{decision:?}"
+    );
     // No opinion on a pod without claims of a known class, nor on the main stanza's GPU pods.
     let plain: Pod = serde_json::from_value(json!({
         "metadata": {"name": "x", "namespace": "team"},
