@@ -70,7 +70,7 @@ fn main() -> Result<()> {
     let table = cluster.read();
     for round in 0..3 {
         let start = Instant::now();
-        let view = ui::view(&table, &policy, &waiting);
+        let view = ui::view(&table, &policy, &waiting, None);
         let built = start.elapsed();
         let json = serde_json::to_vec(&view)?;
         let encoded = start.elapsed() - built;

@@ -2,8 +2,9 @@
 //! (its script and style, embedded in the binary; the page loads nothing else and makes no
 //! request outside the extender), and `/ui/data` (what it shows, as JSON: the `/inspect` report
 //! with each pod's share of each GPU and the NVLink islands, the cluster totals with the free and
-//! fragmented capacity by the policy's own measure, and the pending GPU pods with what `explain`
-//! says about each). The page polls `/ui/data`; only `/ui/data` carries cluster data, so it is
+//! fragmented capacity by the policy's own measure, the pending GPU pods with what `explain`
+//! says about each, and what Dynamic Resource Allocation hands out: each GPU's claims with their
+//! pods, the claims, the nodes offered both ways and the slices' problems). The page polls `/ui/data`; only `/ui/data` carries cluster data, so it is
 //! the path `server.adminAuth.paths` guards by default (a browser cannot put a bearer token on a
 //! page load; the page sends the one it is given with each data request).
 
@@ -18,7 +19,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 
 use crate::explain;
-use crate::inspect::{self, GpuReport, NodeReport, Totals};
+use crate::inspect::{self, DraReport, GpuReport, NodeReport, Totals};
 use crate::objects::translate;
 use gpu_engine::{PodKey, PodRequest, Policy, Table};
 
@@ -47,6 +48,10 @@ pub struct View {
     pub pending: Vec<PendingPod>,
     /// Pending GPU pods beyond [`EXPLAIN_LIMIT`], not listed.
     pub pending_unexplained: usize,
+    /// What Dynamic Resource Allocation hands out (`/inspect`'s `dra`, each claim with its node
+    /// and GPUs); absent when DRA is not read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dra: Option<DraReport>,
 }
 
 /// The `/inspect` totals plus the free and fragmented capacity.
@@ -60,6 +65,8 @@ pub struct ViewTotals {
     /// The part of it the policy's typical pods could not use ([`inspect::Capacity`]).
     pub fragmented_milli: f64,
     pub unhealthy_gpus: u64,
+    /// GPUs that DRA claims hold, whole or a MIG slice of them.
+    pub claimed_gpus: u64,
 }
 
 /// One node: its `/inspect` report, with every GPU's holders and NVLink island.
@@ -133,16 +140,19 @@ pub struct Waiting {
 }
 
 /// The view of `table` under `policy`, with `waiting` explained (at most [`EXPLAIN_LIMIT`], in
-/// the order given). No I/O.
-pub fn view(table: &Table, policy: &Policy, waiting: &[Waiting]) -> View {
-    let report = inspect::report(table);
+/// the order given) and what DRA hands out (`dra`, from
+/// [`ClusterState::dra_report`](crate::state::ClusterState::dra_report); `None` when DRA is not
+/// read). No I/O.
+pub fn view(table: &Table, policy: &Policy, waiting: &[Waiting], dra: Option<DraReport>) -> View {
+    let mut report = inspect::report(table);
+    if let Some(dra) = dra {
+        report = report.with_dra(dra);
+    }
     let capacity = inspect::capacity(table, &policy.typical);
-    let unhealthy_gpus = report
-        .nodes
-        .iter()
-        .flat_map(|node| &node.gpus)
-        .filter(|gpu| !gpu.healthy)
-        .count() as u64;
+    let gpus = || report.nodes.iter().flat_map(|node| &node.gpus);
+    let unhealthy_gpus = gpus().filter(|gpu| !gpu.healthy).count() as u64;
+    let claimed_gpus = gpus().filter(|gpu| !gpu.claims.is_empty()).count() as u64;
+    let dra = report.dra;
     let nodes = report
         .nodes
         .into_iter()
@@ -161,9 +171,11 @@ pub fn view(table: &Table, policy: &Policy, waiting: &[Waiting]) -> View {
             free_milli: capacity.free_milli,
             fragmented_milli: capacity.fragmented_milli,
             unhealthy_gpus,
+            claimed_gpus,
         },
         pending,
         pending_unexplained: waiting.len().saturating_sub(EXPLAIN_LIMIT),
+        dra,
     }
 }
 
@@ -318,8 +330,9 @@ fn data_view(state: &AppState) -> View {
         .collect();
     let unexplained = pending.len().saturating_sub(waiting.len());
     let policy = state.policy.load();
+    let dra = state.cluster.dra_report();
     let table = state.cluster.read();
-    let mut view = view(&table, &policy, &waiting);
+    let mut view = view(&table, &policy, &waiting, dra);
     drop(table);
     view.pending_unexplained = unexplained;
     view
@@ -351,7 +364,7 @@ mod tests {
     #[test]
     fn the_view_is_the_inspect_report_with_each_pods_share_of_each_gpu() {
         let table = table();
-        let view = view(&table, &Policy::default(), &[]);
+        let view = view(&table, &Policy::default(), &[], None);
         let report = inspect::report(&table);
         assert_eq!(view.totals.inspect, report.totals);
         assert_eq!(view.nodes.len(), report.nodes.len());
@@ -378,6 +391,47 @@ mod tests {
     }
 
     #[test]
+    fn gpus_that_dra_claims_hold_show_the_claim_and_its_pods() {
+        use crate::inspect::{ClaimReport, DraReport, claim_holder};
+        use gpu_engine::{Change, ComputeMilli, GpuHold, GpuIndex, NodeName};
+        let mut table = table();
+        add_node(&mut table, "dra", GpuMode::Exclusive, 2, "NVIDIA-A100", 80);
+        table.apply(Change::HoldExternal {
+            holder: claim_holder("ml/c"),
+            node: NodeName::new("dra"),
+            holds: vec![GpuHold {
+                gpu: GpuIndex(1),
+                whole: true,
+                mem: MemMiB(80 << 10),
+                compute: ComputeMilli(1000),
+            }],
+        });
+        let dra = DraReport {
+            served: true,
+            claims: vec![ClaimReport {
+                claim: "ml/c".to_owned(),
+                devices: vec!["gpu.nvidia.com/dra/gpu-1".to_owned()],
+                pods: vec!["ml/train".to_owned()],
+                ..ClaimReport::default()
+            }],
+            ..DraReport::default()
+        };
+        let shown = view(&table, &Policy::default(), &[], Some(dra));
+        let node = shown.nodes.iter().find(|n| n.name == "dra").unwrap();
+        assert!(node.gpus[0].report.claims.is_empty());
+        let held = &node.gpus[1].report.claims;
+        assert_eq!(held.len(), 1);
+        assert_eq!(held[0].claim, "ml/c");
+        assert_eq!(held[0].pods, ["ml/train"]);
+        assert_eq!(shown.totals.claimed_gpus, 1);
+        let claims = &shown.dra.as_ref().unwrap().claims;
+        assert_eq!(claims[0].node.as_deref(), Some("dra"));
+        assert_eq!(claims[0].gpus, [1]);
+        // Without DRA read, the view carries no DRA part.
+        assert!(view(&table, &Policy::default(), &[], None).dra.is_none());
+    }
+
+    #[test]
     fn a_pending_pod_is_listed_with_the_refusals_explain_finds_and_the_closest_node() {
         let table = table();
         let request = PodRequest::single(
@@ -390,7 +444,7 @@ mod tests {
             request: request.clone(),
             scheduler: Some("Unschedulable".to_owned()),
         }];
-        let view = view(&table, &Policy::default(), &waiting);
+        let view = view(&table, &Policy::default(), &waiting, None);
         assert_eq!(view.pending.len(), 1);
         let pod = &view.pending[0];
         assert_eq!(pod.pod, "ml/big");
@@ -425,7 +479,7 @@ mod tests {
                 scheduler: None,
             })
             .collect();
-        let view = view(&table, &Policy::default(), &waiting);
+        let view = view(&table, &Policy::default(), &waiting, None);
         assert_eq!(view.pending.len(), EXPLAIN_LIMIT);
         assert_eq!(view.pending_unexplained, 3);
         // A 2 GiB share fits the T4 node; the exclusive A100 node takes whole GPUs only.

@@ -25,6 +25,7 @@ use crate::objects::{
     GpuNode, Mode, NS, NVIDIA_GPU, PodSpec, create_bound, create_pod, delete_pod, node_of, pods,
     wait_bound, wait_unschedulable,
 };
+use crate::web_view::{browse, node_row};
 use crate::{BIND, up};
 
 const DRIVER: &str = "gpu.nvidia.com";
@@ -441,6 +442,37 @@ fn dra_claims_are_accounted_next_to_the_extenders_pods() {
         ] {
             let got = metric_sum(&metrics, name, labels);
             ensure!(got == value, "{name}{labels:?} = {got}, expected {value}");
+        }
+
+        // The web view draws every claim on its GPUs, lists the claims, the node offered both
+        // ways and the problems.
+        let page = format!("http://{}/ui", c.admin_addr);
+        let profile = c.dir.join("chromium-profile");
+        let dom = tokio::task::block_in_place(|| browse(&profile, &page, &["--dump-dom"]))?;
+        ensure!(
+            dom.contains("data-ready=\"true\""),
+            "the page never drew its data:\n{dom}"
+        );
+        let dra_a = node_row(&dom, "dra-a")?;
+        ensure!(
+            dra_a.matches("data-claims=\"default/c-two\"").count() == 2,
+            "dra-a's row: {dra_a}"
+        );
+        let both_row = node_row(&dom, "both")?;
+        ensure!(
+            both_row.contains(&format!(
+                "data-gpu=\"{claimed}\" data-healthy=\"true\" data-island=\"\" data-pods=\"\" data-claims=\"default/c-both\""
+            )),
+            "both's row: {both_row}"
+        );
+        for needle in [
+            "data-claim=\"default/c-two\"",
+            "data-claim=\"default/c-both\"",
+            "data-both-ways=\"both\"",
+            "data-total=\"claimed\"><b>3</b>",
+            "driver tpu.example.com, which dra.drivers does not list",
+        ] {
+            ensure!(dom.contains(needle), "the page lacks {needle}");
         }
 
         // Released: the pod is deleted and the claim deallocated (what kube-controller-manager

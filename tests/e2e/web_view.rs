@@ -37,7 +37,7 @@ fn chromium() -> Result<PathBuf> {
 
 /// Chromium headless (its profile in `profile`) on `url` with `args` (`--dump-dom`, `--screenshot=...`); its stdout. The
 /// page's first data request is awaited through a virtual-time budget.
-fn browse(profile: &Path, url: &str, args: &[&str]) -> Result<String> {
+pub(crate) fn browse(profile: &Path, url: &str, args: &[&str]) -> Result<String> {
     let output = Command::new(chromium()?)
         .args([
             "--headless",
@@ -61,7 +61,7 @@ fn browse(profile: &Path, url: &str, args: &[&str]) -> Result<String> {
 }
 
 /// The HTML of the row `data-node="name"` in the dumped DOM.
-fn node_row<'a>(dom: &'a str, name: &str) -> Result<&'a str> {
+pub(crate) fn node_row<'a>(dom: &'a str, name: &str) -> Result<&'a str> {
     let start = dom
         .find(&format!("data-node=\"{name}\""))
         .with_context(|| format!("node {name} is not drawn"))?;

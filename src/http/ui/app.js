@@ -43,6 +43,12 @@ function holdTitle(hold, gpu) {
     "%), compute " + (compute / 10).toFixed(0) + "%");
 }
 
+// A DRA claim on a GPU: the claim, its pods, and the MIG slice's memory when it holds one.
+function claimTitle(held, gpu) {
+  return "DRA claim " + held.claim + (held.pods.length ? " (pods " + held.pods.join(", ") + ")" : " (no pod yet)") +
+    (held.migMemoryMib == null ? ": whole GPU" : ": MIG slice " + gib(held.migMemoryMib) + " of " + gib(gpu.memoryMib));
+}
+
 function gpuHtml(gpu) {
   let memory = "", compute = "";
   for (const hold of gpu.holds) {
@@ -52,10 +58,18 @@ function gpuHtml(gpu) {
     memory += '<span class="seg" style="width:' + mem.toFixed(2) + "%;background:" + c + '" title="' + title + '"></span>';
     if (cmp > 0) compute += '<span class="seg" style="width:' + cmp.toFixed(2) + "%;background:" + c + '" title="' + title + '"></span>';
   }
+  const claims = gpu.claims || [];
+  for (const held of claims) {
+    const c = colour(held.claim), title = esc(claimTitle(held, gpu));
+    const mem = held.migMemoryMib == null ? 100 : pct(held.migMemoryMib, gpu.memoryMib);
+    memory += '<span class="seg claim" style="width:' + mem.toFixed(2) + "%;background-color:" + c + '" title="' + title + '"></span>';
+    compute += '<span class="seg claim" style="width:' + mem.toFixed(2) + "%;background-color:" + c + '" title="' + title + '"></span>';
+  }
   const classes = "gpu" + (gpu.healthy ? "" : " unhealthy") + (gpu.island === null ? "" : " island-" + (gpu.island % 8));
   const label = (gpu.healthy ? "" : "✕ ") + "GPU" + gpu.index + (gpu.island === null ? "" : " NV" + gpu.island);
   return '<div class="' + classes + '" data-gpu="' + gpu.index + '" data-healthy="' + gpu.healthy +
     '" data-island="' + (gpu.island === null ? "" : gpu.island) + '" data-pods="' + esc(gpu.pods.join(" ")) +
+    '" data-claims="' + esc(claims.map((held) => held.claim).join(" ")) +
     '" data-memory-allocated="' + gpu.memoryAllocatedMib + '" title="' + esc(gpu.model + (gpu.uuid ? " " + gpu.uuid : "") +
     (gpu.healthy ? "" : " — unhealthy")) + '"><div class="gpu-head"><span>' + label + "</span><span>" +
     gib(gpu.whole ? gpu.memoryMib : gpu.memoryAllocatedMib) + "/" + gib(gpu.memoryMib) +
@@ -80,6 +94,28 @@ function stat(label, value, key) {
   return '<div class="stat" data-total="' + key + '"><b>' + esc(value) + "</b>" + esc(label) + "</div>";
 }
 
+// What DRA hands out: the counts, the nodes offered both ways, the slices' problems, the claims.
+function draHtml(dra, f) {
+  const c = dra.counts;
+  const parts = ['<p class="muted">' + (dra.served ? "" : '<span class="bad">the API server does not serve resource.k8s.io/v1 to the extender: DRA GPUs are not read</span> · ') +
+    c.gpus + " GPUs and " + c.migSlices + " MIG slices in " + c.slices + " ResourceSlices · " + c.claimsAllocated + " claims allocated</p>"];
+  for (const node of dra.nodesOfferedBothWays || []) {
+    parts.push('<p class="bad" data-both-ways="' + esc(node) + '">node ' + esc(node) +
+      " offers its GPUs both through the device plugin and a DRA driver: run a node's GPUs one way</p>");
+  }
+  for (const problem of dra.problems || []) parts.push('<p class="bad" data-problem>' + esc(problem) + "</p>");
+  const rows = [];
+  for (const claim of dra.claims || []) {
+    if (f.namespace && namespaceOf(claim.claim) !== f.namespace) continue;
+    rows.push('<tr data-claim="' + esc(claim.claim) + '"><td>' + esc(claim.claim) + "</td><td>" + esc(claim.node || "") + "</td><td>" +
+      esc(claim.gpus.join(", ")) + "</td><td>" + esc(claim.pods.join(", ")) + "</td><td>" + esc(claim.devices.join(", ")) +
+      '</td><td class="bad">' + esc((claim.problems || []).join("; ")) + "</td></tr>");
+  }
+  parts.push("<table><thead><tr><th>Claim</th><th>Node</th><th>GPUs</th><th>Pods</th><th>Devices</th><th>Problems</th></tr></thead><tbody>" +
+    (rows.join("") || '<tr><td colspan="6" class="muted">none</td></tr>') + "</tbody></table>");
+  return parts.join("");
+}
+
 function render() {
   if (!last) return;
   const started = performance.now();
@@ -87,7 +123,11 @@ function render() {
   const models = new Set(), modes = new Set(), namespaces = new Set();
   for (const node of view.nodes) {
     modes.add(node.mode);
-    for (const gpu of node.gpus) { models.add(gpu.model); for (const p of gpu.pods) namespaces.add(namespaceOf(p)); }
+    for (const gpu of node.gpus) {
+      models.add(gpu.model);
+      for (const p of gpu.pods) namespaces.add(namespaceOf(p));
+      for (const held of gpu.claims || []) namespaces.add(namespaceOf(held.claim));
+    }
   }
   for (const p of view.pending) namespaces.add(namespaceOf(p.pod));
   fillSelect($("f-model"), models); fillSelect($("f-mode"), modes); fillSelect($("f-namespace"), namespaces);
@@ -102,6 +142,7 @@ function render() {
     stat("idle GPUs", t.idleGpus, "idle") +
     stat("idle GPU nodes", t.idleGpuNodes, "idle-nodes") +
     stat("unhealthy GPUs", t.unhealthyGpus, "unhealthy") +
+    (view.dra ? stat("GPUs held by DRA claims", t.claimedGpus, "claimed") : "") +
     stat("pending GPU pods", view.pending.length + view.pendingUnexplained, "pending");
 
   const rows = [];
@@ -115,13 +156,17 @@ function render() {
   $("pending").tBodies[0].innerHTML = rows.join("") || '<tr><td colspan="5" class="muted">none</td></tr>';
   $("pending-count").textContent = "(" + rows.length + (view.pendingUnexplained ? ", " + view.pendingUnexplained + " more not explained" : "") + ")";
 
+  $("dra").hidden = !view.dra;
+  $("dra-body").innerHTML = view.dra ? draHtml(view.dra, f) : "";
+
   const html = [];
   let shown = 0;
   for (const node of view.nodes) {
     const model = nodeModel(node);
     if (f.mode && node.mode !== f.mode) continue;
     if (f.model && !node.gpus.some((g) => g.model === f.model)) continue;
-    if (f.namespace && !node.gpus.some((g) => g.pods.some((p) => namespaceOf(p) === f.namespace))) continue;
+    if (f.namespace && !node.gpus.some((g) => g.pods.some((p) => namespaceOf(p) === f.namespace) ||
+      (g.claims || []).some((held) => namespaceOf(held.claim) === f.namespace))) continue;
     shown++;
     html.push('<div class="node" data-node="' + esc(node.name) + '" data-mode="' + esc(node.mode) + '" data-model="' +
       esc(model) + '"><div class="node-name" title="' + esc(node.name) + '">' + esc(node.name) + "<small>" + esc(model) +
