@@ -18,8 +18,9 @@
 # once fixed, so tests/fuzz_corpus.rs replays it on stable in every test run.
 #
 # Needs cargo-fuzz (installed from crates.io into ~/.cargo/bin when missing) and, for the
-# address sanitizer, the nightly toolchain (rustup). Builds go to $GPU_TEST_CACHE/target-fuzz
-# (address) or target-fuzz-plain (none), outside the clone. Exit status: 0 no crash, 1 a crash
+# address sanitizer, the nightly toolchain (rustup). Builds go beside the run's target folder,
+# <CARGO_TARGET_DIR>-fuzz (address) or <CARGO_TARGET_DIR>-fuzz-plain (none); without
+# CARGO_TARGET_DIR, $GPU_TEST_CACHE/target-fuzz(-plain), outside the clone. Exit status: 0 no crash, 1 a crash
 # or a failed build, 2 no nightly toolchain for the address sanitizer.
 set -euo pipefail
 
@@ -33,7 +34,7 @@ log() { printf 'fuzz: %s\n' "$*" >&2; }
 case "$SANITIZER" in
     address)
         TOOLCHAIN=(+nightly)
-        TARGET_DIR="$CACHE/target-fuzz"
+        TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE/target}-fuzz"
         if ! rustup run nightly rustc --version >/dev/null 2>&1; then
             log "the nightly toolchain is not installed (rustup toolchain install nightly); the address sanitizer needs it (FUZZ_SANITIZER=none runs without)"
             exit 2
@@ -41,7 +42,7 @@ case "$SANITIZER" in
         ;;
     none)
         TOOLCHAIN=()
-        TARGET_DIR="$CACHE/target-fuzz-plain"
+        TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE/target}-fuzz-plain"
         ;;
     *)
         log "FUZZ_SANITIZER must be address or none, not $SANITIZER"

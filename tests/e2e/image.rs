@@ -45,14 +45,23 @@ fn the_service_compiles_from_exactly_the_image_build_context() {
         // the build script and its proto/ input, the features and the manifests are what can
         // drift from the Dockerfile, and checking them needs no code generation, which would
         // add a release build of every dependency to each CI run (docs/install.md). Its own
-        // target directory in the cache, so that it cannot touch the binaries the other
-        // scenarios run.
-        let cache = std::env::var_os("GPU_TEST_CACHE")
-            .map(PathBuf::from)
-            .or_else(|| {
-                std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/gpu-extender"))
-            })
-            .ok_or_else(|| anyhow!("neither GPU_TEST_CACHE nor HOME is set"))?;
+        // target directory beside the run's (`<CARGO_TARGET_DIR>-image-context`, CI's apart
+        // from a developer's: scripts/ci-mtimes.sh), so that it cannot touch the binaries the
+        // other scenarios run.
+        let target_dir = match std::env::var_os("CARGO_TARGET_DIR") {
+            Some(dir) => {
+                let mut dir = dir;
+                dir.push("-image-context");
+                PathBuf::from(dir)
+            }
+            None => std::env::var_os("GPU_TEST_CACHE")
+                .map(PathBuf::from)
+                .or_else(|| {
+                    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/gpu-extender"))
+                })
+                .ok_or_else(|| anyhow!("neither CARGO_TARGET_DIR, GPU_TEST_CACHE nor HOME is set"))?
+                .join("target-image-context"),
+        };
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let started = Instant::now();
         let output = Command::new(cargo)
@@ -67,7 +76,7 @@ fn the_service_compiles_from_exactly_the_image_build_context() {
                 "gpu-extender",
             ])
             .arg("--target-dir")
-            .arg(cache.join("target-image-context"))
+            .arg(&target_dir)
             .env_remove("CARGO_TARGET_DIR")
             .env("SOURCE_COMMIT", "0123456789ab")
             .env("CARGO_TERM_COLOR", "never")

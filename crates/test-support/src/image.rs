@@ -227,8 +227,17 @@ pub fn copy_context(root: &Path, dest: &Path) -> Result<Vec<PathBuf>> {
             std::fs::create_dir_all(parent)
                 .with_context(|| format!("creating {}", parent.display()))?;
         }
-        std::fs::copy(root.join(file), &target)
-            .with_context(|| format!("copying {}", file.display()))?;
+        let source = root.join(file);
+        std::fs::copy(&source, &target).with_context(|| format!("copying {}", file.display()))?;
+        // The source's time, so that cargo finds an earlier check of the same files fresh.
+        let modified = std::fs::metadata(&source)
+            .and_then(|meta| meta.modified())
+            .with_context(|| format!("reading the time of {}", file.display()))?;
+        std::fs::File::options()
+            .write(true)
+            .open(&target)
+            .and_then(|copy| copy.set_modified(modified))
+            .with_context(|| format!("setting the time of {}", target.display()))?;
     }
     Ok(files)
 }

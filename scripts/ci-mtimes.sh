@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Gives every tracked file of a fresh clone the modification time it had in the previous CI run
+# on this machine when its content is the same (the same git blob), and records this run's
+# times for the next. cargo judges a workspace crate's build fresh by comparing its sources'
+# modification times with the build's outputs: a fresh clone's files are all new, so without
+# this every run rebuilds the workspace's crates (the library, every test target, the fuzz
+# targets) even when nothing changed. A file whose content changed keeps the clone's time,
+# newer than any earlier build, so what depends on it is rebuilt as before.
+#
+#   scripts/ci-mtimes.sh            .ci/run calls it first, in the clone's root
+#
+# Safe only where nothing but these CI runs builds into the target folders (an output built
+# from other content after a recorded time would look fresh): .ci/run therefore builds into
+# its own $GPU_TEST_CACHE/ci-target. The record is $GPU_TEST_CACHE/ci-mtimes. Without python3
+# it does nothing (every run then rebuilds, as without it).
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CACHE=${GPU_TEST_CACHE:-$HOME/.cache/gpu-extender}
+RECORD="$CACHE/ci-mtimes"
+if ! command -v python3 >/dev/null; then
+    echo "ci-mtimes: no python3: the clone keeps its own times (everything is rebuilt)" >&2
+    exit 0
+fi
+mkdir -p "$CACHE"
+cd "$ROOT"
+git ls-files -s -z | python3 -c '
+import os, sys, time
+record = sys.argv[1]
+known = {}
+try:
+    with open(record) as f:
+        for line in f:
+            blob, mtime, path = line.rstrip("\n").split(" ", 2)
+            known[(path, blob)] = int(mtime)
+except FileNotFoundError:
+    pass
+kept = changed = 0
+lines = []
+for entry in sys.stdin.buffer.read().split(b"\0"):
+    if not entry:
+        continue
+    meta, path = entry.split(b"\t", 1)
+    path = path.decode()
+    blob = meta.split()[1].decode()
+    if not os.path.isfile(path) or os.path.islink(path):
+        continue
+    mtime = known.get((path, blob))
+    if mtime is None:
+        mtime = int(os.stat(path).st_mtime)
+        changed += 1
+    else:
+        os.utime(path, (mtime, mtime))
+        kept += 1
+    lines.append(f"{blob} {mtime} {path}\n")
+tmp = record + ".tmp"
+with open(tmp, "w") as f:
+    f.writelines(lines)
+os.replace(tmp, record)
+print(f"ci-mtimes: {kept} files as in the previous run, {changed} new or changed", file=sys.stderr)
+' "$RECORD"
