@@ -24,7 +24,7 @@ fi
 mkdir -p "$CACHE"
 cd "$ROOT"
 git ls-files -s -z | python3 -c '
-import os, sys, time
+import os, subprocess, sys
 record = sys.argv[1]
 known = {}
 try:
@@ -34,6 +34,11 @@ try:
             known[(path, blob)] = int(mtime)
 except FileNotFoundError:
     pass
+# Files that differ from their blob (edited in a working tree, not a clean clone) keep their time.
+edited = set(
+    subprocess.run(["git", "ls-files", "-m", "-z"], check=True, capture_output=True)
+    .stdout.decode().split("\0")
+)
 kept = changed = 0
 lines = []
 for entry in sys.stdin.buffer.read().split(b"\0"):
@@ -44,7 +49,7 @@ for entry in sys.stdin.buffer.read().split(b"\0"):
     blob = meta.split()[1].decode()
     if not os.path.isfile(path) or os.path.islink(path):
         continue
-    mtime = known.get((path, blob))
+    mtime = None if path in edited else known.get((path, blob))
     if mtime is None:
         mtime = int(os.stat(path).st_mtime)
         changed += 1
