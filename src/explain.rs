@@ -253,7 +253,52 @@ fn closest(node: &NodeState, request: &PodRequest, reason: RejectReason) -> Stri
         RejectReason::InsufficientGpuMemory
         | RejectReason::InsufficientGpuCompute
         | RejectReason::SharedGpuPodLimit => closest_share(node, request, demand, usable),
+        RejectReason::NoMigSlices | RejectReason::InsufficientMigSlices => {
+            closest_mig(node, request)
+        }
     }
+}
+
+/// For MIG slices that do not fit: each profile the pod asks for that the node cannot give, with
+/// how many slices of it the node advertises and has free, then what the node advertises.
+fn closest_mig(node: &NodeState, request: &PodRequest) -> String {
+    let mut parts: Vec<String> = request
+        .mig
+        .iter()
+        .filter(|asked| node.mig_free(&asked.profile) < asked.count)
+        .map(|asked| {
+            let free = node.mig_free(&asked.profile);
+            format!(
+                "{free} of {} MIG {} slice(s) free, the pod needs {} ({} short)",
+                node.mig_advertised(&asked.profile),
+                asked.profile,
+                asked.count,
+                asked.count - free
+            )
+        })
+        .collect();
+    parts.push(format!("the node advertises {}", mig_pools(node)));
+    parts.join("; ")
+}
+
+/// The node's MIG slices in words: `1g.10gb x7 (2 free), 3g.40gb x2 (2 free)`.
+fn mig_pools(node: &NodeState) -> String {
+    if node.spec.mig.is_empty() {
+        return "no MIG slices".to_owned();
+    }
+    node.spec
+        .mig
+        .iter()
+        .map(|pool| {
+            format!(
+                "{} x{} ({} free)",
+                pool.profile,
+                pool.count,
+                node.mig_free(&pool.profile)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// For a share that does not fit: the usable healthy GPU with the most free memory (or compute),

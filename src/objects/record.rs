@@ -321,6 +321,7 @@ pub fn decode(pod: &Pod, cfg: &Config) -> Result<Option<PodAllocation>, RecordEr
         memory,
         containers: containers_allocation,
         init_containers: init_allocation,
+        mig: Vec::new(),
     }))
 }
 

@@ -43,6 +43,7 @@ fn fill(node: &mut NodeState, request: &PodRequest, policy: &Policy, limit: u64)
                 break;
             }
             node.gpus = after;
+            node.take_mig(&request.mig);
             node.cpu_used = CpuMilli(node.cpu_used.0.saturating_add(request.cpu.0));
             node.mem_used = MemMiB(node.mem_used.0.saturating_add(request.memory.0));
             node.pods = node.pods.saturating_add(1);
@@ -118,6 +119,7 @@ fn copy_usage(work: &mut NodeState, node: &NodeState) {
     work.mem_used = node.mem_used;
     work.pods = node.pods;
     work.dangling_holds = node.dangling_holds;
+    work.mig_held.clone_from(&node.mig_held);
 }
 
 #[cfg(test)]

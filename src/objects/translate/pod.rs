@@ -63,6 +63,7 @@ pub fn pod_request(pod: &Pod, cfg: &Config) -> Result<Option<PodRequest>, Transl
         memory,
         containers,
         init_containers,
+        mig: Vec::new(),
         constraints: pod_constraints(pod, cfg)?,
     }))
 }
