@@ -5,6 +5,7 @@
 //! sorting them, cost ten times the writing). Nothing is computed per watch event, and the
 //! counters kept by the feed are exported as they are.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
@@ -656,8 +657,7 @@ fn write_capacity(out: &mut String, report: &ClusterReport, capacity: inspect::C
 /// slices held and free. Series exist only for the profiles nodes advertise or pods hold.
 fn write_mig(out: &mut String, report: &ClusterReport) {
     let mut per_node = Building::of(&MIG_SLICES);
-    let mut cluster: std::collections::BTreeMap<&str, (u64, u64)> =
-        std::collections::BTreeMap::new();
+    let mut cluster: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
     for node in &report.nodes {
         for pool in &node.mig {
             let profile = pool.profile.as_str();
