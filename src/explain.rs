@@ -11,7 +11,10 @@ use serde::Serialize;
 
 use gpu_engine::fit::allowed_mask;
 use gpu_engine::topology::positions;
-use gpu_engine::{GpuDemand, NodeState, PodAllocation, PodRequest, Policy, RejectReason, Table};
+use gpu_engine::{
+    GpuDemand, MigSlices, NodeState, PodAllocation, PodRequest, Policy, RejectReason,
+    ScoringPolicy, Table,
+};
 
 /// Who refuses a node that the GPU engine itself refuses.
 pub const ENGINE_LAYER: &str = "gpu-extender";
@@ -69,16 +72,24 @@ pub fn explain(
                 };
             }
             // The policy's verdict, as filter's: the placement, and FGD+'s hold on top of it.
-            match policy
-                .evaluate(node, request)
-                .map(|evaluation| evaluation.allocation)
-            {
-                Ok(allocation) => NodeVerdict {
+            match policy.evaluate(node, request) {
+                Ok(evaluation) => NodeVerdict {
                     node: name,
                     fits: true,
                     layer: None,
                     reason: None,
-                    detail: format!("fits: would get {}", describe_allocation(&allocation)),
+                    detail: if request.mig.is_empty() {
+                        format!(
+                            "fits: would get {}",
+                            describe_allocation(&evaluation.allocation)
+                        )
+                    } else {
+                        format!(
+                            "fits: would get {}; {}",
+                            describe_allocation(&evaluation.allocation),
+                            mig_basis(node, request, policy, evaluation.score)
+                        )
+                    },
                     resolvable: None,
                 },
                 Err(reason) => NodeVerdict {
@@ -100,10 +111,11 @@ pub fn explain(
     verdicts
 }
 
-/// The GPUs of an allocation in words: `GPU0 (whole), GPU1 (8 GiB)`.
+/// The GPUs of an allocation in words: `GPU0 (whole), GPU1 (8 GiB)`, then its MIG slices
+/// (`2 MIG 1g.10gb slice(s)`).
 pub fn describe_allocation(allocation: &PodAllocation) -> String {
     let holds = allocation.footprint();
-    if holds.is_empty() {
+    if holds.is_empty() && allocation.mig.is_empty() {
         return "no GPU".to_owned();
     }
     holds
@@ -122,8 +134,47 @@ pub fn describe_allocation(allocation: &PodAllocation) -> String {
                 format!("GPU{} ({})", hold.gpu.0, gib(hold.mem.0))
             }
         })
+        .chain(allocation.mig.iter().map(describe_slices))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// Slices of one MIG profile in words: `2 MIG 1g.10gb slice(s)`.
+fn describe_slices(slices: &MigSlices) -> String {
+    format!("{} MIG {} slice(s)", slices.count, slices.profile)
+}
+
+/// What a MIG pod's score on a node that takes it rests on ([`gpu_engine::policy::mig`]):
+/// whether the node's slices are in use, and how many of each asked profile stay free after.
+fn mig_basis(node: &NodeState, request: &PodRequest, policy: &Policy, score: f64) -> String {
+    let held: u32 = node.mig_held.iter().map(|slices| slices.count).sum();
+    let in_use = if held == 0 {
+        "no MIG slice in use on the node".to_owned()
+    } else {
+        format!("{held} MIG slice(s) in use on the node")
+    };
+    let left: Vec<String> = request
+        .mig
+        .iter()
+        .map(|asked| {
+            format!(
+                "{} {} left free after",
+                node.mig_free(&asked.profile).saturating_sub(asked.count),
+                asked.profile
+            )
+        })
+        .collect();
+    let order = match policy.scoring {
+        ScoringPolicy::Spread => {
+            "spread ranks nodes without slices in use first, then the most left"
+        }
+        _ => "slices are packed onto nodes whose slices are in use first, then the fewest left",
+    };
+    format!(
+        "score {score:.1} ({}): {in_use}, {}; {order}",
+        policy.scoring.as_str(),
+        left.join(", ")
+    )
 }
 
 /// The request in words, for the heading of the explanation.
@@ -133,6 +184,7 @@ pub fn describe_request(request: &PodRequest) -> String {
         .all_containers()
         .filter(|c| !c.gpu.is_none())
         .map(|c| format!("{}: {}", c.name, describe_demand(c.gpu)))
+        .chain(request.mig.iter().map(describe_slices))
         .collect();
     let _ = write!(
         out,
@@ -253,7 +305,52 @@ fn closest(node: &NodeState, request: &PodRequest, reason: RejectReason) -> Stri
         RejectReason::InsufficientGpuMemory
         | RejectReason::InsufficientGpuCompute
         | RejectReason::SharedGpuPodLimit => closest_share(node, request, demand, usable),
+        RejectReason::NoMigSlices | RejectReason::InsufficientMigSlices => {
+            closest_mig(node, request)
+        }
     }
+}
+
+/// For MIG slices that do not fit: each profile the pod asks for that the node cannot give, with
+/// how many slices of it the node advertises and has free, then what the node advertises.
+fn closest_mig(node: &NodeState, request: &PodRequest) -> String {
+    let mut parts: Vec<String> = request
+        .mig
+        .iter()
+        .filter(|asked| node.mig_free(&asked.profile) < asked.count)
+        .map(|asked| {
+            let free = node.mig_free(&asked.profile);
+            format!(
+                "{free} of {} MIG {} slice(s) free, the pod needs {} ({} short)",
+                node.mig_advertised(&asked.profile),
+                asked.profile,
+                asked.count,
+                asked.count - free
+            )
+        })
+        .collect();
+    parts.push(format!("the node advertises {}", mig_pools(node)));
+    parts.join("; ")
+}
+
+/// The node's MIG slices in words: `1g.10gb x7 (2 free), 3g.40gb x2 (2 free)`.
+fn mig_pools(node: &NodeState) -> String {
+    if node.spec.mig.is_empty() {
+        return "no MIG slices".to_owned();
+    }
+    node.spec
+        .mig
+        .iter()
+        .map(|pool| {
+            format!(
+                "{} x{} ({} free)",
+                pool.profile,
+                pool.count,
+                node.mig_free(&pool.profile)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// For a share that does not fit: the usable healthy GPU with the most free memory (or compute),
@@ -388,7 +485,7 @@ mod tests {
     #![allow(clippy::unwrap_used, reason = "tests fail loudly on a broken fixture")]
 
     use super::*;
-    use crate::inspect::fixtures::{add_node, bind};
+    use crate::inspect::fixtures::{add_mig_node, add_node, bind, bind_mig, mig};
     use gpu_engine::{CpuMilli, GpuMode, MemMiB};
 
     fn table() -> Table {
@@ -455,6 +552,58 @@ mod tests {
         let text = to_text("ns/p", &request, &verdicts);
         assert!(text.contains("Fits 1 of 2 node(s)"), "{text}");
         assert!(text.contains("4 GiB on each of 1 GPU(s)"), "{text}");
+    }
+
+    /// A pending MIG pod: the node without the profile is refused for good with what it
+    /// advertises, the full node for now with the shortfall, and the nodes that fit say what
+    /// their score rests on.
+    #[test]
+    fn a_mig_pod_is_judged_node_by_node_with_its_score_basis() {
+        let mut table = Table::new(20);
+        add_mig_node(&mut table, "fresh", &[("1g.10gb", 7)]);
+        add_mig_node(&mut table, "used", &[("1g.10gb", 7)]);
+        add_mig_node(&mut table, "full", &[("1g.10gb", 1)]);
+        add_mig_node(&mut table, "other", &[("3g.40gb", 2)]);
+        bind_mig(&mut table, "used", "a", &[("1g.10gb", 2)]);
+        bind_mig(&mut table, "full", "b", &[("1g.10gb", 1)]);
+        let request = PodRequest::single(CpuMilli(0), MemMiB(0), GpuDemand::None)
+            .with_mig(mig(&[("1g.10gb", 1)]));
+        let verdicts = explain(&table, &request, &Policy::default(), &BTreeMap::new());
+        let detail = |node: &str| {
+            verdicts
+                .iter()
+                .find(|v| v.node == node)
+                .map(|v| (v.fits, v.reason.clone(), v.detail.clone()))
+                .unwrap()
+        };
+        let (fits, _, used) = detail("used");
+        assert!(fits);
+        assert!(
+            used.starts_with("fits: would get 1 MIG 1g.10gb slice(s); score ")
+                && used.contains("2 MIG slice(s) in use on the node, 4 1g.10gb left free after"),
+            "{used}"
+        );
+        let (_, _, fresh) = detail("fresh");
+        assert!(
+            fresh.contains("no MIG slice in use on the node, 6 1g.10gb left free after"),
+            "{fresh}"
+        );
+        let (fits, reason, full) = detail("full");
+        assert!(!fits);
+        assert_eq!(reason.as_deref(), Some("insufficient_mig_slices"));
+        assert!(
+            full.contains("0 of 1 MIG 1g.10gb slice(s) free, the pod needs 1 (1 short)"),
+            "{full}"
+        );
+        let (_, reason, other) = detail("other");
+        assert_eq!(reason.as_deref(), Some("no_mig_slices"));
+        assert!(
+            other.ends_with("the node advertises 3g.40gb x2 (2 free)"),
+            "{other}"
+        );
+        let text = to_text("ns/p", &request, &verdicts);
+        assert!(text.contains("asks for 1 MIG 1g.10gb slice(s)"), "{text}");
+        assert!(text.contains("Fits 2 of 4 node(s)"), "{text}");
     }
 
     #[test]

@@ -9,7 +9,8 @@ use serde::{Deserialize, Serialize};
 
 use gpu_engine::quota::{Amounts, QuotaNames, QuotaResource, QuotaSet};
 use gpu_engine::{
-    CpuMilli, HolderKey, MemMiB, NodeState, Table, TypicalPod, TypicalPods, WHOLE_GPU_COMPUTE,
+    CpuMilli, HolderKey, MemMiB, MigProfile, NodeState, Table, TypicalPod, TypicalPods,
+    WHOLE_GPU_COMPUTE,
 };
 
 /// The whole cluster.
@@ -210,8 +211,15 @@ pub struct Totals {
     /// Whole GPUs' worth of compute allocated (milli-GPU / 1000).
     pub gpu_compute_allocated: f64,
     pub idle_gpus: u64,
-    /// GPU nodes with nothing allocated on any GPU: what a cluster-autoscaler could remove.
+    /// GPU nodes with nothing allocated on any GPU and no MIG slice held: what a
+    /// cluster-autoscaler could remove.
     pub idle_gpu_nodes: u64,
+    /// MIG slices the nodes advertise, of every profile.
+    #[serde(default)]
+    pub mig_slices: u64,
+    /// MIG slices pods hold.
+    #[serde(default)]
+    pub mig_slices_held: u64,
 }
 
 /// One node.
@@ -223,6 +231,39 @@ pub struct NodeReport {
     pub placement: String,
     pub gpus: Vec<GpuReport>,
     pub pods: usize,
+    /// MIG slices by profile: what the device plugin advertises and which pods hold them
+    /// (docs/mig.md); absent on a node without any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig: Vec<MigReport>,
+}
+
+/// The slices of one MIG profile on one node.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigReport {
+    /// The profile as its resource names it after `nvidia.com/mig-` (`3g.20gb`, `1g.10gb.me`).
+    pub profile: String,
+    /// Memory of one slice as the profile names it, MiB.
+    pub memory_mib: u64,
+    /// Slices the device plugin advertises (the node's allocatable).
+    pub advertised: u32,
+    /// Slices pods hold (bound, and binds in flight); above `advertised` when over-committed.
+    pub held: u32,
+    /// Slices advertised and not held.
+    pub free: u32,
+    /// The pods holding slices of the profile, by `namespace/name`.
+    #[serde(default)]
+    pub pods: Vec<MigHolder>,
+}
+
+/// A pod holding MIG slices of one profile.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigHolder {
+    /// `namespace/name`.
+    pub pod: String,
+    /// How many slices of the profile it holds.
+    pub slices: u32,
 }
 
 /// One GPU.
@@ -305,7 +346,7 @@ impl Totals {
     pub fn of(nodes: &[NodeReport]) -> Self {
         let mut totals = Totals::default();
         for node in nodes {
-            let mut node_idle = !node.gpus.is_empty();
+            let mut node_idle = !node.gpus.is_empty() || !node.mig.is_empty();
             for gpu in &node.gpus {
                 totals.gpus += 1;
                 totals.gpu_memory_mib += gpu.memory_mib;
@@ -313,6 +354,11 @@ impl Totals {
                 totals.gpu_compute_allocated += f64::from(gpu.compute_allocated_milli) / 1000.0;
                 totals.idle_gpus += u64::from(gpu.is_idle());
                 node_idle &= gpu.is_idle();
+            }
+            for pool in &node.mig {
+                totals.mig_slices += u64::from(pool.advertised);
+                totals.mig_slices_held += u64::from(pool.held);
+                node_idle &= pool.held == 0;
             }
             totals.idle_gpu_nodes += u64::from(node_idle);
         }
@@ -441,6 +487,7 @@ impl ClusterReport {
         }
         let mut out = String::new();
         write_aligned(&mut out, &rows);
+        write_mig(&mut out, &self.nodes, details);
         if details {
             for node in &self.nodes {
                 for gpu in &node.gpus {
@@ -489,6 +536,15 @@ impl ClusterReport {
             "Idle GPUs: {}/{}  Idle GPU nodes: {}",
             totals.idle_gpus, totals.gpus, totals.idle_gpu_nodes
         );
+        if totals.mig_slices > 0 || totals.mig_slices_held > 0 {
+            let _ = writeln!(
+                out,
+                "Held/Advertised MIG slices In Cluster: {}/{} ({})",
+                totals.mig_slices_held,
+                totals.mig_slices,
+                percent(totals.mig_slices_held as f64, totals.mig_slices as f64)
+            );
+        }
         if !self.quotas.is_empty() {
             let _ = writeln!(out, "GPU quotas (ElasticQuota):");
             let mut rows = vec![
@@ -572,6 +628,52 @@ impl ClusterReport {
             );
         }
         out
+    }
+}
+
+/// The MIG slices of every node that has any, one row per node of `profile held/advertised`
+/// cells, then, with `details`, one line per profile with the pods holding it (`ns/p x2` for a
+/// pod holding two slices).
+fn write_mig(out: &mut String, nodes: &[NodeReport], details: bool) {
+    let with_mig: Vec<&NodeReport> = nodes.iter().filter(|node| !node.mig.is_empty()).collect();
+    if with_mig.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "MIG slices (held/advertised):");
+    let rows: Vec<Vec<String>> = with_mig
+        .iter()
+        .map(|node| {
+            std::iter::once(node.name.clone())
+                .chain(
+                    node.mig
+                        .iter()
+                        .map(|pool| format!("{} {}/{}", pool.profile, pool.held, pool.advertised)),
+                )
+                .collect()
+        })
+        .collect();
+    write_aligned(out, &rows);
+    if !details {
+        return;
+    }
+    for node in with_mig {
+        for pool in node.mig.iter().filter(|pool| !pool.pods.is_empty()) {
+            let holders: Vec<String> = pool
+                .pods
+                .iter()
+                .map(|holder| match holder.slices {
+                    1 => holder.pod.clone(),
+                    n => format!("{} x{n}", holder.pod),
+                })
+                .collect();
+            let _ = writeln!(
+                out,
+                "{} MIG {}: {}",
+                node.name,
+                pool.profile,
+                holders.join(", ")
+            );
+        }
     }
 }
 
@@ -723,6 +825,13 @@ fn node_report(table: &Table, node: &NodeState) -> NodeReport {
         })
         .collect();
     let mut pods = 0;
+    let mut mig: BTreeMap<MigProfile, MigReport> = BTreeMap::new();
+    for pool in &node.spec.mig {
+        mig_report(&mut mig, &pool.profile).advertised = pool.count;
+    }
+    for held in &node.mig_held {
+        mig_report(&mut mig, &held.profile).held = held.count;
+    }
     for (key, entry) in table.pods_on(&node.spec.name) {
         pods += 1;
         for hold in entry.allocation.footprint() {
@@ -730,7 +839,21 @@ fn node_report(table: &Table, node: &NodeState) -> NodeReport {
                 gpu.pods.push(key.to_string());
             }
         }
+        for slices in &entry.allocation.mig {
+            mig_report(&mut mig, &slices.profile).pods.push(MigHolder {
+                pod: key.to_string(),
+                slices: slices.count,
+            });
+        }
     }
+    let mig = mig
+        .into_values()
+        .map(|mut report| {
+            report.free = report.advertised.saturating_sub(report.held);
+            report.pods.sort_by(|a, b| a.pod.cmp(&b.pod));
+            report
+        })
+        .collect();
     for (holder, entry) in table.externals_on(&node.spec.name) {
         let claim = holder_claim(holder).unwrap_or(holder.as_str());
         for hold in &entry.holds {
@@ -753,7 +876,20 @@ fn node_report(table: &Table, node: &NodeState) -> NodeReport {
         placement: node.spec.placement.as_str().to_owned(),
         gpus,
         pods,
+        mig,
     }
+}
+
+/// The report of `profile` in `reports`, made empty when it is not there yet.
+fn mig_report<'a>(
+    reports: &'a mut BTreeMap<MigProfile, MigReport>,
+    profile: &MigProfile,
+) -> &'a mut MigReport {
+    reports.entry(profile.clone()).or_insert_with(|| MigReport {
+        profile: profile.to_string(),
+        memory_mib: profile.memory().0,
+        ..MigReport::default()
+    })
 }
 
 /// Table fixtures shared by the unit tests of the report, the explanation and the metrics.
@@ -762,8 +898,8 @@ pub(crate) mod fixtures {
     #![allow(clippy::unwrap_used, reason = "tests fail loudly on a broken fixture")]
 
     use gpu_engine::{
-        Change, CpuMilli, GpuDemand, GpuMode, MemMiB, NodeSpec, PodKey, PodRequest, Policy, Table,
-        fit,
+        Change, CpuMilli, GpuDemand, GpuMode, MemMiB, MigProfile, MigSlices, NodeSpec, PodKey,
+        PodRequest, Policy, Table, fit,
     };
 
     /// Adds a node of `count` GPUs of `model` with `gib` GiB each.
@@ -782,6 +918,37 @@ pub(crate) mod fixtures {
             model,
             MemMiB(gib * 1024),
         )));
+    }
+
+    /// `(profile, count)` pairs as MIG slices.
+    pub(crate) fn mig(slices: &[(&str, u32)]) -> Vec<MigSlices> {
+        slices
+            .iter()
+            .map(|&(profile, count)| MigSlices::new(MigProfile::parse(profile).unwrap(), count))
+            .collect()
+    }
+
+    /// Adds a node of MIG cards only, advertising the slices `pools`.
+    pub(crate) fn add_mig_node(table: &mut Table, name: &str, pools: &[(&str, u32)]) {
+        let spec = NodeSpec::uniform(name, GpuMode::Exclusive, 0, "A100", MemMiB(0));
+        table.apply(Change::UpsertNode(spec.with_mig(mig(pools))));
+    }
+
+    /// Places a pod `ns/name` asking the MIG slices `slices` on `node` with the default policy,
+    /// and records it bound.
+    pub(crate) fn bind_mig(table: &mut Table, node: &str, name: &str, slices: &[(&str, u32)]) {
+        let request =
+            PodRequest::single(CpuMilli(0), MemMiB(0), GpuDemand::None).with_mig(mig(slices));
+        let allocation = fit(
+            table.node_by_str(node).unwrap(),
+            &request,
+            &Policy::default(),
+        )
+        .unwrap();
+        table.apply(Change::PodBound {
+            pod: PodKey::new("ns", name),
+            allocation,
+        });
     }
 
     /// Places a one-container pod `ns/name` asking `demand` on `node` with the default policy,
@@ -805,7 +972,7 @@ pub(crate) mod fixtures {
 mod tests {
     #![allow(clippy::unwrap_used, reason = "tests fail loudly on a broken fixture")]
 
-    use super::fixtures::{add_node, bind};
+    use super::fixtures::{add_mig_node, add_node, bind, bind_mig};
     use super::*;
     use gpu_engine::{GpuDemand, GpuMode};
 
@@ -875,6 +1042,58 @@ mod tests {
             text.contains("Allocated/Total GPU Memory In Cluster:\n48/152 (32%)"),
             "{text}"
         );
+    }
+
+    /// MIG pools are reported per node and profile with the pods holding them, in the JSON of
+    /// `/inspect`, the text and the totals; an untouched MIG node is idle, a used one is not.
+    #[test]
+    fn mig_slices_are_shown_with_their_holders() {
+        let mut table = table();
+        add_mig_node(&mut table, "mig-a", &[("1g.10gb", 7), ("3g.40gb", 2)]);
+        add_mig_node(&mut table, "mig-b", &[("1g.10gb", 7)]);
+        bind_mig(&mut table, "mig-a", "p1", &[("1g.10gb", 2)]);
+        bind_mig(&mut table, "mig-a", "p2", &[("1g.10gb", 1), ("3g.40gb", 1)]);
+        let report = report(&table);
+        let json = serde_json::to_value(&report).unwrap();
+        let mig_a = json["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|node| node["name"] == "mig-a")
+            .unwrap();
+        assert_eq!(
+            mig_a["mig"],
+            serde_json::json!([
+                {"profile": "1g.10gb", "memoryMib": 10240, "advertised": 7, "held": 3, "free": 4,
+                 "pods": [{"pod": "ns/p1", "slices": 2}, {"pod": "ns/p2", "slices": 1}]},
+                {"profile": "3g.40gb", "memoryMib": 40960, "advertised": 2, "held": 1, "free": 1,
+                 "pods": [{"pod": "ns/p2", "slices": 1}]},
+            ])
+        );
+        assert!(
+            json["nodes"][0].get("mig").is_none(),
+            "a node without MIG slices has no mig field"
+        );
+        assert_eq!(
+            (report.totals.mig_slices, report.totals.mig_slices_held),
+            (16, 4)
+        );
+        // `idle` (one A100) and the untouched mig-b are idle; mig-a is not.
+        assert_eq!(report.totals.idle_gpu_nodes, 2);
+        let back: ClusterReport = serde_json::from_value(json).unwrap();
+        assert_eq!(back, report);
+        let text = report.to_text(true);
+        for line in [
+            "MIG slices (held/advertised):",
+            "mig-a  1g.10gb 3/7  3g.40gb 1/2",
+            "mig-b  1g.10gb 0/7",
+            "mig-a MIG 1g.10gb: ns/p1 x2, ns/p2",
+            "mig-a MIG 3g.40gb: ns/p2",
+            "Held/Advertised MIG slices In Cluster: 4/16 (25%)",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+        assert!(!report.to_text(false).contains("mig-a MIG"));
     }
 
     #[test]

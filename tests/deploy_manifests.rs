@@ -673,18 +673,41 @@ fn the_pieces_of_the_deployment_agree() {
     ]
     .map(read)
     .to_vec();
+    // Besides them, the MIG profiles' resources (docs/mig.md): each a profile the extender
+    // reads, still counted by kube-scheduler.
     for config in &shared {
-        let mut managed: Vec<&str> = config["extenders"][0]["managedResources"]
+        let entries: Vec<&Value> = config["extenders"][0]["managedResources"]
             .as_sequence()
             .into_iter()
             .flatten()
-            .filter_map(|r| r["name"].as_str())
             .collect();
+        let (mig, others): (Vec<&Value>, Vec<&Value>) = entries.into_iter().partition(|r| {
+            r["name"].as_str().is_some_and(|name| {
+                name.starts_with(gpu_extender::objects::translate::MIG_RESOURCE_PREFIX)
+            })
+        });
+        let mut managed: Vec<&str> = others.iter().filter_map(|r| r["name"].as_str()).collect();
         managed.sort();
         assert_eq!(
             managed, resources,
-            "managedResources must be the extender's resource names"
+            "managedResources must be the extender's resource names and MIG profiles"
         );
+        assert!(!mig.is_empty(), "the MIG profiles are managed");
+        for entry in mig {
+            let name = entry["name"].as_str().unwrap_or_default();
+            assert!(
+                matches!(
+                    gpu_extender::objects::translate::mig_profile_of(name),
+                    Some(Ok(_))
+                ),
+                "{name} is not a MIG profile the extender reads"
+            );
+            assert_eq!(
+                entry["ignoredByScheduler"].as_bool(),
+                Some(false),
+                "{name}: kube-scheduler keeps counting MIG slices"
+            );
+        }
     }
     assert_eq!(
         shared[0]["extenders"], shared[1]["extenders"],

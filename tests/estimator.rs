@@ -98,6 +98,7 @@ fn service(cfg: Config) -> EstimatorService {
             }],
         }],
         init_containers: Vec::new(),
+        mig: Vec::new(),
     };
     table
         .reserve(PodKey::new("ml", "running"), running, u64::MAX)

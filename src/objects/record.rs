@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use super::translate::{TranslateError, pod_host_request};
+use super::translate::{TranslateError, pod_host_request, pod_mig_request};
 use crate::config::Config;
 use gpu_engine::{
     ComputeMilli, ContainerAllocation, GpuDemand, GpuGrant, GpuIndex, Grant, MemMiB, NodeName,
@@ -204,8 +204,9 @@ fn gpushare_annotations(
 }
 
 /// Reads a pod's allocation back: `Ok(None)` when it has no record, an error when the record is
-/// corrupt, was copied from another pod, or names a node the pod is not bound to. CPU and memory
-/// come from the pod's own requests.
+/// corrupt, was copied from another pod, or names a node the pod is not bound to. CPU, memory
+/// and MIG slices come from the pod's own requests: the record names no slice, since kubelet
+/// chooses the MIG instance, and a pod bound to a node holds the slices it asks for there.
 pub fn decode(pod: &Pod, cfg: &Config) -> Result<Option<PodAllocation>, RecordError> {
     let key = &cfg.annotations.allocation;
     let Some(text) = pod.metadata.annotations.as_ref().and_then(|a| a.get(key)) else {
@@ -321,6 +322,7 @@ pub fn decode(pod: &Pod, cfg: &Config) -> Result<Option<PodAllocation>, RecordEr
         memory,
         containers: containers_allocation,
         init_containers: init_allocation,
+        mig: pod_mig_request(pod)?,
     }))
 }
 
@@ -406,7 +408,7 @@ mod tests {
     use super::*;
     use crate::objects::translate::pod_request;
     use gpu_engine::{
-        CpuMilli, Gpu, GpuDemand, GpuMode, LinkMatrix, NodeState, PodRequest, Policy,
+        CpuMilli, Gpu, GpuDemand, GpuMode, LinkMatrix, NodeState, PodRequest, Policy, fit,
     };
     use serde_json::json;
 
@@ -468,6 +470,37 @@ mod tests {
         assert_eq!(record["containers"][1]["gpus"][0]["whole"], true);
         assert_eq!(record["containers"][2]["gpus"], json!([]));
         assert_eq!(record["initContainers"][0]["name"], "init");
+    }
+
+    /// A pod of MIG slices gets a record that names no GPU; its slices come back from its own
+    /// request, as the binder placed them.
+    #[test]
+    fn a_mig_pods_slices_come_back_from_its_request() {
+        let cfg = Config::default();
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "uid-1"},
+            "spec": {"nodeName": "mig-a", "containers": [{"name": "main", "resources": {
+                "limits": {"nvidia.com/mig-1g.10gb": "2"}}}]}
+        }))
+        .unwrap();
+        let request = pod_request(&pod, &cfg).unwrap().unwrap();
+        let spec =
+            NodeSpec::uniform("mig-a", GpuMode::Exclusive, 0, "A100", MemMiB(0)).with_mig(vec![
+                gpu_engine::MigSlices::new(gpu_engine::MigProfile::parse("1g.10gb").unwrap(), 7),
+            ]);
+        let allocation = fit(&NodeState::new(spec.clone()), &request, &Policy::default()).unwrap();
+        assert_eq!(allocation.mig, request.mig);
+        let annotations = encode(&allocation, &spec, "uid-1", 1, &cfg);
+        let record: serde_json::Value =
+            serde_json::from_str(&annotations["gpu-extender.io/allocation"]).unwrap();
+        assert_eq!(record["containers"], json!([{"name": "main", "gpus": []}]));
+        let mut bound = pod.clone();
+        bound.metadata.annotations = Some(annotations);
+        assert_eq!(decode(&bound, &cfg), Ok(Some(allocation.clone())));
+        assert_eq!(
+            matches_request(&allocation, Some(&request), Some(&spec)),
+            Ok(())
+        );
     }
 
     #[test]

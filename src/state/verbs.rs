@@ -285,3 +285,83 @@ impl Verbs<'_> {
         Snapshot::of(self.cluster, policy).preempt(proposals, request.as_ref(), pod.map(namespace))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests fail loudly on a broken fixture")]
+
+    use super::*;
+    use gpu_engine::{
+        Change, GpuMode, MemMiB, MigProfile, MigSlices, NodeSpec, PodKey, RejectReason,
+        ScoringPolicy, Table, fit,
+    };
+    use serde_json::json;
+
+    /// A node of MIG cards only: seven `1g.10gb` slices, no whole GPU.
+    fn mig_node(name: &str) -> NodeSpec {
+        NodeSpec::uniform(name, GpuMode::Exclusive, 0, "A100", MemMiB(0)).with_mig(vec![
+            MigSlices::new(MigProfile::parse("1g.10gb").unwrap(), 7),
+        ])
+    }
+
+    fn mig_pod(name: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"containers": [{"name": "main", "resources": {
+                "limits": {"nvidia.com/mig-1g.10gb": "1"}}}]},
+        }))
+        .unwrap()
+    }
+
+    /// Filter passes both MIG nodes and refuses the node without slices for good; prioritize
+    /// puts the node whose slices are in use first under binpack, fgd and fgd-plus, and last
+    /// under spread.
+    #[test]
+    fn a_mig_pod_is_packed_onto_the_node_whose_slices_are_in_use() {
+        let config = Config::default();
+        let whole = NodeSpec::uniform("gpus", GpuMode::Exclusive, 4, "A100", MemMiB(80 << 10));
+        let mut table = Table::rebuild(20, [mig_node("fresh"), mig_node("used"), whole], []);
+        let first = translate::pod_request(&mig_pod("first"), &config)
+            .unwrap()
+            .unwrap();
+        let allocation = fit(
+            table.node_by_str("used").unwrap(),
+            &first,
+            &Policy::default(),
+        )
+        .unwrap();
+        table.apply(Change::PodBound {
+            pod: PodKey::new("ns", "first"),
+            allocation,
+        });
+        let cluster = ClusterState::with_table(table);
+        let names = ["fresh", "used", "gpus"];
+        let pod = mig_pod("next");
+        for scoring in ScoringPolicy::ALL {
+            let policy = PolicyCell::from(Policy::scoring(scoring));
+            let verbs = Verbs {
+                cluster: &cluster,
+                policy: &policy,
+                config: &config,
+            };
+            let FilterDecision::Verdict { verdict, .. } =
+                verbs.filter(Some(&pod), Offered::Names(&names))
+            else {
+                panic!("{scoring:?}: no verdict");
+            };
+            assert_eq!(verdict.passed, [0, 1], "{scoring:?}");
+            assert_eq!(
+                verdict.unresolvable,
+                [("gpus", RejectReason::NoMigSlices.message())]
+            );
+            let scores = verbs.prioritize(Some(&pod), Offered::Names(&names));
+            let score = |node: &str| scores.iter().find(|(n, _)| *n == node).unwrap().1;
+            assert_eq!(score("gpus"), 0, "{scoring:?}: {scores:?}");
+            if scoring == ScoringPolicy::Spread {
+                assert!(score("fresh") > score("used"), "{scoring:?}: {scores:?}");
+            } else {
+                assert!(score("used") > score("fresh"), "{scoring:?}: {scores:?}");
+            }
+        }
+    }
+}

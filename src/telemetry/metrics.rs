@@ -428,14 +428,17 @@ mod tests {
         cluster.note_rebuild(std::time::Duration::from_millis(3));
         let text = metrics.render().unwrap();
         let typed = families_are_grouped(&text).unwrap_or_else(|error| panic!("{error}\n{text}"));
-        // Every family of the state is there, but the per-quota ones (no ElasticQuota, no
-        // series) and DRA's (not read by a state without a watch).
+        // Every family of the state is there, but the MIG ones (no node advertises slices),
+        // the per-quota ones (no ElasticQuota, no series) and DRA's (not read by a state
+        // without a watch).
         let missing: Vec<&str> = state_collector::family_names()
             .filter(|name| !typed.contains(name))
             .collect();
         assert_eq!(
             missing,
             [
+                "gpu_extender_mig_slices",
+                "gpu_extender_cluster_mig_slices",
                 "gpu_extender_quota_used",
                 "gpu_extender_quota_min",
                 "gpu_extender_quota_max",

@@ -5,6 +5,7 @@
 //! sorting them, cost ten times the writing). Nothing is computed per watch event, and the
 //! counters kept by the feed are exported as they are.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
@@ -244,6 +245,16 @@ const CLUSTER_GPU_FREE: Family = gauge(
     "Free capacity of healthy GPUs, in GPUs (the scarcer of memory and compute).",
     &[],
 );
+const MIG_SLICES: Family = gauge(
+    "gpu_extender_mig_slices",
+    "MIG slices of each node by profile (the device plugin's nvidia.com/mig-<profile>): held by pods (held) or not (free).",
+    &["node", "profile", "state"],
+);
+const CLUSTER_MIG_SLICES: Family = gauge(
+    "gpu_extender_cluster_mig_slices",
+    "MIG slices in the table by profile: held by pods (held) or not (free).",
+    &["profile", "state"],
+);
 const CLUSTER_GPU_FRAGMENTED: Family = gauge(
     "gpu_extender_cluster_gpu_fragmented",
     "Free GPU capacity the typical pods could not use (FGD fragmentation), in GPUs.",
@@ -255,7 +266,7 @@ const REBUILD_HELP: &str =
     "Time to apply one full list of nodes or of pods to the allocation table.";
 
 /// Every family written from the state (the rebuild histogram aside: a registered metric).
-const FAMILIES: [&Family; 38] = [
+const FAMILIES: [&Family; 40] = [
     &TABLE_NODES,
     &TABLE_PODS,
     &RESERVATIONS_OUTSTANDING,
@@ -283,6 +294,8 @@ const FAMILIES: [&Family; 38] = [
     &IDLE_GPU_NODES,
     &CLUSTER_GPU_FREE,
     &CLUSTER_GPU_FRAGMENTED,
+    &MIG_SLICES,
+    &CLUSTER_MIG_SLICES,
     &QUOTA_USED,
     &QUOTA_MIN,
     &QUOTA_MAX,
@@ -411,6 +424,7 @@ impl StateCollector {
         }
         events.done(out);
         write_capacity(out, &report, capacity);
+        write_mig(out, &report);
         write_quotas(out, &self.cluster);
         write_dra(out, &self.cluster, &report);
     }
@@ -639,6 +653,30 @@ fn write_capacity(out: &mut String, report: &ClusterReport, capacity: inspect::C
     );
 }
 
+/// The MIG gauges of `report`: per node and profile, and per profile over the cluster, the
+/// slices held and free. Series exist only for the profiles nodes advertise or pods hold.
+fn write_mig(out: &mut String, report: &ClusterReport) {
+    let mut per_node = Building::of(&MIG_SLICES);
+    let mut cluster: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    for node in &report.nodes {
+        for pool in &node.mig {
+            let profile = pool.profile.as_str();
+            per_node.add(&[node.name.as_str(), profile, "held"], f64::from(pool.held));
+            per_node.add(&[node.name.as_str(), profile, "free"], f64::from(pool.free));
+            let total = cluster.entry(profile).or_default();
+            total.0 += u64::from(pool.held);
+            total.1 += u64::from(pool.free);
+        }
+    }
+    per_node.done(out);
+    let mut totals = Building::of(&CLUSTER_MIG_SLICES);
+    for (profile, (held, free)) in cluster {
+        totals.add(&[profile, "held"], whole(held));
+        totals.add(&[profile, "free"], whole(free));
+    }
+    totals.done(out);
+}
+
 /// The metrics tests' fixture: one node of two 16 GiB T4s holding a pod's 4 GiB share, and
 /// metrics that read it.
 #[cfg(test)]
@@ -666,6 +704,32 @@ mod tests {
     use crate::inspect::fixtures::{add_node, bind};
     use crate::telemetry::Metrics;
     use gpu_engine::{Change, GpuDemand, GpuMode, NodeName, Policy, Table};
+
+    #[test]
+    fn scrape_counts_mig_slices_held_and_free_per_node_and_profile() {
+        use crate::inspect::fixtures::{add_mig_node, bind_mig};
+        let mut table = Table::new(20);
+        add_mig_node(&mut table, "mig-a", &[("1g.10gb", 7), ("3g.40gb", 2)]);
+        add_mig_node(&mut table, "mig-b", &[("1g.10gb", 7)]);
+        bind_mig(&mut table, "mig-a", "p", &[("1g.10gb", 2)]);
+        let cluster = Arc::new(ClusterState::with_table(table));
+        let metrics = Metrics::new().unwrap();
+        metrics
+            .watch_state(cluster, PolicyCell::from(Policy::default()))
+            .unwrap();
+        let text = metrics.render().unwrap();
+        for line in [
+            r#"gpu_extender_mig_slices{node="mig-a",profile="1g.10gb",state="held"} 2"#,
+            r#"gpu_extender_mig_slices{node="mig-a",profile="1g.10gb",state="free"} 5"#,
+            r#"gpu_extender_mig_slices{node="mig-a",profile="3g.40gb",state="free"} 2"#,
+            r#"gpu_extender_mig_slices{node="mig-b",profile="1g.10gb",state="held"} 0"#,
+            r#"gpu_extender_cluster_mig_slices{profile="1g.10gb",state="held"} 2"#,
+            r#"gpu_extender_cluster_mig_slices{profile="1g.10gb",state="free"} 12"#,
+            r#"gpu_extender_cluster_mig_slices{profile="3g.40gb",state="held"} 0"#,
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+    }
 
     #[test]
     fn scrape_sets_capacity_gauges_from_the_table_and_drops_removed_nodes() {

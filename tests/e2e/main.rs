@@ -23,6 +23,7 @@ mod image;
 mod karmada;
 mod karmada_full;
 mod lifecycle;
+mod mig;
 mod models;
 mod modes;
 mod node_agent;

@@ -58,6 +58,9 @@ pub struct GpuNode {
     pub annotations: BTreeMap<String, String>,
     /// Host CPU cores.
     pub cpu: u32,
+    /// Extended resources advertised besides (or instead of) the mode's, as
+    /// [`GpuNode::advertise`] sets them.
+    pub advertised: BTreeMap<String, u64>,
 }
 
 impl GpuNode {
@@ -72,7 +75,16 @@ impl GpuNode {
             labels: BTreeMap::new(),
             annotations: BTreeMap::new(),
             cpu: 64,
+            advertised: BTreeMap::new(),
         }
+    }
+
+    /// Advertises `count` of the extended resource `resource` in the node's capacity and
+    /// allocatable, replacing what the mode advertises under that name (MIG slices:
+    /// `nvidia.com/mig-1g.10gb`, with `nvidia.com/gpu` 0 for cards all in MIG mode).
+    pub fn advertise(mut self, resource: &str, count: u64) -> Self {
+        self.advertised.insert(resource.to_owned(), count);
+        self
     }
 
     pub fn placement(mut self, placement: &str) -> Self {
@@ -178,6 +190,9 @@ impl GpuNode {
                 put(GPU_COUNT, gpus);
             }
             Mode::Topology => put(TOPOLOGY_GPU, gpus),
+        }
+        for (resource, count) in &self.advertised {
+            put(resource, *count);
         }
         capacity
     }

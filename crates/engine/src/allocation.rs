@@ -1,6 +1,7 @@
 //! Decided placements: which GPUs each container of a pod holds and how much of each, and the
 //! per-GPU footprint that the pod as a whole takes from its node.
 
+use super::mig::MigSlices;
 use super::model::{ComputeMilli, CpuMilli, GpuIndex, MemMiB, NodeName, WHOLE_GPU_COMPUTE};
 
 /// What a container holds on one GPU.
@@ -34,6 +35,9 @@ pub struct PodAllocation {
     pub memory: MemMiB,
     pub containers: Vec<ContainerAllocation>,
     pub init_containers: Vec<ContainerAllocation>,
+    /// MIG slices the pod holds on the node, by profile (normalized). Kubelet and the device
+    /// plugin choose the instances: the extender counts them, and no GPU grant names them.
+    pub mig: Vec<MigSlices>,
 }
 
 /// What one pod takes from one GPU, all its containers together.
@@ -55,6 +59,7 @@ impl PodAllocation {
             memory,
             containers: Vec::new(),
             init_containers: Vec::new(),
+            mig: Vec::new(),
         }
     }
 
@@ -140,7 +145,12 @@ impl PodAllocation {
         true
     }
 
-    /// Whether the pod holds any GPU.
+    /// Whether the pod holds MIG slices.
+    pub fn holds_mig(&self) -> bool {
+        !self.mig.is_empty()
+    }
+
+    /// Whether the pod holds any GPU grant (a card whole or a share; MIG slices aside).
     pub fn has_gpus(&self) -> bool {
         self.containers
             .iter()
@@ -209,6 +219,7 @@ mod tests {
                 name: "init".into(),
                 gpus: vec![share(0, 4096, 50)],
             }],
+            mig: Vec::new(),
         };
         assert_eq!(
             allocation.footprint(),
@@ -254,6 +265,7 @@ mod tests {
                     gpus,
                 })
                 .collect(),
+            mig: Vec::new(),
         };
         let cases = [
             pod(vec![vec![share(2, 100, 5), whole(0)]], vec![]),
@@ -287,6 +299,7 @@ mod tests {
                 name: "i".into(),
                 gpus: vec![share(3, 100, 10)],
             }],
+            mig: Vec::new(),
         };
         let holds = allocation.footprint();
         assert_eq!(holds.len(), 1);

@@ -43,6 +43,7 @@ fn fill(node: &mut NodeState, request: &PodRequest, policy: &Policy, limit: u64)
                 break;
             }
             node.gpus = after;
+            node.take_mig(&request.mig);
             node.cpu_used = CpuMilli(node.cpu_used.0.saturating_add(request.cpu.0));
             node.mem_used = MemMiB(node.mem_used.0.saturating_add(request.memory.0));
             node.pods = node.pods.saturating_add(1);
@@ -118,6 +119,7 @@ fn copy_usage(work: &mut NodeState, node: &NodeState) {
     work.mem_used = node.mem_used;
     work.pods = node.pods;
     work.dangling_holds = node.dangling_holds;
+    work.mig_held.clone_from(&node.mig_held);
 }
 
 #[cfg(test)]
@@ -159,6 +161,36 @@ mod tests {
         assert_eq!(max_replicas(&nodes, &pod, &policy, u64::MAX), 100);
         assert_eq!(max_replicas(&nodes, &pod, &policy, 7), 7);
         assert_eq!(replicas_on(&nodes[0], &pod, &policy, 1), 1);
+    }
+
+    /// Copies of a pod of MIG slices count the node's free slices, on the score path's
+    /// placement as on `fit`'s, and nodes of one shape with other slices held count apart.
+    #[test]
+    fn mig_slices_bound_the_copies_a_node_takes() {
+        use crate::mig::{MigProfile, MigSlices};
+        let slices = |count| vec![MigSlices::new(MigProfile::parse("1g.10gb").unwrap(), count)];
+        let spec =
+            NodeSpec::uniform("a", GpuMode::Exclusive, 0, "A100", MemMiB(0)).with_mig(slices(7));
+        let pod = PodRequest::single(CpuMilli(0), MemMiB(0), GpuDemand::None).with_mig(slices(2));
+        let empty = NodeState::new(spec.clone());
+        let policy = Policy::default();
+        assert_eq!(replicas_on(&empty, &pod, &policy, u64::MAX), 3);
+        let mut used = NodeState::new(NodeSpec {
+            name: crate::model::NodeName::new("b"),
+            ..spec
+        });
+        let mut other = crate::allocation::PodAllocation::host_only(
+            used.spec.name.clone(),
+            CpuMilli(0),
+            MemMiB(0),
+        );
+        other.mig = slices(4);
+        used.add(&other);
+        assert_eq!(replicas_on(&used, &pod, &policy, u64::MAX), 1);
+        assert_eq!(
+            max_replicas([&empty, &used, &empty], &pod, &policy, u64::MAX),
+            7
+        );
     }
 
     #[test]

@@ -83,6 +83,7 @@ impl Policy {
             return Err(RejectReason::HostHeldForGpus);
         }
         let score = self.score_after(node, &after, taking, group_quality, cache);
+        let score = self.with_mig(score, node, &request.mig, request.wants_gpu_grants());
         if request.constraints.topology == TopologyPreference::Preferred {
             return Ok(preferred_score(score, group_quality));
         }
@@ -202,6 +203,7 @@ mod tests {
                     .collect(),
             }],
             init_containers: Vec::new(),
+            mig: Vec::new(),
         });
     }
 

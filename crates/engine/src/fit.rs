@@ -24,6 +24,7 @@ pub enum RejectReason {
     TooFewGpus,
     UnhealthyGpus,
     HostTooSmall,
+    NoMigSlices,
     // Full right now; capacity may free up or preemption may help (FailedNodes).
     InsufficientCpu,
     InsufficientMemory,
@@ -34,11 +35,13 @@ pub enum RejectReason {
     SharedGpuPodLimit,
     NoConnectedGroup,
     HostHeldForGpus,
+    InsufficientMigSlices,
 }
 
 impl RejectReason {
-    /// Every reason, for documentation and metric pre-registration.
-    pub const ALL: [RejectReason; 16] = [
+    /// Every reason, for documentation and metric pre-registration, in declaration order (the
+    /// metrics index counts by `reason as usize`).
+    pub const ALL: [RejectReason; 18] = [
         Self::NoGpus,
         Self::ModeMismatch,
         Self::ModelMismatch,
@@ -46,6 +49,7 @@ impl RejectReason {
         Self::TooFewGpus,
         Self::UnhealthyGpus,
         Self::HostTooSmall,
+        Self::NoMigSlices,
         Self::InsufficientCpu,
         Self::InsufficientMemory,
         Self::TooManyPods,
@@ -55,6 +59,7 @@ impl RejectReason {
         Self::SharedGpuPodLimit,
         Self::NoConnectedGroup,
         Self::HostHeldForGpus,
+        Self::InsufficientMigSlices,
     ];
 
     /// The short message shown in the pod's FailedScheduling event.
@@ -67,6 +72,7 @@ impl RejectReason {
             Self::TooFewGpus => "node has fewer GPUs than requested",
             Self::UnhealthyGpus => "node has too few healthy GPUs",
             Self::HostTooSmall => "node CPU or memory capacity is too small",
+            Self::NoMigSlices => "node has too few MIG slices of the requested profile",
             Self::InsufficientCpu => "Insufficient cpu",
             Self::InsufficientMemory => "Insufficient memory",
             Self::TooManyPods => "Too many pods",
@@ -76,6 +82,7 @@ impl RejectReason {
             Self::SharedGpuPodLimit => "shared GPUs are at their pod limit",
             Self::NoConnectedGroup => "no well-connected group of free GPUs",
             Self::HostHeldForGpus => "node CPU and memory are held for its free GPUs",
+            Self::InsufficientMigSlices => "not enough free MIG slices of the requested profile",
         }
     }
 
@@ -89,6 +96,7 @@ impl RejectReason {
             Self::TooFewGpus => "too_few_gpus",
             Self::UnhealthyGpus => "unhealthy_gpus",
             Self::HostTooSmall => "host_too_small",
+            Self::NoMigSlices => "no_mig_slices",
             Self::InsufficientCpu => "insufficient_cpu",
             Self::InsufficientMemory => "insufficient_memory",
             Self::TooManyPods => "too_many_pods",
@@ -98,6 +106,7 @@ impl RejectReason {
             Self::SharedGpuPodLimit => "shared_gpu_pod_limit",
             Self::NoConnectedGroup => "no_connected_group",
             Self::HostHeldForGpus => "host_held_for_gpus",
+            Self::InsufficientMigSlices => "insufficient_mig_slices",
         }
     }
 
@@ -114,6 +123,7 @@ impl RejectReason {
                 | Self::SharedGpuPodLimit
                 | Self::NoConnectedGroup
                 | Self::HostHeldForGpus
+                | Self::InsufficientMigSlices
         )
     }
 }
@@ -180,6 +190,7 @@ pub(crate) fn fit_with(
         memory: request.memory,
         containers,
         init_containers,
+        mig: request.mig.clone(),
     })
 }
 
@@ -347,6 +358,7 @@ fn place(
     if let Err(reason) = check_host(node, request) {
         return Err(placer.confirm_resolvable(request, reason));
     }
+    check_mig_free(node, request)?;
     placer
         .place_pod(request, &node.gpus, usage, cache, record)
         .map_err(|reason| placer.confirm_resolvable(request, reason))
@@ -386,6 +398,13 @@ fn memory_mask(node: &NodeState, constraints: &GpuConstraints) -> u64 {
 fn check_capability(node: &NodeState, request: &PodRequest) -> Result<u64, RejectReason> {
     if request.cpu > node.spec.cpu || request.memory > node.spec.memory {
         return Err(RejectReason::HostTooSmall);
+    }
+    if request
+        .mig
+        .iter()
+        .any(|asked| node.mig_advertised(&asked.profile) < asked.count)
+    {
+        return Err(RejectReason::NoMigSlices);
     }
     let constraints = &request.constraints;
     let (models, any_model) = accepted_models(node, constraints);
@@ -434,6 +453,19 @@ fn check_host(node: &NodeState, request: &PodRequest) -> Result<(), RejectReason
     }
     if node.pods >= node.spec.max_pods {
         return Err(RejectReason::TooManyPods);
+    }
+    Ok(())
+}
+
+/// Enough free slices of every MIG profile the pod asks for. The node advertises enough of them
+/// ([`check_capability`]), so the empty node would take them: waiting can help.
+fn check_mig_free(node: &NodeState, request: &PodRequest) -> Result<(), RejectReason> {
+    if request
+        .mig
+        .iter()
+        .any(|asked| node.mig_free(&asked.profile) < asked.count)
+    {
+        return Err(RejectReason::InsufficientMigSlices);
     }
     Ok(())
 }
@@ -848,6 +880,7 @@ mod tests {
                     }],
                 }],
                 init_containers: Vec::new(),
+                mig: Vec::new(),
             });
         }
         let mut request = pod(&[GpuDemand::share(2, 2, None).unwrap_or_default()]);
@@ -888,6 +921,7 @@ mod tests {
                 }],
             }],
             init_containers: Vec::new(),
+            mig: Vec::new(),
         });
         let request = pod(&[share(10, None), share(10, None)]);
         assert_eq!(

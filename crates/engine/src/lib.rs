@@ -18,6 +18,7 @@ pub mod allocation;
 pub mod capacity;
 pub mod evaluate;
 pub mod fit;
+pub mod mig;
 pub mod model;
 pub mod policy;
 pub mod quota;
@@ -30,6 +31,7 @@ pub use allocation::{ContainerAllocation, GpuGrant, GpuHold, Grant, PodAllocatio
 pub use capacity::{max_replicas, replicas_on};
 pub use evaluate::AlikeScores;
 pub use fit::{RejectReason, fit, fit_choosing};
+pub use mig::{MigProfile, MigSlices};
 pub use model::{
     ComputeMilli, CpuMilli, Gpu, GpuIndex, GpuMode, GpuPlacement, HolderKey, Link, LinkMatrix,
     MemMiB, NodeName, NodeSpec, PodKey, WHOLE_GPU_COMPUTE,

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 // The link matrix and the mask width live with the topology index built from them, so that the
 // index needs nothing from here; they are part of the model all the same.
+use super::mig::{MigSlices, normalized};
 use super::topology::TopologyIndex;
 pub use super::topology::{Link, LinkMatrix, MAX_GPUS_PER_NODE};
 
@@ -188,6 +189,10 @@ pub struct NodeSpec {
     pub links: LinkMatrix,
     /// The interconnect groups, derived from `links` once per node.
     pub topology: Arc<TopologyIndex>,
+    /// MIG slices the node's device plugin advertises, by profile (normalized): cards in MIG
+    /// mode, offered as slices rather than whole (they are not among `gpus`, or are there
+    /// unhealthy).
+    pub mig: Vec<MigSlices>,
 }
 
 impl NodeSpec {
@@ -219,6 +224,7 @@ impl NodeSpec {
             gpus,
             links,
             topology,
+            mig: Vec::new(),
         }
     }
 
@@ -233,6 +239,12 @@ impl NodeSpec {
     /// Sets the GPU placement for shares.
     pub fn with_placement(mut self, placement: GpuPlacement) -> Self {
         self.placement = placement;
+        self
+    }
+
+    /// Sets the MIG slices the node advertises (normalized here).
+    pub fn with_mig(mut self, pools: Vec<MigSlices>) -> Self {
+        self.mig = normalized(pools);
         self
     }
 

@@ -3,6 +3,7 @@
 
 use thiserror::Error;
 
+use super::mig::{MigSlices, normalized};
 use super::model::{ComputeMilli, CpuMilli, GpuMode, GpuPlacement, MemMiB};
 
 /// The GPU demand of one container.
@@ -44,6 +45,10 @@ pub enum RequestError {
     BadModelPattern(String),
     #[error("conflicting GPU requests in one container: {0}")]
     Conflicting(&'static str),
+    #[error(
+        "{0:?} is not a MIG profile: expected <compute>g.<memory>gb with an optional suffix, such as 3g.20gb or 1g.10gb.me"
+    )]
+    BadMigProfile(String),
 }
 
 /// How compute percentages are read: cGPU's rules by default (multiples of 5, always with GPU
@@ -348,6 +353,9 @@ pub struct PodRequest {
     pub memory: MemMiB,
     pub containers: Vec<ContainerRequest>,
     pub init_containers: Vec<ContainerRequest>,
+    /// MIG slices the pod asks for, all its containers together (Kubernetes' rule for
+    /// extended resources), by profile: normalized ([`crate::mig::normalized`]).
+    pub mig: Vec<MigSlices>,
     pub constraints: GpuConstraints,
 }
 
@@ -362,8 +370,15 @@ impl PodRequest {
                 gpu,
             }],
             init_containers: Vec::new(),
+            mig: Vec::new(),
             constraints: GpuConstraints::default(),
         }
+    }
+
+    /// Sets the MIG slices the pod asks for (normalized here).
+    pub fn with_mig(mut self, mig: Vec<MigSlices>) -> Self {
+        self.mig = normalized(mig);
+        self
     }
 
     /// Replaces the constraints.
@@ -372,8 +387,15 @@ impl PodRequest {
         self
     }
 
-    /// Whether any container (init or app) needs a GPU.
+    /// Whether the pod needs a GPU: a container (init or app) asks for GPUs, or the pod asks
+    /// for MIG slices.
     pub fn wants_gpu(&self) -> bool {
+        self.wants_gpu_grants() || !self.mig.is_empty()
+    }
+
+    /// Whether any container (init or app) asks for GPUs the extender places (whole cards or
+    /// shares), MIG slices aside.
+    pub fn wants_gpu_grants(&self) -> bool {
         self.all_containers().any(|c| !c.gpu.is_none())
     }
 

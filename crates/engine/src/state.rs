@@ -5,6 +5,7 @@ use std::hash::{BuildHasher as _, Hash as _, Hasher as _};
 use std::sync::Arc;
 
 use super::allocation::{GpuHold, PodAllocation};
+use super::mig::{self, MigProfile, MigSlices};
 use super::model::{ComputeMilli, CpuMilli, Gpu, GpuIndex, MemMiB, NodeSpec, WHOLE_GPU_COMPUTE};
 use super::request::normalize_model;
 use super::topology::bit;
@@ -43,6 +44,9 @@ pub struct NodeState {
     pub pods: u32,
     /// Grants that name a GPU the node no longer has (it shrank under running pods).
     pub dangling_holds: u32,
+    /// MIG slices pods hold, by profile (normalized); a profile the node no longer advertises
+    /// stays listed, and over-committed, until its pods are gone.
+    pub mig_held: Vec<MigSlices>,
     /// `spec.gpus[i].model` in comparison form, computed once.
     pub normalized_models: Vec<String>,
     /// What filter and score need to know about the GPUs, derived from `spec` once. Like
@@ -182,6 +186,7 @@ pub fn shape_hash(spec: &NodeSpec) -> u64 {
         gpu.healthy.hash(&mut state);
     }
     spec.links.hash(&mut state);
+    spec.mig.hash(&mut state);
     state.finish()
 }
 
@@ -202,6 +207,7 @@ pub(crate) fn same_shape(x: &NodeSpec, y: &NodeSpec) -> bool {
                 && g.healthy == h.healthy
         })
         && x.links == y.links
+        && x.mig == y.mig
 }
 
 /// The distinct models of `models` (by position), each with the positions that carry it, in
@@ -247,6 +253,7 @@ impl NodeState {
             && self.mem_used == other.mem_used
             && self.pods == other.pods
             && self.dangling_holds == other.dangling_holds
+            && self.mig_held == other.mig_held
     }
 
     /// A hash of the node's shape and of what [`NodeState::same_usage`] compares: nodes
@@ -267,6 +274,15 @@ impl NodeState {
                     | u64::from(gpu.whole_pods) << 48,
             );
         }
+        for held in &self.mig_held {
+            let profile = &held.profile;
+            hash = mix(
+                hash,
+                (u64::from(held.count) << 32)
+                    ^ profile.memory().0
+                    ^ (u64::from(profile.compute_slices()) << 56),
+            );
+        }
         hash = mix(hash, self.cpu_used.0);
         hash = mix(hash, self.mem_used.0);
         mix(
@@ -275,7 +291,8 @@ impl NodeState {
         )
     }
 
-    /// Whether placement cannot tell the two nodes apart: the same shape and the same usage.
+    /// Whether placement cannot tell the two nodes apart: the same shape and the same usage
+    /// (MIG slices held included).
     /// Everything fit, placement and every policy's score read of a node is one or the other
     /// (never its name), so such nodes get the same verdict and the same score for any pod.
     pub fn placed_alike(&self, other: &Self) -> bool {
@@ -298,6 +315,7 @@ impl NodeState {
             mem_used: MemMiB(0),
             pods: 0,
             dangling_holds: 0,
+            mig_held: Vec::new(),
             normalized_models,
             profile,
         }
@@ -375,6 +393,7 @@ impl NodeState {
         self.mem_used = MemMiB(self.mem_used.0.saturating_add(allocation.memory.0));
         self.pods = self.pods.saturating_add(1);
         allocation.for_each_hold(|hold| self.apply_hold(hold, true));
+        self.take_mig(&allocation.mig);
     }
 
     /// Removes a pod that was added before: the exact inverse of [`NodeState::add`].
@@ -383,6 +402,33 @@ impl NodeState {
         self.mem_used = MemMiB(self.mem_used.0.saturating_sub(allocation.memory.0));
         self.pods = self.pods.saturating_sub(1);
         allocation.for_each_hold(|hold| self.apply_hold(hold, false));
+        mig::apply(&mut self.mig_held, &allocation.mig, false);
+    }
+
+    /// Counts `slices` as held (what [`NodeState::add`] does with a pod's MIG slices).
+    pub(crate) fn take_mig(&mut self, slices: &[MigSlices]) {
+        mig::apply(&mut self.mig_held, slices, true);
+    }
+
+    /// Slices of `profile` the node advertises.
+    pub fn mig_advertised(&self, profile: &MigProfile) -> u32 {
+        mig::count_of(&self.spec.mig, profile)
+    }
+
+    /// Slices of `profile` pods hold.
+    pub fn mig_held_of(&self, profile: &MigProfile) -> u32 {
+        mig::count_of(&self.mig_held, profile)
+    }
+
+    /// Slices of `profile` advertised and not held (0 when over-committed).
+    pub fn mig_free(&self, profile: &MigProfile) -> u32 {
+        self.mig_advertised(profile)
+            .saturating_sub(self.mig_held_of(profile))
+    }
+
+    /// Whether pods hold any MIG slice of the node: its MIG cards are partitioned and in use.
+    pub fn mig_in_use(&self) -> bool {
+        !self.mig_held.is_empty()
     }
 
     /// Adds GPU holds of a holder that is not a pod ([`crate::table::ExternalHold`]): its GPUs

@@ -11,6 +11,7 @@ use std::sync::{Arc, Weak};
 use thiserror::Error;
 
 use super::allocation::{GpuHold, PodAllocation};
+use super::mig::MigSlices;
 use super::model::{HolderKey, LinkMatrix, NodeName, NodeSpec, PodKey, WHOLE_GPU_COMPUTE};
 use super::state::{GpuUsage, NodeState, same_shape};
 use super::topology::TopologyIndex;
@@ -521,8 +522,8 @@ impl Table {
     }
 
     /// Every broken invariant, as readable lines: no GPU over-committed in memory or compute, none
-    /// both whole and shared or whole twice, at most the per-GPU pod limit, host CPU and memory
-    /// within capacity, and every node's usage equal to the sum of its pods and external holds
+    /// both whole and shared or whole twice, at most the per-GPU pod limit, no more MIG slices of
+    /// a profile held than the node advertises, host CPU and memory within capacity, and every node's usage equal to the sum of its pods and external holds
     /// (so released capacity equals what was allocated).
     pub fn check_invariants(&self) -> Result<(), Vec<String>> {
         let mut violations = Vec::new();
@@ -540,6 +541,7 @@ impl Table {
                 || recomputed.cpu_used != node.cpu_used
                 || recomputed.mem_used != node.mem_used
                 || recomputed.pods != node.pods
+                || recomputed.mig_held != node.mig_held
             {
                 violations.push(format!(
                     "node {name}: usage differs from the sum of its pods and external holds"
@@ -576,14 +578,21 @@ impl Table {
 
 impl PartialEq for Table {
     fn eq(&self, other: &Self) -> bool {
-        let node_usage = |table: &Self| -> HashMap<NodeName, (Vec<GpuUsage>, u64, u64, u32)> {
+        type Usage = (Vec<GpuUsage>, u64, u64, u32, Vec<MigSlices>);
+        let node_usage = |table: &Self| -> HashMap<NodeName, Usage> {
             table
                 .nodes
                 .values()
                 .map(|n| {
                     (
                         n.spec.name.clone(),
-                        (n.gpus.to_vec(), n.cpu_used.0, n.mem_used.0, n.pods),
+                        (
+                            n.gpus.to_vec(),
+                            n.cpu_used.0,
+                            n.mem_used.0,
+                            n.pods,
+                            n.mig_held.clone(),
+                        ),
                     )
                 })
                 .collect()
@@ -612,11 +621,28 @@ fn node_violations(node: &NodeState, max_shares_per_gpu: u16) -> Vec<String> {
         violations.push(format!("node {name}: memory over-committed"));
     }
     violations.extend(dangling_holds(node));
+    violations.extend(mig_violations(node));
     violations
 }
 
+/// MIG slices held past what the node advertises, one line per profile: a pod bound by someone
+/// else, or a node whose device plugin now advertises fewer.
+fn mig_violations(node: &NodeState) -> impl Iterator<Item = String> + '_ {
+    node.mig_held.iter().filter_map(move |held| {
+        let advertised = node.mig_advertised(&held.profile);
+        (held.count > advertised).then(|| {
+            format!(
+                "node {} MIG {}: {} slices held, {advertised} advertised",
+                node.spec.name, held.profile, held.count
+            )
+        })
+    })
+}
+
 /// The GPU part of [`node_violations`]: CPU and memory come from the pods' own requests, which
-/// a node may over-commit without any GPU being handed out twice.
+/// a node may over-commit without any GPU being handed out twice. MIG slices are left out too:
+/// the record names no slice (kubelet chooses the instance), so a record cannot take slices
+/// others hold; a pod's slices come from its own request.
 fn gpu_violations(node: &NodeState, max_shares_per_gpu: u16) -> Vec<String> {
     let mut violations = per_gpu_violations(node, max_shares_per_gpu);
     violations.extend(dangling_holds(node));

@@ -12,8 +12,8 @@ mod common;
 use std::collections::BTreeSet;
 
 use common::{
-    Held, app_gpus, container, gib, hetero, occupied, pod, share, topo, two_islands, unhealthy,
-    uniform, whole,
+    Held, app_gpus, container, gib, hetero, mig_node, mig_pod, occupied, pod, share, topo,
+    two_islands, unhealthy, uniform, whole,
 };
 use gpu_engine::{
     ComputeMilli, CpuMilli, GpuConstraints, GpuDemand, GpuMode, GpuPlacement, Grant, MemMiB,
@@ -742,6 +742,43 @@ fn cases() -> Vec<Case> {
             ),
             reject(TooFewGpus, false),
         ),
+        // --- MIG slices (the device plugin's `nvidia.com/mig-<profile>`).
+        case(
+            "mig: free slices of the profile fit, and no GPU is granted",
+            mig_node(0, &[("1g.10gb", 7), ("3g.40gb", 2)], &[("1g.10gb", 5)]),
+            mig_pod(0, &[("1g.10gb", 2)]),
+            gpus(&[&[]]),
+        ),
+        case(
+            "mig: a whole GPU and slices together",
+            mig_node(1, &[("1g.10gb", 7)], &[]),
+            mig_pod(1, &[("1g.10gb", 1)]),
+            gpus(&[&[0]]),
+        ),
+        case(
+            "mig: a profile the node does not advertise never fits",
+            mig_node(1, &[("1g.10gb", 7)], &[]),
+            mig_pod(0, &[("3g.40gb", 1)]),
+            reject(NoMigSlices, false),
+        ),
+        case(
+            "mig: more slices than the node advertises at all",
+            mig_node(0, &[("3g.40gb", 2)], &[]),
+            mig_pod(0, &[("3g.40gb", 3)]),
+            reject(NoMigSlices, false),
+        ),
+        case(
+            "mig: slices held by other pods",
+            mig_node(0, &[("1g.10gb", 7), ("3g.40gb", 2)], &[("3g.40gb", 1)]),
+            mig_pod(0, &[("1g.10gb", 1), ("3g.40gb", 2)]),
+            reject(InsufficientMigSlices, true),
+        ),
+        case(
+            "mig: no free whole GPU for a pod asking both",
+            mig_node(1, &[("1g.10gb", 7)], &[]),
+            mig_pod(2, &[("1g.10gb", 1)]),
+            reject(TooFewGpus, false),
+        ),
         // --- FGD+'s hold: an idle node of four GPUs or more is kept for GPU pods.
         Case {
             policy: Policy::scoring(ScoringPolicy::FgdPlus).with_typical(one_class(500)),
@@ -914,7 +951,7 @@ fn rejection_reasons_have_distinct_codes_and_node_free_messages() {
         .into_iter()
         .filter(|r| r.is_resolvable())
         .collect();
-    assert_eq!(resolvable.len(), 9);
+    assert_eq!(resolvable.len(), 10);
 }
 
 /// (GiB total, GPUs, core percent) and the demand or error it makes.

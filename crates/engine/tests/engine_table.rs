@@ -347,6 +347,7 @@ fn grant_share(gpu: u16, mem: MemMiB, percent: u32) -> PodAllocation {
             }],
         }],
         init_containers: Vec::new(),
+        mig: Vec::new(),
     }
 }
 

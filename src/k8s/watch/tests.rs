@@ -757,3 +757,46 @@ fn records_that_are_not_what_the_pod_asks_or_take_others_gpus_are_not_applied() 
     // Neither took the holder's GPU.
     assert_eq!(held(&feed, "holder").unwrap(), vec![(0, 0)]);
 }
+
+/// A node of MIG cards only: seven `1g.10gb` slices advertised.
+fn mig_node(name: &str) -> Node {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "status": {"allocatable": {"cpu": "32", "memory": "128Gi", "nvidia.com/mig-1g.10gb": "7"}}
+    }))
+    .unwrap()
+}
+
+/// A restart rebuilds MIG holdings from the pods alone: a pod bound with the record a bind
+/// writes (which names no slice) and a pod bound by someone else, without a record, both hold
+/// the slices they ask for; a pod that finishes gives them back.
+#[test]
+fn mig_slices_are_rebuilt_from_the_bound_pods_requests() {
+    let node = mig_node("m");
+    let slices = |n: &str| json!({"cpu": "1", "nvidia.com/mig-1g.10gb": n});
+    let (with_record, _) = recorded(pod("a", "uid-a", None, slices("2")), &node);
+    let without = pod("b", "uid-b", Some("m"), slices("1"));
+    let mut feed = feed();
+    list_nodes(&mut feed, std::slice::from_ref(&node));
+    list_pods(&mut feed, &[with_record, without.clone()]);
+    assert_invariants(&feed);
+    let held = |feed: &Feed| {
+        let table = feed.state().read();
+        let node = table.node_by_str("m").unwrap();
+        (
+            node.mig_held.iter().map(|s| s.count).sum::<u32>(),
+            node.pods,
+        )
+    };
+    assert_eq!(held(&feed), (3, 2));
+    let stats = feed.state().stats();
+    assert_eq!(
+        stats.records_missing, 1,
+        "the pod bound by someone else is counted as such"
+    );
+    let mut finished = without;
+    finished.status.as_mut().unwrap().phase = Some("Succeeded".into());
+    feed.apply_pod_event(&Event::Apply(finished));
+    assert_eq!(held(&feed), (2, 1));
+    assert_invariants(&feed);
+}

@@ -8,7 +8,7 @@
 use thiserror::Error;
 
 use super::quantity::QuantityError;
-use gpu_engine::RequestError;
+use gpu_engine::{MigProfile, RequestError};
 
 mod node;
 mod pod;
@@ -21,8 +21,26 @@ pub use node::{
 };
 pub use pod::{
     HAMI_MEM_PERCENTAGE, check_amount, names_gpu_resource, placement_request, pod_host_request,
-    pod_key, pod_request, pod_resource_request,
+    pod_key, pod_mig_request, pod_request, pod_resource_request,
 };
+
+/// The prefix of the extended resources NVIDIA's device plugin advertises MIG slices under with
+/// its `mixed` strategy: `nvidia.com/mig-<profile>` (`nvidia.com/mig-3g.20gb`; a profile's `+`
+/// is written `.`, `nvidia.com/mig-1g.10gb.me`). Recognised by prefix, not configured: the
+/// device plugin names them so (docs/mig.md).
+pub const MIG_RESOURCE_PREFIX: &str = "nvidia.com/mig-";
+
+/// GPU Feature Discovery's node label naming the device plugin's MIG strategy. Under `single`
+/// the device plugin's `nvidia.com/gpu` units are MIG slices, not cards (docs/mig.md).
+pub const MIG_STRATEGY_LABEL: &str = "nvidia.com/mig.strategy";
+
+/// The MIG profile a resource name of [`MIG_RESOURCE_PREFIX`] names, `None` for another
+/// resource; `Some(Err)` for a name of the prefix that is no profile.
+pub fn mig_profile_of(resource: &str) -> Option<Result<MigProfile, RequestError>> {
+    resource
+        .strip_prefix(MIG_RESOURCE_PREFIX)
+        .map(MigProfile::parse)
+}
 
 /// The most GPUs one node may have (the engine's GPU sets are 64-bit masks).
 const MAX_GPUS: u64 = 64;
@@ -91,6 +109,8 @@ pub enum TranslateError {
     TooManyGpus(u64),
     #[error("node annotation {key} is not valid, GPUs are taken from labels instead: {problem}")]
     NodeGpus { key: String, problem: String },
+    #[error("node resource {resource}: {problem}; its MIG slices are not counted")]
+    NodeMig { resource: String, problem: String },
 }
 
 impl TranslateError {

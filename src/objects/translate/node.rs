@@ -8,10 +8,10 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity as WireQuantity;
 use serde::{Deserialize, Serialize};
 
 use super::super::quantity::{Quantity, QuantityError};
-use super::{MAX_GPUS, TranslateError, UNKNOWN_MODEL};
+use super::{MAX_GPUS, MIG_STRATEGY_LABEL, TranslateError, UNKNOWN_MODEL, mig_profile_of};
 use crate::config::Config;
 use gpu_engine::{
-    CpuMilli, Gpu, GpuIndex, GpuMode, GpuPlacement, Link, LinkMatrix, MemMiB, NodeSpec,
+    CpuMilli, Gpu, GpuIndex, GpuMode, GpuPlacement, Link, LinkMatrix, MemMiB, MigSlices, NodeSpec,
 };
 
 /// A node's translation together with everything that was wrong with it. The spec is always
@@ -40,7 +40,14 @@ pub fn node_spec(node: &Node, cfg: &Config) -> Result<NodeSpec, TranslateError> 
 /// annotation (unless it offers more healthy GPUs than the device plugin advertises), else `count` identical GPUs with the model, memory and count from the ACK labels,
 /// else the GFD labels, else capacity (the mode's GPU resource for the count, the `gpuMem`
 /// capacity divided by the count for the memory). Host CPU, memory and pods from allocatable,
-/// else capacity. Schedulability and readiness are kube-scheduler's business and ignored here.
+/// else capacity, and so are the MIG slices (`nvidia.com/mig-<profile>`). Schedulability and
+/// readiness are kube-scheduler's business and ignored here.
+///
+/// MIG (docs/mig.md): under the device plugin's `single` strategy (GFD's label
+/// `nvidia.com/mig.strategy=single`) its `nvidia.com/gpu` units are MIG slices and the GFD
+/// labels describe them, so the node agent's report, which lists the cards, is not read; on a
+/// node advertising MIG slices, GPUs read from labels beyond the whole GPUs the device plugin
+/// advertises are its MIG cards ([`mark_mig_cards`]).
 pub fn translate_node(node: &Node, cfg: &Config) -> NodeTranslation {
     let mut problems = Vec::new();
     let name = node.metadata.name.as_deref().unwrap_or_default();
@@ -49,6 +56,9 @@ pub fn translate_node(node: &Node, cfg: &Config) -> NodeTranslation {
     let keys = &cfg.node_labels;
     let capacity = node.status.as_ref().and_then(|s| s.capacity.as_ref());
     let allocatable = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
+    let host = allocatable.or(capacity);
+    let mig = mig_pools(host, &mut problems);
+    let single_mig = label(MIG_STRATEGY_LABEL) == Some("single");
 
     let mode = match label(&keys.mode) {
         None | Some("") | Some("default") => Some(GpuMode::Exclusive),
@@ -81,12 +91,16 @@ pub fn translate_node(node: &Node, cfg: &Config) -> NodeTranslation {
         None => (Vec::new(), LinkMatrix::uniform(0)),
         Some(mode) => {
             let mut label_problems = Vec::new();
-            let from_labels = label_gpus(mode, labels, capacity, cfg, &mut label_problems);
+            let mut from_labels = label_gpus(mode, labels, capacity, cfg, &mut label_problems);
+            if !mig.is_empty() {
+                mark_mig_cards(&mut from_labels.0, mode, host, cfg);
+            }
             let annotation = node
                 .metadata
                 .annotations
                 .as_ref()
-                .and_then(|a| a.get(&cfg.annotations.node_gpus));
+                .and_then(|a| a.get(&cfg.annotations.node_gpus))
+                .filter(|_| !single_mig);
             let report = annotation.map(|text| {
                 parse_node_gpus(text, &from_labels.0).and_then(|detail| {
                     within_advertised(detail, advertised_gpus(mode, capacity, cfg))
@@ -111,10 +125,10 @@ pub fn translate_node(node: &Node, cfg: &Config) -> NodeTranslation {
         }
     };
 
-    let host = allocatable.or(capacity);
     let host_value = |name: &str| host.and_then(|h| h.get(name));
     let mut spec = NodeSpec::with_gpus(name, mode.unwrap_or(GpuMode::Exclusive), gpus, links)
-        .with_placement(placement);
+        .with_placement(placement)
+        .with_mig(mig);
     if let Some(cpu) = host_value("cpu") {
         match Quantity::parse(&cpu.0).and_then(|q| q.floor_scaled(1000, 1)) {
             Ok(milli) => spec.cpu = CpuMilli(milli),
@@ -151,6 +165,60 @@ fn node_quantity(
         resource: resource.to_owned(),
         value: value.0.clone(),
         problem,
+    }
+}
+
+/// The MIG slices the node's device plugin advertises: `nvidia.com/mig-<profile>` in `host`
+/// (allocatable, else capacity), by profile. A name of the prefix that is no profile, or a
+/// count that is no whole number, is a problem, and that resource is left out.
+fn mig_pools(
+    host: Option<&BTreeMap<String, WireQuantity>>,
+    problems: &mut Vec<TranslateError>,
+) -> Vec<MigSlices> {
+    let mut pools = Vec::new();
+    for (resource, value) in host.into_iter().flatten() {
+        let profile = match mig_profile_of(resource) {
+            None => continue,
+            Some(Ok(profile)) => profile,
+            Some(Err(problem)) => {
+                problems.push(TranslateError::NodeMig {
+                    resource: resource.clone(),
+                    problem: problem.to_string(),
+                });
+                continue;
+            }
+        };
+        match Quantity::parse(&value.0).and_then(|q| q.whole()) {
+            Ok(count) => pools.push(MigSlices::new(
+                profile,
+                u32::try_from(count).unwrap_or(u32::MAX),
+            )),
+            Err(problem) => problems.push(node_quantity("allocatable", resource, value, problem)),
+        }
+    }
+    pools
+}
+
+/// Under the device plugin's `mixed` MIG strategy a card in MIG mode is offered as slices only,
+/// while GFD's `nvidia.com/gpu.count` still counts it. Of `gpus` read from labels, those past
+/// the whole GPUs the device plugin advertises (the mode's count resource in `host`, the node's
+/// allocatable else capacity; none when absent) are
+/// marked unhealthy, as the node agent marks a MIG-enabled card: no pod gets them whole. The
+/// labels do not say which cards are in MIG mode, so the last ones are marked. Whole-GPU modes
+/// only: a sharing node's count resource counts cards, not what its device plugin serves whole.
+fn mark_mig_cards(
+    gpus: &mut [Gpu],
+    mode: GpuMode,
+    host: Option<&BTreeMap<String, WireQuantity>>,
+    cfg: &Config,
+) {
+    if !matches!(mode, GpuMode::Exclusive | GpuMode::Topology) {
+        return;
+    }
+    let whole = advertised_gpus(mode, host, cfg).map_or(0, |(count, _)| count);
+    let whole = usize::try_from(whole).unwrap_or(usize::MAX);
+    for gpu in gpus.iter_mut().skip(whole) {
+        gpu.healthy = false;
     }
 }
 

@@ -4,12 +4,15 @@
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as WireQuantity;
 
+use std::collections::BTreeMap;
+
 use super::super::quantity::Quantity;
-use super::{MAX_GPUS, TranslateError};
+use super::{MAX_GPUS, MIG_RESOURCE_PREFIX, TranslateError, mig_profile_of};
 use crate::config::{Config, Sharing};
+use gpu_engine::mig::normalized;
 use gpu_engine::{
-    ContainerRequest, CpuMilli, GpuConstraints, GpuDemand, GpuPlacement, MemMiB, ModelPattern,
-    PodKey, PodRequest, RequestError, TopologyPreference,
+    ContainerRequest, CpuMilli, GpuConstraints, GpuDemand, GpuPlacement, MemMiB, MigProfile,
+    MigSlices, ModelPattern, PodKey, PodRequest, RequestError, TopologyPreference,
 };
 
 /// The `namespace/name` key of a pod.
@@ -25,8 +28,9 @@ pub fn pod_key(pod: &Pod) -> PodKey {
 // ---------------------------------------------------------------------------------------------
 
 /// What a pod asks of the GPU scheduler, or `None` when no container (app or init) asks for a
-/// GPU resource. CPU and memory follow Kubernetes' rules (init containers, sidecars, overhead,
-/// pod-level resources); GPU resources must be whole numbers.
+/// GPU resource or MIG slices. CPU and memory follow Kubernetes' rules (init containers,
+/// sidecars, overhead, pod-level resources); GPU resources must be whole numbers. MIG slices
+/// are the pod's, all containers together ([`pod_mig_request`]).
 ///
 /// Restartable init containers (sidecars) run for the pod's whole life, so their GPUs are
 /// listed with the app containers; ordinary init containers run one at a time and are listed
@@ -50,10 +54,12 @@ pub fn pod_request(pod: &Pod, cfg: &Config) -> Result<Option<PodRequest>, Transl
             init_containers.push(request);
         }
     }
+    let mig = pod_mig_request(pod)?;
     let wants_gpu = containers
         .iter()
         .chain(&init_containers)
-        .any(|c| !c.gpu.is_none());
+        .any(|c| !c.gpu.is_none())
+        || !mig.is_empty();
     if !wants_gpu {
         return Ok(None);
     }
@@ -63,27 +69,79 @@ pub fn pod_request(pod: &Pod, cfg: &Config) -> Result<Option<PodRequest>, Transl
         memory,
         containers,
         init_containers,
+        mig,
         constraints: pod_constraints(pod, cfg)?,
     }))
 }
 
-/// Whether any container (app or init) names a GPU resource of this configuration in its
-/// requests or limits, even with a zero or invalid amount: kube-scheduler's `IsInterested`.
+/// Whether any container (app or init) names a GPU resource of this configuration or a MIG
+/// profile (`nvidia.com/mig-*`) in its requests or limits, even with a zero or invalid amount:
+/// kube-scheduler's `IsInterested`.
 pub fn names_gpu_resource(pod: &Pod, cfg: &Config) -> bool {
     let r = &cfg.resources;
     let names = [&r.whole_gpu, &r.gpu_mem, &r.gpu_core, &r.topology_gpu];
+    let ours = |key: &String| names.contains(&key) || key.starts_with(MIG_RESOURCE_PREFIX);
+    let names_one =
+        |map: Option<&BTreeMap<String, WireQuantity>>| map.is_some_and(|m| m.keys().any(ours));
     pod.spec.iter().any(|spec| {
         spec.containers
             .iter()
             .chain(spec.init_containers.iter().flatten())
             .filter_map(|c| c.resources.as_ref())
-            .any(|res| {
-                names.iter().any(|name| {
-                    res.requests.as_ref().is_some_and(|m| m.contains_key(*name))
-                        || res.limits.as_ref().is_some_and(|m| m.contains_key(*name))
-                })
-            })
+            .any(|res| names_one(res.requests.as_ref()) || names_one(res.limits.as_ref()))
     })
+}
+
+/// The MIG slices the pod asks for: every `nvidia.com/mig-<profile>` any container (app or
+/// init) names in its requests or limits, each counted by Kubernetes' rule for extended
+/// resources (the larger of the app containers plus sidecars and the init-container peak), as
+/// kube-scheduler counts them against the node's allocatable. Normalized; a profile asked 0
+/// times is left out, as `nvidia.com/gpu: 0` asks for no GPU. A resource name of the prefix that
+/// is no profile, or an amount that is not a whole non-negative number, is an error naming the
+/// container.
+pub fn pod_mig_request(pod: &Pod) -> Result<Vec<MigSlices>, TranslateError> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Ok(Vec::new());
+    };
+    let mut profiles: BTreeMap<&str, MigProfile> = BTreeMap::new();
+    for container in spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+    {
+        let Some(resources) = container.resources.as_ref() else {
+            continue;
+        };
+        let names = resources
+            .requests
+            .iter()
+            .chain(resources.limits.iter())
+            .flat_map(BTreeMap::keys);
+        for name in names {
+            match mig_profile_of(name) {
+                None => {}
+                Some(Ok(profile)) => {
+                    profiles.insert(name, profile);
+                }
+                Some(Err(source)) => {
+                    return Err(TranslateError::Request {
+                        container: container.name.clone(),
+                        source,
+                    });
+                }
+            }
+        }
+    }
+    let mut slices = Vec::with_capacity(profiles.len());
+    for (resource, profile) in profiles {
+        let [count] = containers_request(spec, |c| gpu_amount(c, resource).map(|n| [n]))?;
+        // Saturated: a count past u32 is more than any node advertises, refused as such.
+        slices.push(MigSlices::new(
+            profile,
+            u32::try_from(count).unwrap_or(u32::MAX),
+        ));
+    }
+    Ok(normalized(slices))
 }
 
 /// What filter, prioritize and preempt place for `pod`: its GPU request, or, for a pod that asks

@@ -553,6 +553,186 @@ fn configured_names_are_used() {
     );
 }
 
+// ------------------------------------------------------------------ MIG
+
+/// `(profile, count)` pairs of a spec or request.
+fn mig_of(slices: &[gpu_engine::MigSlices]) -> Vec<(String, u32)> {
+    slices
+        .iter()
+        .map(|s| (s.profile.to_string(), s.count))
+        .collect()
+}
+
+#[test]
+fn mig_slices_are_read_from_allocatable_and_garbage_is_reported() {
+    let n = node(json!({
+        "metadata": {"name": "mig-a"},
+        "status": {
+            "capacity": {"nvidia.com/mig-1g.10gb": "9"},
+            "allocatable": {
+                "cpu": "64", "nvidia.com/gpu": "0",
+                "nvidia.com/mig-1g.10gb": "7", "nvidia.com/mig-3g.40gb": "2",
+                "nvidia.com/mig-1g.10gb.me": "0",
+                "nvidia.com/mig-big": "1", "nvidia.com/mig-2g.20gb": "1.5"}}
+    }));
+    let translation = translate_node(&n, &cfg());
+    assert_eq!(
+        mig_of(&translation.spec.mig),
+        [("1g.10gb".to_owned(), 7), ("3g.40gb".to_owned(), 2)],
+        "allocatable, by profile; a profile advertised 0 times holds nothing"
+    );
+    let problems: Vec<String> = translation
+        .problems
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert!(
+        problems[0].contains("nvidia.com/mig-2g.20gb=\"1.5\": must be a whole number"),
+        "{problems:?}"
+    );
+    assert!(
+        problems[1].contains("nvidia.com/mig-big: \"big\" is not a MIG profile"),
+        "{problems:?}"
+    );
+    assert!(
+        node_spec(&n, &cfg()).is_err(),
+        "strict reading refuses the node"
+    );
+}
+
+#[test]
+fn gfd_counted_mig_cards_are_never_given_whole() {
+    let labels = json!({
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+        "nvidia.com/gpu.memory": "81920",
+        "nvidia.com/gpu.count": "8"});
+    // `mixed`: two cards whole, six in MIG mode; GFD counts all eight.
+    let mixed = node(json!({
+        "metadata": {"name": "n", "labels": labels},
+        "status": {"allocatable": {"nvidia.com/gpu": "2", "nvidia.com/mig-3g.40gb": "12"}}
+    }));
+    let spec = node_spec(&mixed, &cfg()).unwrap();
+    let healthy: Vec<bool> = spec.gpus.iter().map(|g| g.healthy).collect();
+    assert_eq!(
+        healthy,
+        [true, true, false, false, false, false, false, false]
+    );
+    // Every card in MIG mode: the device plugin advertises no whole GPU at all.
+    let all_mig = node(json!({
+        "metadata": {"name": "n", "labels": labels},
+        "status": {"allocatable": {"nvidia.com/mig-3g.40gb": "16"}}
+    }));
+    let spec = node_spec(&all_mig, &cfg()).unwrap();
+    assert!(spec.gpus.iter().all(|g| !g.healthy) && spec.gpus.len() == 8);
+    // No MIG slices advertised: the labels' cards are whole, as before.
+    let plain = node(json!({"metadata": {"name": "n", "labels": labels}}));
+    assert!(
+        node_spec(&plain, &cfg())
+            .unwrap()
+            .gpus
+            .iter()
+            .all(|g| g.healthy)
+    );
+}
+
+#[test]
+fn the_single_strategy_reads_its_slices_from_the_labels_not_the_cards_report() {
+    // GFD under `single`: count, memory and product describe the MIG slices the device plugin
+    // advertises as `nvidia.com/gpu`; the node agent's report lists the cards, all in MIG mode.
+    let n = node(json!({
+        "metadata": {"name": "n",
+            "labels": {
+                "nvidia.com/mig.strategy": "single",
+                "nvidia.com/gpu.product": "A100-SXM4-40GB-MIG-1g.5gb",
+                "nvidia.com/gpu.memory": "4864",
+                "nvidia.com/gpu.count": "56"},
+            "annotations": {"gpu-extender.io/gpus": report(0, 0, 8)}},
+        "status": {"allocatable": {"nvidia.com/gpu": "56"}}
+    }));
+    let translation = translate_node(&n, &cfg());
+    assert!(
+        translation.problems.is_empty(),
+        "{:?}",
+        translation.problems
+    );
+    let spec = translation.spec;
+    assert_eq!(spec.gpus.len(), 56);
+    assert!(spec.gpus.iter().all(|g| g.healthy));
+    assert_eq!(spec.gpus[0].model, "A100-SXM4-40GB-MIG-1g.5gb");
+    assert_eq!(spec.gpus[0].memory, MemMiB(4864));
+    // The same report without the label is read: eight cards, none offered whole.
+    let mut labels = n.metadata.labels.clone().unwrap();
+    labels.remove("nvidia.com/mig.strategy");
+    let mut mixed = n.clone();
+    mixed.metadata.labels = Some(labels);
+    let spec = node_spec(&mixed, &cfg()).unwrap();
+    assert_eq!(spec.gpus.len(), 8);
+    assert!(spec.gpus.iter().all(|g| !g.healthy));
+}
+
+#[test]
+fn mig_requests_are_the_pods_all_containers_together() {
+    let p = pod(
+        json!({"metadata": {"name": "p", "namespace": "ns"}, "spec": {
+        "initContainers": [{"name": "init", "resources": {"limits": {"nvidia.com/mig-3g.40gb": "2"}}}],
+        "containers": [
+            {"name": "a", "resources": {"requests": {"nvidia.com/mig-1g.10gb": "1"}}},
+            {"name": "b", "resources": {"limits": {
+                "nvidia.com/mig-1g.10gb": "2", "nvidia.com/mig-3g.40gb": "1"}}},
+            {"name": "c", "resources": {"limits": {"nvidia.com/mig-1g.10gb.me": "0"}}}]}}),
+    );
+    let request = pod_request(&p, &cfg()).unwrap().unwrap();
+    // 1 + 2 of 1g.10gb in the app containers; 3g.40gb: the init container's 2 beats the app's 1;
+    // a profile asked 0 times asks for nothing.
+    assert_eq!(
+        mig_of(&request.mig),
+        [("1g.10gb".to_owned(), 3), ("3g.40gb".to_owned(), 2)]
+    );
+    assert!(request.containers.iter().all(|c| c.gpu == GpuDemand::None));
+    assert!(request.wants_gpu() && !request.wants_gpu_grants());
+    assert!(names_gpu_resource(&p, &cfg()));
+    // Only zero amounts: the pod names a MIG resource, and asks for nothing.
+    let zero = one(json!({"nvidia.com/mig-1g.10gb": "0"}));
+    assert!(names_gpu_resource(&zero, &cfg()));
+    assert_eq!(pod_request(&zero, &cfg()), Ok(None));
+    // With a whole GPU besides.
+    let both = one(json!({"nvidia.com/gpu": "1", "nvidia.com/mig-1g.10gb": "1"}));
+    let request = pod_request(&both, &cfg()).unwrap().unwrap();
+    assert_eq!(request.containers[0].gpu, GpuDemand::Whole { count: 1 });
+    assert_eq!(mig_of(&request.mig), [("1g.10gb".to_owned(), 1)]);
+}
+
+#[test]
+fn malformed_mig_requests_are_clear_errors() {
+    for (resources, expected) in [
+        (
+            json!({"nvidia.com/mig-3g": "1"}),
+            "container c: \"3g\" is not a MIG profile: expected <compute>g.<memory>gb",
+        ),
+        (
+            json!({"nvidia.com/mig-1c.3g.20gb": "1"}),
+            "container c: \"1c.3g.20gb\" is not a MIG profile",
+        ),
+        (
+            json!({"nvidia.com/mig-1g.10gb": "-1"}),
+            "container c: nvidia.com/mig-1g.10gb quantity \"-1\" must not be negative",
+        ),
+        (
+            json!({"nvidia.com/mig-1g.10gb": "500m"}),
+            "container c: nvidia.com/mig-1g.10gb quantity \"500m\" must be a whole number",
+        ),
+        (
+            json!({"nvidia.com/mig-1g.10gb": "lots"}),
+            "container c: nvidia.com/mig-1g.10gb quantity \"lots\" not a Kubernetes quantity",
+        ),
+    ] {
+        let p = one(resources);
+        assert!(err(&p).starts_with(expected), "{} for {expected}", err(&p));
+        assert!(names_gpu_resource(&p, &cfg()));
+    }
+}
+
 #[test]
 fn link_cells_read_back_as_the_same_link() {
     for link in [

@@ -456,7 +456,8 @@ pub fn score(
 pub struct Taking {
     pub cpu: CpuMilli,
     pub memory: MemMiB,
-    /// Whether the pod holds any GPU (an idle node it lands on stops being idle).
+    /// Whether the pod holds any GPU, MIG slices included (an idle node it lands on stops being
+    /// idle; a MIG pod is a GPU pod, never held off a node's host).
     pub gpus: bool,
 }
 
@@ -466,7 +467,7 @@ impl Taking {
         Self {
             cpu: allocation.cpu,
             memory: allocation.memory,
-            gpus: allocation.has_gpus(),
+            gpus: allocation.has_gpus() || allocation.holds_mig(),
         }
     }
 

@@ -5,12 +5,14 @@ pub mod binpack;
 pub mod fgd;
 pub mod fgd_plus;
 pub mod learn;
+pub mod mig;
 pub mod pick;
 pub mod spread;
 pub mod topology;
 pub mod typical;
 
 use super::allocation::PodAllocation;
+use super::mig::MigSlices;
 use super::model::{ComputeMilli, CpuMilli, GpuPlacement, MemMiB};
 use super::request::PodRequest;
 use super::state::{GpuUsage, NodeState, PerGpu};
@@ -208,7 +210,20 @@ impl Policy {
         let mut after_usage = PerGpu::copy_of(&node.gpus);
         add_allocation(node, &mut after_usage, allocation);
         let quality = topology::quality(node, allocation);
-        self.score_after(node, &after_usage, Taking::of(allocation), quality, cache)
+        let score = self.score_after(node, &after_usage, Taking::of(allocation), quality, cache);
+        self.with_mig(score, node, &allocation.mig, allocation.has_gpus())
+    }
+
+    /// `grants_score` with the MIG slices `asked` weighed in ([`mig::combined`]); `grants`:
+    /// whether the pod holds GPU grants besides.
+    pub(super) fn with_mig(
+        &self,
+        grants_score: f64,
+        node: &NodeState,
+        asked: &[MigSlices],
+        grants: bool,
+    ) -> f64 {
+        mig::combined(self.scoring, grants_score, node, asked, grants)
     }
 
     /// The score of a placement that leaves `node` with GPU usage `after_usage`, takes

@@ -8,8 +8,8 @@
 
 use gpu_engine::{
     ComputeMilli, ContainerAllocation, ContainerRequest, CpuMilli, Gpu, GpuDemand, GpuGrant,
-    GpuIndex, GpuMode, Grant, Link, LinkMatrix, MemMiB, NodeName, NodeSpec, NodeState,
-    PodAllocation, PodRequest,
+    GpuIndex, GpuMode, Grant, Link, LinkMatrix, MemMiB, MigProfile, MigSlices, NodeName, NodeSpec,
+    NodeState, PodAllocation, PodRequest,
 };
 
 /// `n` GiB in the engine's unit.
@@ -99,6 +99,7 @@ pub fn held_allocation(node: &NodeName, held: Held) -> PodAllocation {
             gpus,
         }],
         init_containers: Vec::new(),
+        mig: Vec::new(),
     }
 }
 
@@ -147,4 +148,30 @@ pub fn app_gpus(allocation: &PodAllocation) -> Vec<Vec<u16>> {
         .iter()
         .map(|c| c.gpus.iter().map(|g| g.gpu.0).collect())
         .collect()
+}
+
+/// `(profile, count)` pairs as MIG slices.
+pub fn mig(slices: &[(&str, u32)]) -> Vec<MigSlices> {
+    slices
+        .iter()
+        .map(|&(profile, count)| MigSlices::new(MigProfile::parse(profile).unwrap(), count))
+        .collect()
+}
+
+/// A node of `whole` exclusive A100s advertising the MIG slices `pools`, with other pods
+/// holding the slices `held` (one pod per entry).
+pub fn mig_node(whole: u16, pools: &[(&str, u32)], held: &[(&str, u32)]) -> NodeState {
+    let spec = uniform(GpuMode::Exclusive, whole, "A100", 80).with_mig(mig(pools));
+    let mut node = NodeState::new(spec);
+    for entry in held {
+        let mut other = PodAllocation::host_only(node.spec.name.clone(), CpuMilli(0), MemMiB(0));
+        other.mig = mig(std::slice::from_ref(entry));
+        node.add(&other);
+    }
+    node
+}
+
+/// A pod asking for the MIG slices `slices` and `whole` whole GPUs.
+pub fn mig_pod(whole_gpus: u64, slices: &[(&str, u32)]) -> PodRequest {
+    pod(GpuDemand::whole(whole_gpus).unwrap()).with_mig(mig(slices))
 }
