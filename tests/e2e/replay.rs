@@ -217,6 +217,119 @@ fn replay_the_real_loop_places_as_simulate_does() {
     });
 }
 
+/// Four nodes of 4 GPUs; eight GPU pods claiming one device each (two of them for a share of a
+/// GPU, which claims a whole device in DRA mode) and two small CPU-only pods.
+const DRA_SCENARIO: &str = "\
+name: dra-spread
+nodes:
+  - name: n
+    count: 4
+    cpu_milli: 64000
+    memory_mib: 262144
+    gpus: 4
+    model: T4
+pods:
+  - name: whole
+    count: 6
+    cpu_milli: 4000
+    memory_mib: 8192
+    gpus: 1
+  - name: share
+    count: 2
+    cpu_milli: 4000
+    memory_mib: 8192
+    gpus: 1
+    gpu_milli: 500
+  - name: cpu
+    count: 2
+    cpu_milli: 100
+    memory_mib: 100
+";
+
+#[test]
+#[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
+fn replay_dra_claims_are_allocated_where_the_extender_ranked() {
+    harness::run_with_bins(
+        "replay_dra_claims_are_allocated_where_the_extender_ranked",
+        |bins| {
+            let dir = tempfile_dir("replay-dra")?;
+            let scenario = dir.join("scenario.yaml");
+            std::fs::write(&scenario, DRA_SCENARIO)?;
+            let out = dir.join("out");
+            let output = replay(
+                &[
+                    "--scenario",
+                    &scenario.to_string_lossy(),
+                    "--dra",
+                    "--tune",
+                    "0",
+                    "--policies",
+                    "kube-default,binpack",
+                    "--compare",
+                    "--out",
+                    &out.to_string_lossy(),
+                ],
+                bins,
+            )?;
+            ensure!(output.status.success(), "replay failed:\n{}", text(&output));
+            let printed = text(&output);
+            ensure!(
+                printed.contains("kube-scheduler alone")
+                    && printed.contains("kube-scheduler with the extender's DRA stanza"),
+                "both setups:\n{printed}"
+            );
+            // Every pod bound (a GPU pod's node read from its claim's allocation: the replay
+            // fails on a bound pod whose claim is not allocated there), each to a node
+            // kube-scheduler's totals rank best as `simulate --dra` computes them.
+            let decisions = std::fs::read_to_string(out.join("decisions.csv"))?;
+            let rows: Vec<Vec<&str>> = decisions
+                .lines()
+                .skip(1)
+                .map(|line| line.split(',').collect())
+                .collect();
+            ensure!(rows.len() == 20, "10 pods under each policy: {decisions}");
+            ensure!(
+                rows.iter().all(|row| row[6] == "best"),
+                "every pod bound to the best node:\n{decisions}"
+            );
+            // GPU pods per node: kube-scheduler alone spreads them two to a node (LeastAllocated
+            // prefers the emptier node); the extender's ranking under binpack fills two nodes.
+            let gpu_pods_per_node = |policy: &str| {
+                let mut per_node: std::collections::BTreeMap<&str, usize> = Default::default();
+                for row in rows.iter().filter(|row| row[1] == policy) {
+                    if !row[4].contains("-cpu-") {
+                        *per_node.entry(row[5]).or_default() += 1;
+                    }
+                }
+                per_node.into_values().collect::<Vec<_>>()
+            };
+            ensure!(
+                gpu_pods_per_node("kube-default") == [2, 2, 2, 2],
+                "kube-scheduler alone: {:?}\n{decisions}",
+                gpu_pods_per_node("kube-default")
+            );
+            ensure!(
+                gpu_pods_per_node("engine-binpack") == [4, 4],
+                "with the extender's ranking: {:?}\n{decisions}",
+                gpu_pods_per_node("engine-binpack")
+            );
+            // And `simulate --dra` allocates the same at every arrival point.
+            let compare = std::fs::read_to_string(out.join("compare.csv"))?;
+            let differences: Vec<f64> = compare
+                .lines()
+                .skip(1)
+                .map(|line| line.rsplit(',').next().unwrap_or_default().parse())
+                .collect::<Result<_, _>>()?;
+            ensure!(
+                !differences.is_empty() && differences.iter().all(|d| d.abs() < 1e-9),
+                "simulate --dra against the real loop:\n{compare}"
+            );
+            std::fs::remove_dir_all(&dir).ok();
+            Ok(())
+        },
+    );
+}
+
 /// A small cluster and a workload whose pods leave (`creation_time`, `deletion_time`), in the
 /// openb CSV layout: 8 nodes of 8 GPUs and 16 of 2 (96 GPUs), and 240 pods arriving every 10 s
 /// that live 1,200 to 2,800 s: the cluster fills (`simulate` turns 8 pods away under either

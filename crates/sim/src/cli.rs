@@ -14,6 +14,7 @@ use super::progress::Progress;
 use super::replay::{self, Prepared, RunResult, SimPolicy};
 use super::report;
 use super::trace::{Cluster, Workload};
+use gpu_engine::ScoringPolicy;
 
 /// The built-in example scenario (also `crates/sim/sim-small.yaml`): what runs with no arguments.
 pub const EXAMPLE_SCENARIO: &str = include_str!("../sim-small.yaml");
@@ -107,6 +108,14 @@ pub struct SimArgs {
     /// pods are still counted as window misses.
     #[arg(long, requires = "percentage_of_nodes_to_score")]
     pub retry_window_misses: bool,
+
+    /// DRA mode: every GPU pod asks for whole GPUs through a ResourceClaim of the DeviceClass
+    /// gpu.nvidia.com (a share of a GPU claims one device) and kube-scheduler's own scores
+    /// choose the node, with the extender's DRA ranking added under an engine policy; policies
+    /// kube-default (kube-scheduler alone) and the engine policies; `all` = kube-default and
+    /// fgd-plus.
+    #[arg(long)]
+    pub dra: bool,
 }
 
 /// Which runs keep per-step rows.
@@ -167,6 +176,54 @@ pub fn parse_policies(names: &[String]) -> anyhow::Result<Vec<SimPolicy>> {
     Ok(policies)
 }
 
+/// Parses the policy list for DRA mode (`dra`) or not: in DRA mode `all` is
+/// [`dra_policies`], and only kube-scheduler alone and the engine policies run (kube-scheduler
+/// places every pod; the extender can only rank); outside it `kube-default` is refused.
+pub fn parse_policies_in(names: &[String], dra: bool) -> anyhow::Result<Vec<SimPolicy>> {
+    if !dra {
+        let policies = parse_policies(names)?;
+        if policies.contains(&SimPolicy::KubeDefault) {
+            bail!(
+                "{} is kube-scheduler alone placing pods whose GPUs are DRA claims: give --dra",
+                replay::KUBE_DEFAULT
+            );
+        }
+        return Ok(policies);
+    }
+    let mut policies = Vec::new();
+    for name in names {
+        let expanded = if name.trim().eq_ignore_ascii_case("all") {
+            dra_policies()
+        } else {
+            parse_policies(std::slice::from_ref(name))?
+        };
+        for policy in expanded {
+            if let SimPolicy::Reference(_) = policy {
+                bail!(
+                    "--dra: {} is not a policy of DRA mode, where kube-scheduler places every \
+                     pod and the extender only ranks nodes; use {} or an engine policy \
+                     (engine-binpack, engine-spread, engine-fgd, fgd-plus)",
+                    policy.name(),
+                    replay::KUBE_DEFAULT
+                );
+            }
+            if !policies.contains(&policy) {
+                policies.push(policy);
+            }
+        }
+    }
+    Ok(policies)
+}
+
+/// What `all` stands for in DRA mode: kube-scheduler alone, and with the extender ranking under
+/// fgd-plus.
+pub fn dra_policies() -> Vec<SimPolicy> {
+    vec![
+        SimPolicy::KubeDefault,
+        SimPolicy::engine(ScoringPolicy::FgdPlus),
+    ]
+}
+
 /// The policies `all` stands for.
 pub fn default_policies() -> Vec<SimPolicy> {
     SimPolicy::references()
@@ -177,6 +234,7 @@ pub fn default_policies() -> Vec<SimPolicy> {
 fn known_policies() -> Vec<String> {
     SimPolicy::references()
         .chain(replay::engine_policies())
+        .chain([SimPolicy::KubeDefault])
         .map(SimPolicy::name)
         .collect()
 }
@@ -327,7 +385,7 @@ pub fn run_matrix(
 /// The `simulate` command.
 pub fn run_cli(args: SimArgs) -> anyhow::Result<()> {
     let seeds = parse_seeds(&args.seeds)?;
-    let policies = parse_policies(&args.policies)?;
+    let policies = parse_policies_in(&args.policies, args.dra)?;
     if !args.tune.is_finite() || args.tune < 0.0 {
         bail!("--tune must be a non-negative number, got {}", args.tune);
     }
@@ -335,7 +393,11 @@ pub fn run_cli(args: SimArgs) -> anyhow::Result<()> {
     let prepared: Vec<Prepared> = workloads
         .iter()
         .map(|workload| {
-            let mut prepared = Prepared::new(&cluster, workload);
+            let mut prepared = if args.dra {
+                Prepared::new_dra(&cluster, workload)
+            } else {
+                Prepared::new(&cluster, workload)
+            };
             if let Some(percent) = args.percentage_of_nodes_to_score {
                 prepared = prepared.with_scheduler_window(percent);
                 if args.retry_window_misses {
@@ -374,6 +436,16 @@ pub fn run_cli(args: SimArgs) -> anyhow::Result<()> {
             } else {
                 ""
             }
+        );
+    }
+    if args.dra {
+        println!(
+            "DRA mode: each GPU pod claims whole devices of DeviceClass {} (a share of a GPU \
+             claims one), alloc % counts whole devices held; kube-scheduler's own scores \
+             (LeastAllocated + BalancedAllocation) choose the node, the extender's ranking \
+             added x{} under an engine policy; the DRA allocator takes the first free devices",
+            crate::dra::DEVICE_CLASS,
+            crate::dra::EXTENDER_WEIGHT
         );
     }
     let total_pods: u64 = prepared
@@ -492,6 +564,30 @@ mod tests {
         assert_eq!(picked.len(), 2);
         let err = parse_policies(&["nope".to_owned()]).unwrap_err();
         assert!(err.to_string().contains("known policies: random"), "{err}");
+    }
+
+    #[test]
+    fn dra_mode_runs_kube_scheduler_alone_and_the_engine_policies_only() {
+        let names = |list: &[&str]| list.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>();
+        assert_eq!(
+            parse_policies_in(&names(&["all"]), true).unwrap(),
+            dra_policies()
+        );
+        let picked = parse_policies_in(&names(&["kube-default", "engine-binpack"]), true).unwrap();
+        assert_eq!(picked[0], SimPolicy::KubeDefault);
+        assert_eq!(picked[1], SimPolicy::engine(ScoringPolicy::Binpack));
+        let error = parse_policies_in(&names(&["fgd"]), true).unwrap_err();
+        assert!(
+            error.to_string().contains("not a policy of DRA mode"),
+            "{error}"
+        );
+        let error = parse_policies_in(&names(&["kube-default"]), false).unwrap_err();
+        assert!(error.to_string().contains("give --dra"), "{error}");
+        assert!(
+            !parse_policies_in(&names(&["all"]), false)
+                .unwrap()
+                .contains(&SimPolicy::KubeDefault)
+        );
     }
 
     #[test]

@@ -3,11 +3,13 @@
 //! are in `docs/simulate.md`, the openb traces' origin in [`cli::OPENB_SOURCE`]) run through the same engine the
 //! extender uses. Loading (`load`, `trace`), the seeded protocol
 //! (`protocol`, drawn from Go's `math/rand` in `go_rand`), one run (`replay`), measurements (`metrics`), the bound no online policy exceeds (`ceiling`), and outputs (`report`, `cli`);
-//! harder workloads sampled from a trace (`generate`).
+//! harder workloads sampled from a trace (`generate`); DRA mode, GPU pods as claims and
+//! kube-scheduler's own scores (`dra`).
 //! Randomness lives here, never in the engine: draws are passed into engine functions.
 
 pub mod ceiling;
 pub mod cli;
+pub mod dra;
 pub mod generate;
 pub mod go_rand;
 pub mod load;

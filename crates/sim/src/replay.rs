@@ -15,15 +15,16 @@ use super::ceiling::RunCeiling;
 use super::go_rand::GoRand;
 use super::metrics::{Curves, PodKind, Rejections, Step};
 use super::protocol::{self, Arrivals};
-use super::trace::{Cluster, Workload};
+use super::trace::{Cluster, SimNode, Workload};
 use super::window::{SchedulerWindow, feasible_nodes_to_find};
+use crate::dra;
 use crate::reference::{self, GpuClass, GpuClassMix, GpuSelection, PodShape, ReferencePolicy};
 use gpu_engine::policy::fgd::FgdCache;
 use gpu_engine::policy::typical::{Scarcity, ScarcityCensus};
 use gpu_engine::policy::{fgd_plus, free_milli};
 use gpu_engine::{
-    NodeState, PodAllocation, PodRequest, Policy, ScoringPolicy, ShareChoice, TypicalPods, fit,
-    fit_choosing,
+    NodeSpec, NodeState, PodAllocation, PodRequest, Policy, ScoringPolicy, ShareChoice,
+    TypicalPods, fit, fit_choosing,
 };
 
 /// A policy the simulator can replay.
@@ -37,6 +38,9 @@ pub enum SimPolicy {
         scoring: ScoringPolicy,
         tuning: fgd_plus::Tuning,
     },
+    /// kube-scheduler alone, its default profile's scores ([`crate::dra`]): the baseline of DRA
+    /// mode, where pods ask for GPUs through claims and no extender ranks them.
+    KubeDefault,
 }
 
 impl SimPolicy {
@@ -70,6 +74,7 @@ impl SimPolicy {
                 }
             }
             Self::Engine { scoring, .. } => format!("engine-{}", scoring.as_str()),
+            Self::KubeDefault => KUBE_DEFAULT.to_owned(),
         }
     }
 
@@ -77,7 +82,7 @@ impl SimPolicy {
     pub fn label(self) -> String {
         match self {
             Self::Reference(policy) => policy.label().to_owned(),
-            Self::Engine { .. } => self.name(),
+            Self::Engine { .. } | Self::KubeDefault => self.name(),
         }
     }
 
@@ -89,6 +94,9 @@ impl SimPolicy {
         let lower = name.to_ascii_lowercase();
         if let Some(policy) = ReferencePolicy::ALL.into_iter().find(|p| p.name() == lower) {
             return Ok(Self::Reference(policy));
+        }
+        if lower == KUBE_DEFAULT {
+            return Ok(Self::KubeDefault);
         }
         let (base, knobs) = match name.split_once(':') {
             Some((base, knobs)) => (base.to_ascii_lowercase(), Some(knobs)),
@@ -115,6 +123,9 @@ impl SimPolicy {
     }
 }
 
+/// The command-line name of [`SimPolicy::KubeDefault`].
+pub const KUBE_DEFAULT: &str = "kube-default";
+
 /// The knobs of `tuning` that differ from the defaults, in parse syntax.
 fn tuning_knobs(tuning: &fgd_plus::Tuning) -> Vec<String> {
     tuning
@@ -138,6 +149,9 @@ pub fn engine_policies() -> impl Iterator<Item = SimPolicy> {
 #[derive(Clone, Debug)]
 struct PodClass {
     request: PodRequest,
+    /// In DRA mode, what the extender ranks nodes for: the claim's whole GPUs without its model
+    /// selector ([`dra::ranked_request`]).
+    ranked: PodRequest,
     shape: PodShape,
     class: Option<GpuClass>,
     kind: PodKind,
@@ -165,16 +179,29 @@ pub struct Prepared {
     /// kube-scheduler's next windows until one holds such a node, as the extender's requeue
     /// nudge has kube-scheduler do ([`Prepared::with_window_retries`]).
     window_retry: bool,
+    /// DRA mode ([`Prepared::new_dra`]): kube-scheduler's own scores decide, with the
+    /// extender's ranking added for GPU pods under an engine policy.
+    dra: bool,
 }
 
 impl Prepared {
     /// Prepares `workload` on `cluster`; FGD's typical pods come from the workload as given.
     pub fn new(cluster: &Cluster, workload: &Workload) -> Self {
-        let nodes: Vec<NodeState> = cluster
-            .nodes()
-            .iter()
-            .map(|node| NodeState::new(node.spec()))
-            .collect();
+        let specs = cluster.nodes().iter().map(SimNode::spec).collect();
+        Self::of_specs(specs, cluster, workload, false)
+    }
+
+    /// Prepares `workload` in DRA mode ([`crate::dra`]): its GPU pods as pods with claims for
+    /// whole devices ([`dra::claims_workload`], which names it), nodes serving whole GPUs, and
+    /// kube-scheduler's own scores choosing the node, with the extender's DRA ranking added
+    /// for GPU pods under an engine policy. FGD's typical pods are the claims workload's.
+    pub fn new_dra(cluster: &Cluster, workload: &Workload) -> Self {
+        let claims = dra::claims_workload(workload);
+        Self::of_specs(dra::node_specs(cluster), cluster, &claims, true)
+    }
+
+    fn of_specs(specs: Vec<NodeSpec>, cluster: &Cluster, workload: &Workload, dra: bool) -> Self {
+        let nodes: Vec<NodeState> = specs.into_iter().map(NodeState::new).collect();
         let typical = protocol::typical_pods(workload.pods()).with_cluster(&nodes);
         let access = nodes.iter().map(|n| typical.access_masks(n)).collect();
         let mut index: HashMap<(u64, u64, u16, u32, &str), usize> = HashMap::new();
@@ -190,8 +217,10 @@ impl Prepared {
                 pod.gpu_spec.as_str(),
             );
             let id = *index.entry(key).or_insert_with(|| {
+                let request = pod.request();
                 classes.push(PodClass {
-                    request: pod.request(),
+                    ranked: dra::ranked_request(&request),
+                    request,
                     shape,
                     class: shape.class(),
                     kind: pod.kind(),
@@ -212,7 +241,13 @@ impl Prepared {
             departures: false,
             window_percent: None,
             window_retry: false,
+            dra,
         }
+    }
+
+    /// Whether runs are in DRA mode ([`Prepared::new_dra`]).
+    pub fn dra(&self) -> bool {
+        self.dra
     }
 
     /// The same, replayed with departures: pods are submitted in order of creation time (the
@@ -355,7 +390,10 @@ impl Scorer {
                 fgd_truncate: true,
                 ..Policy::default()
             },
-            SimPolicy::Reference(_) => Policy::scoring(ScoringPolicy::Binpack),
+            // The policy fit checks with; kube-scheduler's scores are `dra`'s.
+            SimPolicy::Reference(_) | SimPolicy::KubeDefault => {
+                Policy::scoring(ScoringPolicy::Binpack)
+            }
             SimPolicy::Engine { scoring, tuning } => Policy {
                 fgd_plus: tuning,
                 ..Policy::scoring(scoring)
@@ -403,8 +441,13 @@ impl Scorer {
         }
     }
 
-    /// Feasibility and score of a class on a node (`None`: the pod does not fit). `cache` holds
-    /// what FGD and FGD+ derived from the node for earlier classes since it last changed.
+    /// Feasibility and score of a class on a node (`None`: the pod does not fit), with
+    /// kube-scheduler's own score in DRA mode (`dra`; 0 otherwise). `cache` holds what FGD and
+    /// FGD+ derived from the node for earlier classes since it last changed.
+    ///
+    /// In DRA mode the score is the one the choice ranks by: kube-scheduler's own for
+    /// [`SimPolicy::KubeDefault`] and for pods without GPUs (the extender has no opinion on
+    /// them), else the policy's score for what the extender reads of the claim.
     fn evaluate(
         &self,
         node: &NodeState,
@@ -412,17 +455,56 @@ impl Scorer {
         mix: &GpuClassMix,
         class: &PodClass,
         cache: &mut FgdCache,
-    ) -> Option<f64> {
-        match self.policy {
+        dra: bool,
+    ) -> Option<(f64, i64)> {
+        if dra {
+            fit(node, &class.request, &self.engine).ok()?;
+            let kube = dra::kube_score(node, class.request.cpu, class.request.memory);
+            let score = match self.policy {
+                SimPolicy::Engine { .. } if class.request.wants_gpu() => self
+                    .engine
+                    .evaluate_score_with(node, &class.ranked, cache)
+                    .ok()?,
+                _ => kube as f64,
+            };
+            return Some((score, kube));
+        }
+        let score = match self.policy {
             SimPolicy::Reference(ReferencePolicy::Fgd) | SimPolicy::Engine { .. } => self
                 .engine
                 .evaluate_score_with(node, &class.request, cache)
-                .ok(),
+                .ok()?,
             SimPolicy::Reference(policy) => {
                 fit(node, &class.request, &self.engine).ok()?;
-                Some(reference::node_score(policy, node, free, mix, class.shape) as f64)
+                reference::node_score(policy, node, free, mix, class.shape) as f64
             }
-        }
+            // Outside DRA mode (the command line refuses it there), kube-scheduler's scores.
+            SimPolicy::KubeDefault => {
+                fit(node, &class.request, &self.engine).ok()?;
+                dra::kube_score(node, class.request.cpu, class.request.memory) as f64
+            }
+        };
+        Some((score, 0))
+    }
+
+    /// Whether the extender ranks pods of `class` in DRA mode: an engine policy, a GPU pod.
+    fn extender_ranks(&self, class: &PodClass) -> bool {
+        matches!(self.policy, SimPolicy::Engine { .. }) && class.request.wants_gpu()
+    }
+
+    /// In DRA mode, the node kube-scheduler picks among the feasible `(node, score)` whose own
+    /// scores are `kube`: the top total ([`dra::totals`]), at random among equals.
+    fn choose_dra(
+        &self,
+        class: &PodClass,
+        feasible: &[(usize, f64)],
+        kube: &[i64],
+        go: &mut GoRand,
+    ) -> Option<usize> {
+        let nodes: Vec<usize> = feasible.iter().map(|&(node, _)| node).collect();
+        let raw: Vec<f64> = feasible.iter().map(|&(_, score)| score).collect();
+        let totals = dra::totals(kube, self.extender_ranks(class).then_some(&raw[..]));
+        dra::select_host(&nodes, &totals, go)
     }
 
     /// The node for the pod among the feasible `(node, score)`.
@@ -437,6 +519,11 @@ impl Scorer {
             // The framework skips scoring when only one node passes the filter.
             [(node, _)] => Some(*node),
             _ => match self.policy {
+                SimPolicy::KubeDefault => reference::select_host(
+                    feasible
+                        .iter()
+                        .map(|&(node, score)| (node, score, priority[node])),
+                ),
                 SimPolicy::Reference(ReferencePolicy::Random) => {
                     // `nodes[rand.Intn(len)]` of the feasible list (whose order in the
                     // reference depends on its filter goroutines; here it is node order).
@@ -474,7 +561,9 @@ impl Scorer {
                 GpuSelection::Random if class.shape.is_share() => ShareChoice::Drawn(go.uint32()),
                 GpuSelection::Random => ShareChoice::Binpack,
             },
-            SimPolicy::Engine { .. } => self.engine.share_choice(node, &class.request),
+            SimPolicy::Engine { .. } | SimPolicy::KubeDefault => {
+                self.engine.share_choice(node, &class.request)
+            }
         }
     }
 }
@@ -486,19 +575,23 @@ struct Entry {
     generation: u32,
     feasible: bool,
     score: f64,
+    /// kube-scheduler's own score, in DRA mode.
+    kube: i64,
 }
 
 impl Entry {
     /// Scores again with `evaluate` unless the answer is for `generation` already; whether it did.
-    fn refresh(&mut self, generation: u32, evaluate: impl FnOnce() -> Option<f64>) -> bool {
+    fn refresh(&mut self, generation: u32, evaluate: impl FnOnce() -> Option<(f64, i64)>) -> bool {
         if self.generation == generation {
             return false;
         }
-        let score = evaluate();
+        let scores = evaluate();
+        let (score, kube) = scores.unwrap_or_default();
         *self = Self {
             generation,
-            feasible: score.is_some(),
-            score: score.unwrap_or_default(),
+            feasible: scores.is_some(),
+            score,
+            kube,
         };
         true
     }
@@ -576,8 +669,14 @@ impl NodeAnswers {
                     *measured_for = generation;
                     *cache = FgdCache::default();
                 }
-                self.scorer
-                    .evaluate(&nodes[n], &live.free[n], &self.mixes[n], class, cache)
+                self.scorer.evaluate(
+                    &nodes[n],
+                    &live.free[n],
+                    &self.mixes[n],
+                    class,
+                    cache,
+                    prepared.dra,
+                )
             }) {
                 evaluations += 1;
             }
@@ -685,9 +784,29 @@ impl Referee {
         pod: usize,
         chosen: usize,
     ) -> ChoiceRank {
-        let (row, _) = self
+        let class_id = prepared.class_of[pod];
+        let ranked = self
             .answers
-            .row(prepared, nodes, live, prepared.class_of[pod]);
+            .scorer
+            .extender_ranks(&prepared.classes[class_id]);
+        let (row, _) = self.answers.row(prepared, nodes, live, class_id);
+        if prepared.dra {
+            // kube-scheduler's totals over every fitting node of the cluster.
+            let fitting: Vec<usize> = (0..row.len()).filter(|&n| row[n].feasible).collect();
+            let kube: Vec<i64> = fitting.iter().map(|&n| row[n].kube).collect();
+            let raw: Vec<f64> = fitting.iter().map(|&n| row[n].score).collect();
+            let totals = dra::totals(&kube, ranked.then_some(&raw[..]));
+            let best = totals.iter().copied().max();
+            let own = fitting
+                .iter()
+                .position(|&n| n == chosen)
+                .map(|at| totals[at]);
+            return match (own, best) {
+                (Some(own), Some(best)) if own < best => ChoiceRank::BelowBest,
+                (Some(_), Some(_)) => ChoiceRank::Best,
+                _ => ChoiceRank::NotFit,
+            };
+        }
         let best = row
             .iter()
             .filter(|entry| entry.feasible)
@@ -817,6 +936,8 @@ pub fn run(
     let capacity = prepared.capacity_milli;
     let mut steps = Vec::with_capacity(arrivals.order.len());
     let mut feasible: Vec<(usize, f64)> = Vec::with_capacity(node_count);
+    // In DRA mode, kube-scheduler's own score of each feasible node.
+    let mut kube: Vec<i64> = Vec::with_capacity(node_count);
     let mut arrived = 0u64;
     let mut failed = 0u32;
     let mut failed_milli = 0u64;
@@ -875,16 +996,27 @@ pub fn run(
                 }
             }
         }
+        kube.clear();
+        if prepared.dra {
+            kube.extend(feasible.iter().map(|&(n, _)| row[n].kube));
+        }
         // kube-scheduler's plugin-metrics sampling draws once per pod (`rand.Intn(100)`), so the
         // Random policy's draws fall where the reference's did.
         go.intn(100);
         let scorer = &answers.scorer;
-        let placed = scorer.choose(&feasible, &priority, &mut go).and_then(|n| {
-            let choice = scorer.share_choice(&nodes[n], class, &mut go);
-            let allocation =
-                fit_choosing(&nodes[n], &class.request, &scorer.engine, choice).ok()?;
-            Some((n, allocation))
-        });
+        let placed = if prepared.dra {
+            // kube-scheduler picks the node; the DRA allocator its first free devices.
+            scorer
+                .choose_dra(class, &feasible, &kube, &mut go)
+                .and_then(|n| Some((n, dra::first_free_devices(&nodes[n], &class.request)?)))
+        } else {
+            scorer.choose(&feasible, &priority, &mut go).and_then(|n| {
+                let choice = scorer.share_choice(&nodes[n], class, &mut go);
+                let allocation =
+                    fit_choosing(&nodes[n], &class.request, &scorer.engine, choice).ok()?;
+                Some((n, allocation))
+            })
+        };
         match placed {
             Some((n, allocation)) => {
                 answers.node_changing(&nodes[n]);
@@ -1064,6 +1196,71 @@ mod tests {
         // allows one more.
         let window = crate::window::SchedulerWindow::new(0, 150);
         assert_eq!(window.laps(150), 3);
+    }
+
+    #[test]
+    fn in_dra_mode_the_extender_s_ranking_packs_where_kube_scheduler_alone_spreads() {
+        // Two nodes of 4 GPUs; four one-GPU pods, then one of 4 GPUs (creation times fix the
+        // order; nothing leaves). kube-scheduler alone spreads: after the first pod the empty
+        // node scores 94 + 98 against 90 + 96, so the pods go two and two and the 4-GPU pod
+        // finds no node. With the extender ranking under binpack, the busier node gets 10 of
+        // its points (500 of kube-scheduler's) against 0: four on one node, the 4-GPU pod on
+        // the other.
+        let nodes = "sn,cpu_milli,memory_mib,gpu,model\n\
+                     a,64000,262144,4,T4\nb,64000,262144,4,T4\n";
+        let cluster = Cluster::new("c", parse_node_csv(Path::new("n.csv"), nodes).unwrap());
+        let pods = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,creation_time,deletion_time\n\
+                    p1,4000,8192,1,1000,,1,1000\np2,4000,8192,1,500,,2,1000\n\
+                    p3,4000,8192,1,1000,,3,1000\np4,4000,8192,1,1000,T4,4,1000\n\
+                    p5,4000,8192,4,1000,,5,1000\n";
+        let workload = Workload::new("w", parse_pod_csv(Path::new("p.csv"), pods).unwrap());
+        let prepared = Prepared::new_dra(&cluster, &workload)
+            .with_departures()
+            .unwrap();
+        assert_eq!(prepared.trace, "w-dra");
+        // p2's share claims one whole device: 8 devices arrive.
+        let ranked = SimPolicy::engine(ScoringPolicy::Binpack);
+        for seed in 42..52 {
+            let alone = run(&prepared, SimPolicy::KubeDefault, seed, 0.0, true, &|_| {});
+            assert_eq!(alone.failed, 1, "seed {seed}");
+            assert_eq!(alone.last.used_milli, 4000, "seed {seed}");
+            assert_eq!(alone.last.arrived_milli, 8000);
+            let nodes = alone.end_nodes.unwrap();
+            assert_eq!(
+                nodes.iter().map(|n| n.pods).collect::<Vec<_>>(),
+                [2, 2],
+                "seed {seed}"
+            );
+            let packed = run(&prepared, ranked, seed, 0.0, true, &|_| {});
+            assert_eq!(packed.failed, 0, "seed {seed}");
+            assert_eq!(packed.last.used_milli, 8000, "seed {seed}");
+            let mut pods: Vec<u32> = packed.end_nodes.unwrap().iter().map(|n| n.pods).collect();
+            pods.sort_unstable();
+            assert_eq!(pods, [1, 4], "seed {seed}");
+        }
+        // The referee ranks by kube-scheduler's totals: on a node with one pod, kube-scheduler
+        // alone prefers the empty node; with the extender's ranking, the busier one.
+        let mut nodes = prepared.nodes().to_vec();
+        let mut live = Live::of(&prepared, &nodes);
+        let request = &prepared.classes[prepared.class_of[0]].request;
+        let first = dra::first_free_devices(&nodes[0], request).unwrap();
+        for policy in [SimPolicy::KubeDefault, ranked] {
+            let mut referee = Referee::new(&prepared, policy);
+            let mut state = nodes.clone();
+            referee.node_changing(&state[0]);
+            state[0].add(&first);
+            referee.node_changed(&prepared, &state, 0, 0, true);
+            live.measure(&prepared, &state, 0);
+            let ranks = [0, 1].map(|n| referee.rank(&prepared, &state, &live, 2, n));
+            let expected = if policy == SimPolicy::KubeDefault {
+                [ChoiceRank::BelowBest, ChoiceRank::Best]
+            } else {
+                [ChoiceRank::Best, ChoiceRank::BelowBest]
+            };
+            assert_eq!(ranks, expected, "{}", policy.name());
+        }
+        nodes[0].add(&first);
+        assert_eq!(nodes[0].pods, 1);
     }
 
     #[test]

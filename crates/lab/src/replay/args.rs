@@ -43,6 +43,13 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub departures: bool,
 
+    /// DRA mode, as `simulate --dra`: the nodes' GPUs are published as ResourceSlices of NVIDIA's
+    /// driver, each GPU pod asks for whole devices through a ResourceClaim, and kube-scheduler
+    /// allocates them. Policies: kube-default (kube-scheduler alone, no extender) and the
+    /// extender's (its DRA stanza ranks the nodes).
+    #[arg(long, conflicts_with = "departures")]
+    pub dra: bool,
+
     /// Replay in the cluster this kubeconfig names (its kube-scheduler and gpu-extender decide)
     /// instead of a loopback plane. Only the replay's own nodes and namespace are created.
     #[arg(long, value_name = "PATH")]

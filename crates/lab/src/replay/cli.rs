@@ -17,21 +17,24 @@ use gpu_test_support::plane::client_from;
 
 use super::plane::{Plane, SchedulerSetup};
 use super::run::{
-    ChoiceTally, Decision, PodDecision, ReplayPlan, Replayed, clean_up, create_cluster,
-    refuse_foreign_objects, replay_pods,
+    ChoiceTally, Decision, PodDecision, ReplayPlan, Replayed, clean_up, create_claims,
+    create_cluster, gpu_api, refuse_foreign_objects, replay_pods,
 };
 use super::throughput::run_throughput;
 use gpu_engine::ScoringPolicy;
 use gpu_sim::cli::{parse_seeds, write_outputs};
-use gpu_sim::{Cluster, Prepared, RunResult, Workload};
+use gpu_sim::{Cluster, Prepared, RunResult};
 
 /// The `replay` command.
 pub async fn run_cli(args: ReplayArgs) -> Result<()> {
     if args.throughput.enabled {
+        if args.dra {
+            bail!("--dra replays a trace; the throughput mode measures device-plugin GPU pods");
+        }
         return run_throughput(&args).await;
     }
     let seeds = parse_seeds(&args.seeds)?;
-    let policies = parse_scoring(&args.policies)?;
+    let policies = parse_replay_policies(&args.policies, args.dra)?;
     if !args.tune.is_finite() || args.tune < 0.0 {
         bail!("--tune must be a non-negative number, got {}", args.tune);
     }
@@ -55,7 +58,11 @@ pub async fn run_cli(args: ReplayArgs) -> Result<()> {
     // Per run of `real`, in the same order: what became of each pod.
     let mut decisions: Vec<Vec<PodDecision>> = Vec::new();
     for workload in &workloads {
-        let prepared = Prepared::new(&cluster, workload);
+        let prepared = if args.dra {
+            Prepared::new_dra(&cluster, workload)
+        } else {
+            Prepared::new(&cluster, workload)
+        };
         let prepared = if args.departures {
             prepared.with_departures()?
         } else {
@@ -63,26 +70,25 @@ pub async fn run_cli(args: ReplayArgs) -> Result<()> {
         };
         for &scoring in &policies {
             for &seed in &seeds {
-                let replayed =
-                    replay_one(&args, &setup, &cluster, workload, &prepared, scoring, seed)
-                        .await
-                        .with_context(|| {
-                            format!(
-                                "replaying {} under {} (seed {seed})",
-                                workload.name,
-                                scoring.as_str()
-                            )
-                        })?;
+                let replayed = replay_one(&args, &setup, &cluster, &prepared, scoring, seed)
+                    .await
+                    .with_context(|| {
+                        format!(
+                            "replaying {} under {} (seed {seed})",
+                            prepared.trace,
+                            policy_name(scoring)
+                        )
+                    })?;
                 eprintln!(
                     "replay {} {} seed {seed}: {} pods in {:.1} s ({:.1} pods/s), {} unschedulable",
-                    workload.name,
-                    scoring.as_str(),
+                    prepared.trace,
+                    policy_name(scoring),
                     replayed.result.pods,
                     replayed.elapsed.as_secs_f64(),
                     replayed.result.pods as f64 / replayed.elapsed.as_secs_f64().max(1e-9),
                     replayed.result.failed,
                 );
-                eprintln!("{}", choices_line(&replayed.choices));
+                eprintln!("{}", choices_line(&replayed.choices, args.dra));
                 if args.compare {
                     // The policy the extender ran, its FGD+ knobs as configured.
                     simulated.push(gpu_sim::replay::run(
@@ -134,13 +140,51 @@ pub fn parse_scoring(names: &[String]) -> Result<Vec<ScoringPolicy>> {
     Ok(policies)
 }
 
-/// What the candidates kube-scheduler sent cost the policy's choices, in one line.
-fn choices_line(choices: &ChoiceTally) -> String {
-    let mut line = format!(
-        "replay: {} of {} bound pods went to a node the policy scores below the best fitting \
-         node of the whole cluster (a node kube-scheduler did not send the extender)",
-        choices.below_best, choices.bound
-    );
+/// The extender policy names, and in DRA mode (`dra`) `kube-default` for kube-scheduler alone
+/// (`None`: no extender).
+pub fn parse_replay_policies(names: &[String], dra: bool) -> Result<Vec<Option<ScoringPolicy>>> {
+    let mut policies = Vec::new();
+    for name in names {
+        let policy = if name.trim() == gpu_sim::replay::KUBE_DEFAULT {
+            if !dra {
+                bail!(
+                    "{} is kube-scheduler alone placing pods whose GPUs are DRA claims: give --dra",
+                    gpu_sim::replay::KUBE_DEFAULT
+                );
+            }
+            None
+        } else {
+            parse_scoring(std::slice::from_ref(name))?.first().copied()
+        };
+        if !policies.contains(&policy) {
+            policies.push(policy);
+        }
+    }
+    Ok(policies)
+}
+
+/// A replay policy's name: the extender's policy, or `kube-default`.
+fn policy_name(scoring: Option<ScoringPolicy>) -> &'static str {
+    scoring.map_or(gpu_sim::replay::KUBE_DEFAULT, ScoringPolicy::as_str)
+}
+
+/// What the candidates kube-scheduler sent cost the policy's choices, in one line. In DRA mode
+/// (`dra`) kube-scheduler's totals (its own scores, the extender's ranking added) rank the nodes.
+fn choices_line(choices: &ChoiceTally, dra: bool) -> String {
+    let mut line = if dra {
+        format!(
+            "replay: {} of {} bound pods went to a node kube-scheduler's totals (its own scores \
+             and the extender's ranking, as simulate --dra computes them) rank below the best \
+             fitting node of the whole cluster",
+            choices.below_best, choices.bound
+        )
+    } else {
+        format!(
+            "replay: {} of {} bound pods went to a node the policy scores below the best \
+             fitting node of the whole cluster (a node kube-scheduler did not send the extender)",
+            choices.below_best, choices.bound
+        )
+    };
     if let Some(first) = choices.first_below {
         let _ = write!(line, "; the first was arrival {}", first + 1);
     }
@@ -173,20 +217,30 @@ async fn replay_one(
     args: &ReplayArgs,
     setup: &SchedulerSetup,
     cluster: &Cluster,
-    workload: &Workload,
     prepared: &Prepared,
-    scoring: ScoringPolicy,
+    scoring: Option<ScoringPolicy>,
     seed: u64,
 ) -> Result<Replayed> {
+    // Without the extender (kube-default) the configuration only names the resources the
+    // objects ask for; its policy is not run.
     let config = with_extender_set(
-        extender_config(scoring, prepared.typical(), workload),
+        extender_config(
+            scoring.unwrap_or(ScoringPolicy::Binpack),
+            prepared.typical(),
+            prepared.workload(),
+        ),
         &args.extender_set,
     )?;
     config
         .validate()
         .context("the replay's extender configuration")?;
     // A label value: the names the objects module makes are of that shape.
-    let run_id = format!("{}-{}-{seed}", dns_name(&workload.name), scoring.as_str());
+    let run_id = format!(
+        "{}-{}-{seed}",
+        dns_name(&prepared.trace),
+        policy_name(scoring)
+    );
+    let api = gpu_api(prepared);
     let plan = ReplayPlan {
         prepared,
         cluster,
@@ -203,11 +257,12 @@ async fn replay_one(
         let client = client_from(kubeconfig).await?;
         refuse_foreign_objects(&client).await?;
         let outcome = async {
-            let names = create_cluster(&client, cluster, &run_id, &config).await?;
+            let names = create_cluster(&client, cluster, &run_id, &config, api).await?;
+            create_claims(&client, &plan).await?;
             replay_pods(&client, &plan, &names).await
         }
         .await;
-        let cleaned = clean_up(&client, &run_id).await;
+        let cleaned = clean_up(&client, &run_id, api).await;
         let replayed = outcome?;
         cleaned?;
         return Ok(replayed);
@@ -220,14 +275,35 @@ async fn replay_one(
     }
     let client = plane.client().await?;
     refuse_foreign_objects(&client).await?;
-    let names = create_cluster(&client, cluster, &run_id, &config).await?;
-    // The extender and kube-scheduler start after the nodes exist, so both begin with all of
-    // them in their caches (the extender is ready only once its table holds every node).
-    let extender = args.extender_bin()?;
-    plane
-        .start_extender(&extender, &config, &args.extender_set)
-        .await?;
-    plane.start_scheduler(setup).await?;
+    let names = create_cluster(&client, cluster, &run_id, &config, api).await?;
+    let claims = create_claims(&client, &plan).await?;
+    // The extender and kube-scheduler start after the nodes (and in DRA mode the slices and
+    // claims) exist, so both begin with all of them in their caches (the extender is ready only
+    // once its table holds every node). In DRA mode kube-default runs kube-scheduler alone, and
+    // an extender policy has the extender rank through the DRA stanza only.
+    let with_extender = !args.dra || scoring.is_some();
+    if with_extender {
+        let extender = args.extender_bin()?;
+        plane
+            .start_extender(&extender, &config, &args.extender_set)
+            .await?;
+    }
+    let setup = SchedulerSetup {
+        with_extender,
+        dra_stanza: args.dra && with_extender,
+        ..setup.clone()
+    };
+    plane.start_scheduler(&setup).await?;
+    if args.dra {
+        eprintln!(
+            "replay: DRA mode, {claims} ResourceClaims created; {}",
+            if with_extender {
+                "kube-scheduler with the extender's DRA stanza"
+            } else {
+                "kube-scheduler alone"
+            }
+        );
+    }
     eprintln!(
         "replay: {} nodes, extender and kube-scheduler up in {:.1} s ({})",
         names.len(),
@@ -235,6 +311,10 @@ async fn replay_one(
         plane.dir().display()
     );
     let replayed = replay_pods(&client, &plan, &names).await?;
+    if args.dra {
+        // No filter calls: the DRA stanza only ranks.
+        return Ok(replayed);
+    }
     match window_misses(&plane).await {
         Ok(misses) => eprintln!(
             "replay: {misses} filter calls fitted none of kube-scheduler's candidates while \

@@ -8,11 +8,16 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use serde_json::{Value, json};
 use thiserror::Error;
 
-use gpu_engine::{ScoringPolicy, TypicalPod, TypicalPods, WHOLE_GPU_COMPUTE};
+use gpu_engine::{
+    ContainerAllocation, GpuGrant, GpuIndex, Grant, NodeName, PodAllocation, ScoringPolicy,
+    TypicalPod, TypicalPods, WHOLE_GPU_COMPUTE,
+};
 use gpu_extender::config::Config;
+use gpu_sim::dra::DEVICE_CLASS;
 use gpu_sim::trace::MAX_PODS_PER_NODE;
 use gpu_sim::{SimNode, SimPod, Workload};
 
@@ -144,14 +149,23 @@ pub fn node_names(nodes: &[SimNode]) -> Result<Vec<String>, MappingError> {
     Ok(names)
 }
 
-/// The Node object (metadata only: the API server ignores a status sent with a create).
-pub fn node_object(node: &SimNode, name: &str, run: &str, config: &Config) -> Node {
+/// How the replay presents GPUs: through the device plugins' resources (the extender places the
+/// pods), or in DRA mode through ResourceSlices and ResourceClaims (kube-scheduler places them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuApi {
+    DevicePlugin,
+    Dra,
+}
+
+/// The Node object (metadata only: the API server ignores a status sent with a create). In DRA
+/// mode a node carries no GPU label: its GPUs are its ResourceSlice's.
+pub fn node_object(node: &SimNode, name: &str, run: &str, config: &Config, api: GpuApi) -> Node {
     let labels = &config.node_labels;
     let mut node_labels = BTreeMap::from([
         ("kubernetes.io/hostname".to_owned(), name.to_owned()),
         (OWNER_LABEL.to_owned(), run.to_owned()),
     ]);
-    if node.gpus > 0 {
+    if node.gpus > 0 && api == GpuApi::DevicePlugin {
         node_labels.insert(labels.mode.clone(), NODE_MODE.to_owned());
         node_labels.insert(labels.model.clone(), node.model.clone());
         node_labels.insert(labels.count.clone(), node.gpus.to_string());
@@ -168,15 +182,15 @@ pub fn node_object(node: &SimNode, name: &str, run: &str, config: &Config) -> No
 
 /// The node's status, to be set through the status subresource: capacity and allocatable as
 /// its device plugins would advertise them (whole GPUs and compute percent; no GPU memory, which
-/// the traces do not have), and Ready.
-pub fn node_status(node: &SimNode, config: &Config) -> Value {
+/// the traces do not have; none in DRA mode), and Ready.
+pub fn node_status(node: &SimNode, config: &Config, api: GpuApi) -> Value {
     let resources = &config.resources;
     let mut capacity = BTreeMap::from([
         ("cpu".to_owned(), format!("{}m", node.cpu.0)),
         ("memory".to_owned(), format!("{}Mi", node.memory.0)),
         ("pods".to_owned(), MAX_PODS_PER_NODE.to_string()),
     ]);
-    if node.gpus > 0 {
+    if node.gpus > 0 && api == GpuApi::DevicePlugin {
         capacity.insert(resources.whole_gpu.clone(), node.gpus.to_string());
         capacity.insert(
             resources.gpu_core.clone(),
@@ -193,13 +207,16 @@ pub fn node_status(node: &SimNode, config: &Config) -> Value {
     }})
 }
 
-/// The Pod for the `index`-th submission of `pod`, for the scheduler profile `scheduler`.
+/// The Pod for the `index`-th submission of `pod`, for the scheduler profile `scheduler`. In DRA
+/// mode a GPU pod asks for no GPU resource: it names its claim ([`claim_object`], of its own
+/// name) in `spec.resourceClaims` and its container uses it.
 pub fn pod_object(
     pod: &SimPod,
     index: usize,
     scheduler: &str,
     run: &str,
     config: &Config,
+    api: GpuApi,
 ) -> Result<Pod, MappingError> {
     let name = pod_name(pod, index);
     let mut requests = BTreeMap::from([
@@ -209,7 +226,14 @@ pub fn pod_object(
     let mut limits = BTreeMap::new();
     let mut annotations = BTreeMap::new();
     let mut affinity = Value::Null;
-    if let Some((resource, amount)) = gpu_resource(pod, config)? {
+    let mut pod_claims = Value::Null;
+    let mut container_claims = Value::Null;
+    if api == GpuApi::Dra {
+        if gpu_sim::dra::claimed_devices(pod) > 0 {
+            pod_claims = json!([{"name": CLAIM_REQUEST, "resourceClaimName": name}]);
+            container_claims = json!([{"name": CLAIM_REQUEST}]);
+        }
+    } else if let Some((resource, amount)) = gpu_resource(pod, config)? {
         requests.insert(resource.clone(), amount.clone());
         limits.insert(resource, amount);
         let models: Vec<&str> = pod.gpu_spec.split('|').filter(|m| !m.is_empty()).collect();
@@ -229,10 +253,11 @@ pub fn pod_object(
             "schedulerName": scheduler,
             "affinity": affinity,
             "terminationGracePeriodSeconds": 0,
+            "resourceClaims": pod_claims,
             "containers": [{
                 "name": "main",
                 "image": POD_IMAGE,
-                "resources": {"requests": requests, "limits": limits},
+                "resources": {"requests": requests, "limits": limits, "claims": container_claims},
             }],
         },
     });
@@ -257,6 +282,142 @@ fn model_affinity(model_label: &str, models: &[&str]) -> Value {
 /// The name of the `index`-th submission (resampled pods repeat a trace row).
 pub fn pod_name(pod: &SimPod, index: usize) -> String {
     format!("p{index:05}-{}", dns_name(&pod.name))
+}
+
+/// The name of a claim's one request, and of the pod's entry that uses the claim.
+const CLAIM_REQUEST: &str = "gpus";
+
+/// The DeviceClass of NVIDIA's DRA driver, as its Helm chart installs it: every device of the
+/// driver whose `type` is `gpu`.
+pub fn device_class(run: &str) -> DeviceClass {
+    let selector = format!(
+        "device.driver == '{DEVICE_CLASS}' && device.attributes['{DEVICE_CLASS}'].type == 'gpu'"
+    );
+    serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": DEVICE_CLASS, "labels": {OWNER_LABEL: run}},
+        "spec": {"selectors": [{"cel": {"expression": selector}}]},
+    }))
+    .unwrap_or_default()
+}
+
+/// The ResourceSlice NVIDIA's driver would publish for `node` (Kubernetes name `name`): one pool
+/// of one slice, named after the node, with a device `gpu-<i>` per GPU (attributes `type` gpu,
+/// `index`, `uuid`, `productName` the trace's model; capacity `memory` 0, as the trace has no
+/// GPU memory and `simulate` models none). `None` for a node without GPUs.
+pub fn resource_slice(node: &SimNode, name: &str, run: &str) -> Option<ResourceSlice> {
+    if node.gpus == 0 {
+        return None;
+    }
+    let devices: Vec<Value> = (0..node.gpus)
+        .map(|i| {
+            json!({
+                "name": format!("gpu-{i}"),
+                "attributes": {
+                    "type": {"string": "gpu"},
+                    "index": {"int": i},
+                    "uuid": {"string": format!("GPU-{name}-{i}")},
+                    "productName": {"string": node.model},
+                },
+                "capacity": {"memory": {"value": "0"}},
+            })
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name, "labels": {OWNER_LABEL: run}},
+        "spec": {
+            "driver": DEVICE_CLASS,
+            "nodeName": name,
+            "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
+        },
+    }))
+    .ok()
+}
+
+/// The ResourceClaim of the `index`-th submission of `pod` (named as the pod): one request for
+/// its devices ([`gpu_sim::dra::claimed_devices`]) of [`DEVICE_CLASS`], and for a pod that names
+/// GPU models a CEL selector on the devices' `productName` (a trailing `*` a prefix). `None` for
+/// a pod that asks for no GPU.
+pub fn claim_object(pod: &SimPod, index: usize, run: &str) -> Option<ResourceClaim> {
+    let devices = gpu_sim::dra::claimed_devices(pod);
+    if devices == 0 {
+        return None;
+    }
+    let product = format!("device.attributes['{DEVICE_CLASS}'].productName");
+    let models: Vec<String> = pod
+        .gpu_spec
+        .split('|')
+        .map(str::trim)
+        .filter(|m| !m.is_empty())
+        .map(|model| match model.strip_suffix('*') {
+            Some(prefix) => format!("{product}.startsWith({prefix:?})"),
+            None => format!("{product} == {model:?}"),
+        })
+        .collect();
+    let mut exactly = json!({
+        "deviceClassName": DEVICE_CLASS,
+        "allocationMode": "ExactCount",
+        "count": devices,
+    });
+    if !models.is_empty() {
+        exactly["selectors"] = json!([{"cel": {"expression": models.join(" || ")}}]);
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": pod_name(pod, index), "namespace": NAMESPACE, "labels": {OWNER_LABEL: run}},
+        "spec": {"devices": {"requests": [{"name": CLAIM_REQUEST, "exactly": exactly}]}},
+    }))
+    .ok()
+}
+
+/// What a bound pod with `claim` holds on `node`: the GPUs of the devices kube-scheduler
+/// allocated (`gpu-<i>` of [`DEVICE_CLASS`] is GPU `i`), with its CPU and memory.
+pub fn claim_allocation(
+    claim: &ResourceClaim,
+    node: &str,
+    pod: &SimPod,
+) -> anyhow::Result<PodAllocation> {
+    let name = claim.metadata.name.as_deref().unwrap_or_default();
+    let results = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_ref())
+        .ok_or_else(|| anyhow::anyhow!("claim {name} of a bound pod is not allocated"))?;
+    let gpus = results
+        .iter()
+        .map(|result| {
+            let index = result
+                .device
+                .strip_prefix("gpu-")
+                .and_then(|i| i.parse::<u16>().ok())
+                .filter(|_| result.driver == DEVICE_CLASS && result.pool == node)
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "claim {name}: device {}/{}/{} is not a GPU of node {node}",
+                        result.driver,
+                        result.pool,
+                        result.device
+                    )
+                })?;
+            Ok(GpuGrant {
+                gpu: GpuIndex(index),
+                grant: Grant::Whole,
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut allocation = PodAllocation::host_only(NodeName::new(node), pod.cpu, pod.memory);
+    allocation.containers.push(ContainerAllocation {
+        name: "main".to_owned(),
+        gpus,
+    });
+    Ok(allocation)
 }
 
 /// The GPU resource and amount a trace pod asks for: whole GPUs by count, a share as a compute
@@ -327,8 +488,8 @@ mod tests {
         let names = node_names(cluster.nodes()).unwrap();
         for (node, name) in cluster.nodes().iter().zip(&names) {
             let object = with_status(
-                node_object(node, name, "t", &config),
-                node_status(node, &config),
+                node_object(node, name, "t", &config, GpuApi::DevicePlugin),
+                node_status(node, &config, GpuApi::DevicePlugin),
             );
             let mut expected = node.spec();
             expected.name = gpu_engine::NodeName::new(name);
@@ -342,7 +503,15 @@ mod tests {
             );
         }
         for (index, pod) in workload.pods().iter().enumerate() {
-            let object = pod_object(pod, index, "gpu-scheduler", "t", &config).unwrap();
+            let object = pod_object(
+                pod,
+                index,
+                "gpu-scheduler",
+                "t",
+                &config,
+                GpuApi::DevicePlugin,
+            )
+            .unwrap();
             let request = translate::pod_request(&object, &config).unwrap();
             if pod.gpu_total() == 0 {
                 assert_eq!(request, None, "pod {}", pod.name);
@@ -427,7 +596,15 @@ mod tests {
             &Workload::new("none", Vec::new()),
         );
         let requests = |pod: &SimPod| {
-            let object = pod_object(pod, 7, "gpu-scheduler", "run-1", &config).unwrap();
+            let object = pod_object(
+                pod,
+                7,
+                "gpu-scheduler",
+                "run-1",
+                &config,
+                GpuApi::DevicePlugin,
+            )
+            .unwrap();
             let spec = object.spec.unwrap();
             assert_eq!(spec.scheduler_name.as_deref(), Some("gpu-scheduler"));
             let requests = spec.containers[0]
@@ -450,8 +627,15 @@ mod tests {
         assert_eq!(cpu.len(), 2, "{cpu:?}");
         assert_eq!(cpu["cpu"], "4000m");
         assert_eq!(cpu["memory"], "8192Mi");
-        let constrained =
-            pod_object(&sim_pod("m", 1, 1000, "T4|P100"), 0, "x", "run-1", &config).unwrap();
+        let constrained = pod_object(
+            &sim_pod("m", 1, 1000, "T4|P100"),
+            0,
+            "x",
+            "run-1",
+            &config,
+            GpuApi::DevicePlugin,
+        )
+        .unwrap();
         assert_eq!(
             constrained.metadata.annotations.clone().unwrap()["gpu-extender.io/model-include"],
             "T4,P100"
@@ -469,7 +653,15 @@ mod tests {
             Some(Layer::NodeAffinity)
         );
         assert_eq!(claim_refusal(&model_node("P100"), &constrained), None);
-        let free = pod_object(&sim_pod("f", 1, 1000, ""), 0, "x", "run-1", &config).unwrap();
+        let free = pod_object(
+            &sim_pod("f", 1, 1000, ""),
+            0,
+            "x",
+            "run-1",
+            &config,
+            GpuApi::DevicePlugin,
+        )
+        .unwrap();
         assert!(
             free.spec.unwrap().affinity.is_none(),
             "no models, no affinity"
@@ -481,17 +673,137 @@ mod tests {
     }
 
     #[test]
+    fn in_dra_mode_the_extender_reads_the_objects_as_simulate_models_them() {
+        let config = Config::default();
+        let node = SimNode {
+            name: "n1".into(),
+            cpu: CpuMilli(64_000),
+            memory: MemMiB(262_144),
+            gpus: 4,
+            model: "V100M16".into(),
+        };
+        // The node: no GPU of its own (no label, no capacity); its slice's devices are the
+        // GPUs `simulate --dra` gives it: whole, of the trace's model, no memory.
+        let object = with_status(
+            node_object(&node, "replay-n1", "t", &config, GpuApi::Dra),
+            node_status(&node, &config, GpuApi::Dra),
+        );
+        let own = translate::node_spec(&object, &config).unwrap();
+        assert!(own.gpus.is_empty(), "{own:?}");
+        assert_eq!((own.cpu, own.memory), (node.cpu, node.memory));
+        let slice = resource_slice(&node, "replay-n1", "t").unwrap();
+        let mut book = gpu_extender::objects::dra::DraBook::new();
+        book.apply_slice(&slice, &config.dra);
+        let (gpus, problems) =
+            gpu_extender::objects::dra::node_gpus(&book.node_devices("replay-n1"));
+        assert!(problems.is_empty(), "{problems:?}");
+        let expected = gpu_sim::dra::node_spec(&node);
+        assert_eq!(gpus.len(), expected.gpus.len());
+        for (read, modelled) in gpus.iter().zip(&expected.gpus) {
+            assert_eq!(
+                (read.index, &read.model, read.memory, read.healthy),
+                (
+                    modelled.index,
+                    &modelled.model,
+                    modelled.memory,
+                    modelled.healthy
+                )
+            );
+        }
+        let no_gpus = SimNode { gpus: 0, ..node };
+        assert!(resource_slice(&no_gpus, "replay-c", "t").is_none());
+
+        // Pods: a share claims one device, whole GPUs their count; the pod names its claim and
+        // asks for no GPU resource; the extender reads the claim's count.
+        for (pod, devices) in [
+            (sim_pod("s", 1, 470, "T4|P100"), 1),
+            (sim_pod("w", 8, 1000, ""), 8),
+        ] {
+            let claim = claim_object(&pod, 3, "t").unwrap();
+            assert_eq!(
+                gpu_extender::objects::dra::requested_gpus(&claim, &config.dra),
+                Some(devices)
+            );
+            let object = pod_object(&pod, 3, "gpu-scheduler", "t", &config, GpuApi::Dra).unwrap();
+            assert_eq!(translate::pod_request(&object, &config).unwrap(), None);
+            assert_eq!(
+                translate::pod_host_request(&object).unwrap(),
+                (pod.cpu, pod.memory)
+            );
+            assert_eq!(
+                gpu_extender::objects::dra::pod_claims(&object),
+                [format!("{NAMESPACE}/{}", claim.metadata.name.unwrap())]
+            );
+        }
+        let selectors = serde_json::to_value(claim_object(
+            &sim_pod("s", 1, 470, "T4|P100"),
+            0,
+            "t",
+        ))
+        .unwrap()["spec"]["devices"]["requests"][0]["exactly"]["selectors"]
+            .clone();
+        assert_eq!(
+            selectors[0]["cel"]["expression"],
+            "device.attributes['gpu.nvidia.com'].productName == \"T4\" || \
+             device.attributes['gpu.nvidia.com'].productName == \"P100\""
+        );
+        let cpu_only = sim_pod("c", 0, 0, "");
+        assert!(claim_object(&cpu_only, 0, "t").is_none());
+        let object = pod_object(&cpu_only, 0, "gpu-scheduler", "t", &config, GpuApi::Dra).unwrap();
+        assert!(gpu_extender::objects::dra::pod_claims(&object).is_empty());
+    }
+
+    #[test]
+    fn a_claim_s_devices_are_the_gpus_the_pod_holds() {
+        let pod = sim_pod("w", 2, 1000, "");
+        let mut claim = claim_object(&pod, 0, "t").unwrap();
+        claim.status = serde_json::from_value(json!({"allocation": {"devices": {"results": [
+            {"request": "gpus", "driver": "gpu.nvidia.com", "pool": "replay-n1", "device": "gpu-2"},
+            {"request": "gpus", "driver": "gpu.nvidia.com", "pool": "replay-n1", "device": "gpu-3"},
+        ]}}}))
+        .unwrap();
+        let allocation = claim_allocation(&claim, "replay-n1", &pod).unwrap();
+        let held: Vec<u16> = allocation.footprint().iter().map(|h| h.gpu.0).collect();
+        assert_eq!(held, [2, 3]);
+        assert!(allocation.footprint().iter().all(|h| h.whole));
+        assert_eq!((allocation.cpu, allocation.memory), (pod.cpu, pod.memory));
+        let error = claim_allocation(&claim, "replay-n2", &pod).unwrap_err();
+        assert!(
+            error.to_string().contains("not a GPU of node replay-n2"),
+            "{error}"
+        );
+        claim.status = None;
+        let error = claim_allocation(&claim, "replay-n1", &pod).unwrap_err();
+        assert!(error.to_string().contains("not allocated"), "{error}");
+    }
+
+    #[test]
     fn rows_without_a_faithful_kubernetes_form_are_refused_by_name() {
         let config = Config::default();
         assert_eq!(
-            pod_object(&sim_pod("odd", 1, 455, ""), 0, "x", "r", &config).unwrap_err(),
+            pod_object(
+                &sim_pod("odd", 1, 455, ""),
+                0,
+                "x",
+                "r",
+                &config,
+                GpuApi::DevicePlugin
+            )
+            .unwrap_err(),
             MappingError::ShareNotWholePercent {
                 pod: "odd".into(),
                 milli: 455
             }
         );
         assert!(matches!(
-            pod_object(&sim_pod("multi", 2, 500, ""), 0, "x", "r", &config),
+            pod_object(
+                &sim_pod("multi", 2, 500, ""),
+                0,
+                "x",
+                "r",
+                &config,
+                GpuApi::DevicePlugin
+            ),
             Err(MappingError::MultiGpuShare { gpus: 2, .. })
         ));
         let node = |name: &str| SimNode {

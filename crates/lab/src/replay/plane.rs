@@ -42,6 +42,22 @@ pub struct SchedulerSetup {
     pub percentage_of_nodes_to_score: Option<u32>,
     /// kube-scheduler's client QPS and burst; `None` keeps its defaults (50 / 100).
     pub client_qps: Option<u32>,
+    /// DRA mode with the extender: its stanzas are replaced by the DRA stanza of docs/dra.md
+    /// ([`dra_stanza`]), the extender ranking pods with GPU claims and deciding nothing else.
+    pub dra_stanza: bool,
+}
+
+/// The extender stanza docs/dra.md gives for ranking pods with GPU claims (its `urlPrefix` is
+/// filled in by [`SchedulerSetup::render`]): prioritize only, on `<urlPrefix>/dra`, no managed
+/// resources (kube-scheduler calls it for every pod), ignorable.
+pub fn dra_stanza() -> Value {
+    let mut stanza = serde_yaml_ng::Mapping::new();
+    stanza.insert("prioritizeVerb".into(), "prioritize".into());
+    stanza.insert("weight".into(), gpu_sim::dra::EXTENDER_WEIGHT.into());
+    stanza.insert("nodeCacheCapable".into(), true.into());
+    stanza.insert("httpTimeout".into(), "5s".into());
+    stanza.insert("ignorable".into(), true.into());
+    Value::Sequence(vec![Value::Mapping(stanza)])
 }
 
 impl SchedulerSetup {
@@ -52,6 +68,7 @@ impl SchedulerSetup {
             with_extender: true,
             percentage_of_nodes_to_score: None,
             client_qps: None,
+            dra_stanza: false,
         }
     }
 
@@ -85,6 +102,12 @@ impl SchedulerSetup {
         }
         match (self.with_extender, extender) {
             (true, Some(endpoint)) => {
+                let path = if self.dra_stanza {
+                    root.insert("extenders".into(), dra_stanza());
+                    "/scheduler/dra"
+                } else {
+                    "/scheduler"
+                };
                 let extenders = root
                     .get_mut("extenders")
                     .and_then(Value::as_sequence_mut)
@@ -93,16 +116,11 @@ impl SchedulerSetup {
                 for entry in extenders.iter_mut().filter_map(Value::as_mapping_mut) {
                     match &endpoint.ca_file {
                         None => {
-                            entry.insert(
-                                "urlPrefix".into(),
-                                format!("http://{addr}/scheduler").into(),
-                            );
+                            entry.insert("urlPrefix".into(), format!("http://{addr}{path}").into());
                         }
                         Some(ca) => {
-                            entry.insert(
-                                "urlPrefix".into(),
-                                format!("https://{addr}/scheduler").into(),
-                            );
+                            entry
+                                .insert("urlPrefix".into(), format!("https://{addr}{path}").into());
                             entry.insert("enableHTTPS".into(), true.into());
                             let mut tls = serde_yaml_ng::Mapping::new();
                             tls.insert("caFile".into(), ca.display().to_string().into());
@@ -438,6 +456,23 @@ mod tests {
             "an extender config needs the extender"
         );
         assert!(rendered.get("enableHTTPS").is_none());
+
+        let dra = SchedulerSetup {
+            dra_stanza: true,
+            ..SchedulerSetup::shipped()
+        };
+        let rendered: Value = serde_yaml_ng::from_str(&dra.render(Some(&addr)).unwrap()).unwrap();
+        let stanzas = rendered["extenders"].as_sequence().unwrap();
+        assert_eq!(stanzas.len(), 1, "the DRA stanza alone: {stanzas:?}");
+        assert_eq!(
+            stanzas[0]["urlPrefix"],
+            "http://127.0.0.1:4242/scheduler/dra"
+        );
+        assert_eq!(stanzas[0]["prioritizeVerb"], "prioritize");
+        assert_eq!(stanzas[0]["weight"], 5);
+        assert_eq!(stanzas[0]["ignorable"], true);
+        assert!(stanzas[0].get("filterVerb").is_none() && stanzas[0].get("bindVerb").is_none());
+        assert!(stanzas[0].get("managedResources").is_none());
 
         let over_https = ExtenderEndpoint {
             ca_file: Some(PathBuf::from("/plane/extender-pki/ca.crt")),

@@ -15,13 +15,15 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher::{self, Event};
 use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::objects::{
-    self, NAMESPACE, NODE_PREFIX, OWNER_LABEL, node_names, node_object, node_status, pod_object,
+    self, GpuApi, NAMESPACE, NODE_PREFIX, OWNER_LABEL, claim_allocation, claim_object,
+    device_class, node_names, node_object, node_status, pod_object, resource_slice,
 };
 use gpu_engine::{NodeName, NodeState, PodAllocation, ScoringPolicy};
 use gpu_extender::config::Config;
@@ -37,8 +39,9 @@ use gpu_sim::{Cluster, Prepared, RunResult, SimPolicy};
 pub struct ReplayPlan<'a> {
     pub prepared: &'a Prepared,
     pub cluster: &'a Cluster,
-    /// The policy the extender runs (for the outputs; the extender's configuration sets it).
-    pub scoring: ScoringPolicy,
+    /// The policy the extender runs (for the outputs; the extender's configuration sets it);
+    /// `None` in DRA mode for kube-scheduler alone, without the extender.
+    pub scoring: Option<ScoringPolicy>,
     pub seed: u64,
     pub tune: f64,
     /// The scheduler profile the pods name.
@@ -58,10 +61,27 @@ impl ReplayPlan<'_> {
     /// configuration sets (`policy.fgdPlus`, `--extender-set` included), so that the referee and
     /// `--compare` measure the loop against the policy the extender runs.
     pub fn policy(&self) -> SimPolicy {
-        SimPolicy::Engine {
-            scoring: self.scoring,
-            tuning: self.config.engine_policy().fgd_plus,
+        match self.scoring {
+            Some(scoring) => SimPolicy::Engine {
+                scoring,
+                tuning: self.config.engine_policy().fgd_plus,
+            },
+            None => SimPolicy::KubeDefault,
         }
+    }
+
+    /// How the run's objects present GPUs.
+    pub fn gpu_api(&self) -> GpuApi {
+        gpu_api(self.prepared)
+    }
+}
+
+/// How a run of `prepared` presents GPUs: as claims in DRA mode, else as device-plugin resources.
+pub fn gpu_api(prepared: &Prepared) -> GpuApi {
+    if prepared.dra() {
+        GpuApi::Dra
+    } else {
+        GpuApi::DevicePlugin
     }
 }
 
@@ -188,12 +208,15 @@ pub async fn refuse_foreign_objects(client: &kube::Client) -> Result<()> {
     }
 }
 
-/// Creates the replay's namespace and its nodes, Ready, with their capacity.
+/// Creates the replay's namespace and its nodes, Ready, with their capacity; in DRA mode also
+/// NVIDIA's DeviceClass (where the cluster has none of that name) and each GPU node's
+/// ResourceSlice.
 pub async fn create_cluster(
     client: &kube::Client,
     cluster: &Cluster,
     run_id: &str,
     config: &Config,
+    api: GpuApi,
 ) -> Result<Vec<String>> {
     let names = node_names(cluster.nodes())?;
     let namespaces: Api<Namespace> = Api::all(client.clone());
@@ -204,6 +227,7 @@ pub async fn create_cluster(
         .create(&PostParams::default(), &namespace)
         .await
         .with_context(|| format!("creating namespace {NAMESPACE}"))?;
+    let gpu_api = api;
     let api: Api<Node> = Api::all(client.clone());
     futures::stream::iter(cluster.nodes().iter().zip(&names))
         .map(|(node, name)| {
@@ -211,14 +235,14 @@ pub async fn create_cluster(
             async move {
                 api.create(
                     &PostParams::default(),
-                    &node_object(node, name, run_id, config),
+                    &node_object(node, name, run_id, config, gpu_api),
                 )
                 .await
                 .with_context(|| format!("creating node {name}"))?;
                 api.patch_status(
                     name,
                     &PatchParams::default(),
-                    &Patch::Merge(&node_status(node, config)),
+                    &Patch::Merge(&node_status(node, config, gpu_api)),
                 )
                 .await
                 .with_context(|| format!("setting the status of node {name}"))?;
@@ -228,13 +252,101 @@ pub async fn create_cluster(
         .buffer_unordered(16)
         .try_collect::<Vec<()>>()
         .await?;
+    if gpu_api == GpuApi::Dra {
+        create_dra_devices(client, cluster, &names, run_id).await?;
+    }
     Ok(names)
 }
 
-/// Deletes everything the run created: its pods (at once), its nodes and its namespace. Waits
-/// until the pods are gone; the namespace itself goes when the cluster's namespace controller
-/// finalises it (a loopback plane has none: it is discarded whole).
-pub async fn clean_up(client: &kube::Client, run_id: &str) -> Result<()> {
+/// NVIDIA's DeviceClass, unless the cluster has one of that name already (then it is the
+/// driver's own and is used as it is), and one ResourceSlice per GPU node.
+async fn create_dra_devices(
+    client: &kube::Client,
+    cluster: &Cluster,
+    names: &[String],
+    run_id: &str,
+) -> Result<()> {
+    let classes: Api<DeviceClass> = Api::all(client.clone());
+    let class = device_class(run_id);
+    let class_name = class.metadata.name.clone().unwrap_or_default();
+    if classes
+        .get_metadata_opt(&class_name)
+        .await
+        .with_context(|| format!("looking for DeviceClass {class_name} (does the API server serve resource.k8s.io/v1?)"))?
+        .is_none()
+    {
+        classes
+            .create(&PostParams::default(), &class)
+            .await
+            .with_context(|| format!("creating DeviceClass {class_name}"))?;
+    }
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    futures::stream::iter(
+        cluster
+            .nodes()
+            .iter()
+            .zip(names)
+            .filter_map(|(node, name)| resource_slice(node, name, run_id)),
+    )
+    .map(|slice| {
+        let slices = slices.clone();
+        async move {
+            let name = slice.metadata.name.clone().unwrap_or_default();
+            slices
+                .create(&PostParams::default(), &slice)
+                .await
+                .with_context(|| format!("creating ResourceSlice {name}"))?;
+            anyhow::Ok(())
+        }
+    })
+    .buffer_unordered(16)
+    .try_collect::<Vec<()>>()
+    .await?;
+    Ok(())
+}
+
+/// In DRA mode, the ResourceClaim of every pod the plan will offer, created before kube-scheduler
+/// and the extender start (both then list them at once, and no pod is ranked before the
+/// extender has read its claim). An unschedulable pod's claim is deleted with it.
+pub async fn create_claims(client: &kube::Client, plan: &ReplayPlan<'_>) -> Result<usize> {
+    if plan.gpu_api() != GpuApi::Dra {
+        return Ok(0);
+    }
+    let prepared = plan.prepared;
+    let (arrivals, _, _) = prepared.plan(plan.seed, plan.tune);
+    let api: Api<ResourceClaim> = Api::namespaced(client.clone(), NAMESPACE);
+    let claims: Vec<ResourceClaim> = arrivals
+        .order
+        .iter()
+        .enumerate()
+        .filter_map(|(index, &pod)| {
+            claim_object(&prepared.workload().pods()[pod], index, plan.run_id)
+        })
+        .collect();
+    let count = claims.len();
+    futures::stream::iter(claims)
+        .map(|claim| {
+            let api = api.clone();
+            async move {
+                let name = claim.metadata.name.clone().unwrap_or_default();
+                api.create(&PostParams::default(), &claim)
+                    .await
+                    .with_context(|| format!("creating ResourceClaim {name}"))?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(count)
+}
+
+/// Deletes everything the run created: its pods (at once), in DRA mode its claims, slices and
+/// DeviceClass (the cluster's resource-claim controller releases an allocated claim once its pod
+/// is gone), its nodes and its namespace. Waits until the pods are gone; the namespace itself
+/// goes when the cluster's namespace controller finalises it (a loopback plane has none: it is
+/// discarded whole).
+pub async fn clean_up(client: &kube::Client, run_id: &str, api: GpuApi) -> Result<()> {
     let selector = format!("{OWNER_LABEL}={run_id}");
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let immediate = DeleteParams {
@@ -245,6 +357,21 @@ pub async fn clean_up(client: &kube::Client, run_id: &str) -> Result<()> {
     let _ = pods
         .delete_collection(&immediate, &ListParams::default().labels(&selector))
         .await;
+    if api == GpuApi::Dra {
+        let owned = ListParams::default().labels(&selector);
+        Api::<ResourceClaim>::namespaced(client.clone(), NAMESPACE)
+            .delete_collection(&DeleteParams::default(), &owned)
+            .await
+            .context("deleting the replay's ResourceClaims")?;
+        Api::<ResourceSlice>::all(client.clone())
+            .delete_collection(&DeleteParams::default(), &owned)
+            .await
+            .context("deleting the replay's ResourceSlices")?;
+        Api::<DeviceClass>::all(client.clone())
+            .delete_collection(&DeleteParams::default(), &owned)
+            .await
+            .context("deleting the replay's DeviceClass")?;
+    }
     let namespaces: Api<Namespace> = Api::all(client.clone());
     match namespaces.delete(NAMESPACE, &DeleteParams::default()).await {
         Ok(_) => {}
@@ -420,6 +547,7 @@ pub async fn replay_pods(
     let mut choices = ChoiceTally::default();
     let capacity = prepared.capacity_milli();
     let pods_api: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let claims_api: Api<ResourceClaim> = Api::namespaced(client.clone(), NAMESPACE);
     let mut decided = watch_decisions(client, plan.run_id);
     let mut early: HashMap<String, Seen> = HashMap::new();
     let progress = Progress::new(arrivals.order.len() as u64, plan.progress);
@@ -459,7 +587,14 @@ pub async fn replay_pods(
                 }
             }
         }
-        let object = pod_object(pod, index, plan.scheduler_name, plan.run_id, plan.config)?;
+        let object = pod_object(
+            pod,
+            index,
+            plan.scheduler_name,
+            plan.run_id,
+            plan.config,
+            plan.gpu_api(),
+        )?;
         let name = objects::pod_name(pod, index);
         arrived += pod.gpu_total();
         pods_api
@@ -498,7 +633,10 @@ pub async fn replay_pods(
         }
         match seen {
             Seen::Bound(bound) => {
-                let (n, allocation) = placement(&bound, &node_index, plan.config)?;
+                let (n, allocation) = match plan.gpu_api() {
+                    GpuApi::DevicePlugin => placement(&bound, &node_index, plan.config)?,
+                    GpuApi::Dra => dra_placement(&claims_api, &bound, pod, &node_index).await?,
+                };
                 let choice = mirror.rank(pod_id, n);
                 choices.count(index, choice);
                 mirror.change(n, pod_id, &allocation, true);
@@ -532,6 +670,15 @@ pub async fn replay_pods(
                     .delete(&name, &immediate)
                     .await
                     .with_context(|| format!("deleting unschedulable pod {name}"))?;
+                if plan.gpu_api() == GpuApi::Dra && gpu_sim::dra::claimed_devices(pod) > 0 {
+                    // Never allocated: no finalizer holds it.
+                    claims_api
+                        .delete(&name, &DeleteParams::default())
+                        .await
+                        .with_context(|| {
+                            format!("deleting the claim of unschedulable pod {name}")
+                        })?;
+                }
                 decisions.push(PodDecision {
                     pod: name,
                     decision: Decision::Unschedulable,
@@ -662,6 +809,36 @@ async fn next_of(
         }
         early.insert(next.0, next.1);
     }
+}
+
+/// In DRA mode, where a bound pod went and what it holds there: the devices kube-scheduler
+/// allocated to its claim (written before the binding), or its CPU and memory alone.
+async fn dra_placement(
+    claims: &Api<ResourceClaim>,
+    bound: &Pod,
+    pod: &gpu_sim::SimPod,
+    node_index: &HashMap<&str, usize>,
+) -> Result<(usize, PodAllocation)> {
+    let node = bound
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .unwrap_or_default();
+    let name = bound.metadata.name.as_deref().unwrap_or_default();
+    let &n = node_index
+        .get(node)
+        .ok_or_else(|| anyhow!("pod {name} was bound to {node}, which is not a replay node"))?;
+    if gpu_sim::dra::claimed_devices(pod) == 0 {
+        return Ok((
+            n,
+            PodAllocation::host_only(NodeName::new(node), pod.cpu, pod.memory),
+        ));
+    }
+    let claim = claims
+        .get(name)
+        .await
+        .with_context(|| format!("reading the claim of pod {name}"))?;
+    Ok((n, claim_allocation(&claim, node, pod)?))
 }
 
 /// Where a bound pod went and what it holds there: its allocation record, or (a pod that asks

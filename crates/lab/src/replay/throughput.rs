@@ -19,7 +19,7 @@ use gpu_test_support::bins::k8s_bins;
 use gpu_test_support::metrics::series_value;
 
 use super::args::ReplayArgs;
-use super::objects::{NAMESPACE, OWNER_LABEL, extender_config, pod_object};
+use super::objects::{GpuApi, NAMESPACE, OWNER_LABEL, extender_config, pod_object};
 use super::plane::{DEFAULT_SCHEDULER, GPU_SCHEDULER, Plane, SHIPPED_PROFILE, cpu_time};
 use super::run::{clean_up, create_cluster};
 use gpu_engine::{CpuMilli, MemMiB, ScoringPolicy, TypicalPods};
@@ -144,7 +144,7 @@ pub async fn run_throughput(args: &ReplayArgs) -> Result<()> {
     }
     let client = plane.client().await?;
     let started = Instant::now();
-    create_cluster(&client, &cluster, run_id, &config).await?;
+    create_cluster(&client, &cluster, run_id, &config, GpuApi::DevicePlugin).await?;
     eprintln!(
         "throughput: {} nodes created in {:.1} s",
         t.node_count,
@@ -219,7 +219,7 @@ pub async fn run_throughput(args: &ReplayArgs) -> Result<()> {
     }
     plane.stop_extender();
     let _ = plane.stop_scheduler().await;
-    clean_up(&client, run_id).await?;
+    clean_up(&client, run_id, GpuApi::DevicePlugin).await?;
     let mut report = report(&measurements, t.node_count);
     if let Some(program) = &t.extender {
         writeln!(report, "the extender: {}", program.display())?;
@@ -268,7 +268,16 @@ async fn measure(
         lifetime: None,
     };
     let objects: Vec<Pod> = (0..count)
-        .map(|i| pod_object(&template, i, scheduler, run_id, config))
+        .map(|i| {
+            pod_object(
+                &template,
+                i,
+                scheduler,
+                run_id,
+                config,
+                GpuApi::DevicePlugin,
+            )
+        })
         .collect::<Result<_, _>>()?;
     let started = Instant::now();
     let creating = {
