@@ -887,7 +887,7 @@ fn mig_report<'a>(
 ) -> &'a mut MigReport {
     reports.entry(profile.clone()).or_insert_with(|| MigReport {
         profile: profile.to_string(),
-        memory_mib: profile.memory().0,
+        memory_mib: profile.memory_mib(),
         ..MigReport::default()
     })
 }

@@ -19,7 +19,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 
 use crate::explain;
-use crate::inspect::{self, DraReport, GpuReport, NodeReport, Totals};
+use crate::inspect::{self, DraReport, GpuReport, MigReport, NodeReport, Totals};
 use crate::objects::translate;
 use gpu_engine::{PodKey, PodRequest, Policy, Table};
 
@@ -78,6 +78,9 @@ pub struct NodeView {
     pub placement: String,
     pub pods: usize,
     pub gpus: Vec<GpuView>,
+    /// MIG slices by profile with their holders (`/inspect`'s `mig`); absent without any.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mig: Vec<MigReport>,
 }
 
 /// One GPU.
@@ -217,6 +220,7 @@ fn node_view(table: &Table, node: NodeReport) -> NodeView {
         placement: node.placement,
         pods: node.pods,
         gpus,
+        mig: node.mig,
     }
 }
 
@@ -429,6 +433,29 @@ mod tests {
         assert_eq!(claims[0].gpus, [1]);
         // Without DRA read, the view carries no DRA part.
         assert!(view(&table, &Policy::default(), &[], None).dra.is_none());
+    }
+
+    #[test]
+    fn mig_slices_show_with_their_holders() {
+        use crate::inspect::fixtures::{add_mig_node, bind_mig};
+        let mut table = table();
+        add_mig_node(&mut table, "mig", &[("1g.10gb", 7)]);
+        bind_mig(&mut table, "mig", "a", &[("1g.10gb", 2)]);
+        let shown = view(&table, &Policy::default(), &[], None);
+        let node = shown.nodes.iter().find(|n| n.name == "mig").unwrap();
+        assert_eq!(node.mig.len(), 1);
+        assert_eq!(node.mig[0].profile, "1g.10gb");
+        assert_eq!((node.mig[0].advertised, node.mig[0].held), (7, 2));
+        assert_eq!(node.mig[0].pods.len(), 1);
+        assert!(node.mig[0].pods[0].pod.ends_with("/a"));
+        assert_eq!(shown.totals.inspect.mig_slices_held, 2);
+        assert!(
+            shown
+                .nodes
+                .iter()
+                .filter(|n| n.name != "mig")
+                .all(|n| n.mig.is_empty())
+        );
     }
 
     #[test]

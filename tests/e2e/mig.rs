@@ -1,13 +1,15 @@
 //! MIG slices of NVIDIA's device plugin (`mixed` strategy, docs/mig.md) end to end: nodes whose
 //! cards are all in MIG mode advertise `nvidia.com/mig-1g.10gb` and no whole GPU; pods asking for
 //! slices reach the extender through the shipped profile configuration's `managedResources`, are
-//! packed by binpack onto the node whose slices are already in use, and `/inspect` and the
-//! metrics show them holding the slices, after a restart of the extender too.
+//! packed by binpack onto the node whose slices are already in use, and `/inspect`, the metrics
+//! and the web view (in Chromium) show them holding the slices, after a restart of the extender
+//! too.
 
 use anyhow::{Context, Result, ensure};
 use serde_json::Value;
 
 use crate::objects::{GpuNode, Mode, NVIDIA_GPU, PodSpec, create_bound, node_of};
+use crate::web_view::{browse, node_row};
 use crate::{BIND, up};
 
 const MIG_1G: &str = "nvidia.com/mig-1g.10gb";
@@ -115,6 +117,26 @@ fn mig_pods_are_packed_onto_the_node_whose_slices_are_in_use() {
         ] {
             ensure!(metrics.contains(line), "missing {line} in /metrics");
         }
+
+        // The web view draws each node's pool with its holders.
+        let page = format!("http://{}/ui", c.admin_addr);
+        let profile = c.dir.join("chromium-profile");
+        let dom = tokio::task::block_in_place(|| browse(&profile, &page, &["--dump-dom"]))?;
+        ensure!(
+            dom.contains("data-ready=\"true\""),
+            "the page never drew its data:\n{dom}"
+        );
+        let row = node_row(&dom, "mig-b")?;
+        ensure!(
+            row.contains(
+                "data-mig-profile=\"1g.10gb\" data-mig-held=\"3\" data-mig-advertised=\"7\" data-mig-pods=\"default/first default/second default/third\""
+            ),
+            "mig-b's row: {row}"
+        );
+        ensure!(
+            dom.contains("data-total=\"mig\"><b>3 / 14</b>"),
+            "the MIG total is not drawn"
+        );
 
         // The record names no slice: a restarted extender rebuilds the holdings from the pods.
         c.restart_extender().await?;

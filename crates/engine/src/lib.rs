@@ -31,7 +31,7 @@ pub use allocation::{ContainerAllocation, GpuGrant, GpuHold, Grant, PodAllocatio
 pub use capacity::{max_replicas, replicas_on};
 pub use evaluate::AlikeScores;
 pub use fit::{RejectReason, fit, fit_choosing};
-pub use mig::{MigProfile, MigSlices};
+pub use mig::{BadMigProfile, MigProfile, MigSlices};
 pub use model::{
     ComputeMilli, CpuMilli, Gpu, GpuIndex, GpuMode, GpuPlacement, HolderKey, Link, LinkMatrix,
     MemMiB, NodeName, NodeSpec, PodKey, WHOLE_GPU_COMPUTE,

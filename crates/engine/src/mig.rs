@@ -8,8 +8,14 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::model::MemMiB;
-use super::request::RequestError;
+use thiserror::Error;
+
+/// A name that is no MIG profile; shown to users in the pod's FailedScheduling event.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+#[error(
+    "{0:?} is not a MIG profile: expected <compute>g.<memory>gb with an optional suffix, such as 3g.20gb or 1g.10gb.me"
+)]
+pub struct BadMigProfile(pub String);
 
 /// A MIG profile as the device plugin's resource names it after `mig-`: `<g>g.<m>gb`, the GPU
 /// instance's compute slices and its memory in GB, then an optional variant suffix (`.me` in
@@ -28,8 +34,8 @@ impl MigProfile {
     /// Reads a profile name (`3g.20gb`, `1g.10gb.me`, `1g.10gb+me`). Anything else, compute
     /// instance profiles (`1c.3g.20gb`, which the device plugin does not serve) included, is an
     /// error naming the text.
-    pub fn parse(text: &str) -> Result<Self, RequestError> {
-        let bad = || RequestError::BadMigProfile(text.to_owned());
+    pub fn parse(text: &str) -> Result<Self, BadMigProfile> {
+        let bad = || BadMigProfile(text.to_owned());
         let (compute, rest) = text.split_once("g.").ok_or_else(bad)?;
         let compute_slices: u8 = number(compute).ok_or_else(bad)?;
         let digits = rest
@@ -59,10 +65,11 @@ impl MigProfile {
         self.compute_slices
     }
 
-    /// The memory the profile names (`20gb` is 20 GiB here; NVIDIA rounds, a `3g.20gb` instance
-    /// has about 19.6 GiB).
-    pub fn memory(&self) -> MemMiB {
-        MemMiB(u64::from(self.memory_gb) * 1024)
+    /// The memory the profile names, in MiB (`20gb` is 20 GiB here; NVIDIA rounds, a `3g.20gb`
+    /// instance has about 19.6 GiB). A plain number: the units live in `model`, which holds
+    /// this module's slices.
+    pub fn memory_mib(&self) -> u64 {
+        u64::from(self.memory_gb) * 1024
     }
 }
 
@@ -166,7 +173,7 @@ mod tests {
     #[test]
     fn profiles_read_compute_slices_memory_and_a_suffix() {
         let p = profile("3g.20gb");
-        assert_eq!((p.compute_slices(), p.memory()), (3, MemMiB(20 * 1024)));
+        assert_eq!((p.compute_slices(), p.memory_mib()), (3, 20 * 1024));
         assert_eq!(p.to_string(), "3g.20gb");
         for ok in [
             "1g.10gb.me",
@@ -177,7 +184,7 @@ mod tests {
         ] {
             assert_eq!(profile(ok).as_str(), ok);
         }
-        assert_eq!(profile("7g.141gb").memory(), MemMiB(141 * 1024));
+        assert_eq!(profile("7g.141gb").memory_mib(), 141 * 1024);
     }
 
     #[test]
@@ -201,11 +208,7 @@ mod tests {
             " 3g.20gb",
         ] {
             let error = MigProfile::parse(bad).unwrap_err();
-            assert_eq!(
-                error,
-                RequestError::BadMigProfile(bad.to_owned()),
-                "{bad:?}"
-            );
+            assert_eq!(error, BadMigProfile(bad.to_owned()), "{bad:?}");
             assert!(error.to_string().contains("3g.20gb"), "{error}");
         }
     }

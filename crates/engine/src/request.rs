@@ -3,7 +3,7 @@
 
 use thiserror::Error;
 
-use super::mig::{MigSlices, normalized};
+use super::mig::{BadMigProfile, MigSlices, normalized};
 use super::model::{ComputeMilli, CpuMilli, GpuMode, GpuPlacement, MemMiB};
 
 /// The GPU demand of one container.
@@ -45,10 +45,8 @@ pub enum RequestError {
     BadModelPattern(String),
     #[error("conflicting GPU requests in one container: {0}")]
     Conflicting(&'static str),
-    #[error(
-        "{0:?} is not a MIG profile: expected <compute>g.<memory>gb with an optional suffix, such as 3g.20gb or 1g.10gb.me"
-    )]
-    BadMigProfile(String),
+    #[error(transparent)]
+    BadMigProfile(#[from] BadMigProfile),
 }
 
 /// How compute percentages are read: cGPU's rules by default (multiples of 5, always with GPU

@@ -279,7 +279,7 @@ impl NodeState {
             hash = mix(
                 hash,
                 (u64::from(held.count) << 32)
-                    ^ profile.memory().0
+                    ^ profile.memory_mib()
                     ^ (u64::from(profile.compute_slices()) << 56),
             );
         }

@@ -76,6 +76,21 @@ function gpuHtml(gpu) {
     '</span></div><div class="bar mem">' + memory + '</div><div class="bar compute">' + compute + "</div></div>";
 }
 
+// One MIG profile of a node: slices held of those advertised, and who holds them.
+function migHtml(pool) {
+  const title = "MIG " + pool.profile + " (" + gib(pool.memoryMib) + " each): " + pool.held + " of " + pool.advertised +
+    " held" + (pool.pods.length ? " by " + pool.pods.map((h) => h.pod + (h.slices > 1 ? " x" + h.slices : "")).join(", ") : "");
+  let bar = "";
+  for (const h of pool.pods) {
+    bar += '<span class="seg" style="width:' + pct(h.slices, Math.max(pool.advertised, pool.held)).toFixed(2) +
+      "%;background:" + colour(h.pod) + '" title="' + esc(h.pod + ": " + h.slices + " slice(s)") + '"></span>';
+  }
+  return '<div class="gpu mig' + (pool.held > pool.advertised ? " unhealthy" : "") + '" data-mig-profile="' + esc(pool.profile) +
+    '" data-mig-held="' + pool.held + '" data-mig-advertised="' + pool.advertised + '" data-mig-pods="' +
+    esc(pool.pods.map((h) => h.pod).join(" ")) + '" title="' + esc(title) + '"><div class="gpu-head"><span>MIG ' + esc(pool.profile) +
+    "</span><span>" + pool.held + "/" + pool.advertised + '</span></div><div class="bar mem">' + bar + "</div></div>";
+}
+
 function filters() {
   return { model: $("f-model").value, mode: $("f-mode").value, namespace: $("f-namespace").value };
 }
@@ -128,6 +143,7 @@ function render() {
       for (const p of gpu.pods) namespaces.add(namespaceOf(p));
       for (const held of gpu.claims || []) namespaces.add(namespaceOf(held.claim));
     }
+    for (const pool of node.mig || []) for (const h of pool.pods) namespaces.add(namespaceOf(h.pod));
   }
   for (const p of view.pending) namespaces.add(namespaceOf(p.pod));
   fillSelect($("f-model"), models); fillSelect($("f-mode"), modes); fillSelect($("f-namespace"), namespaces);
@@ -143,6 +159,7 @@ function render() {
     stat("idle GPU nodes", t.idleGpuNodes, "idle-nodes") +
     stat("unhealthy GPUs", t.unhealthyGpus, "unhealthy") +
     (view.dra ? stat("GPUs held by DRA claims", t.claimedGpus, "claimed") : "") +
+    (t.migSlices ? stat("MIG slices held", t.migSlicesHeld + " / " + t.migSlices, "mig") : "") +
     stat("pending GPU pods", view.pending.length + view.pendingUnexplained, "pending");
 
   const rows = [];
@@ -166,12 +183,13 @@ function render() {
     if (f.mode && node.mode !== f.mode) continue;
     if (f.model && !node.gpus.some((g) => g.model === f.model)) continue;
     if (f.namespace && !node.gpus.some((g) => g.pods.some((p) => namespaceOf(p) === f.namespace) ||
-      (g.claims || []).some((held) => namespaceOf(held.claim) === f.namespace))) continue;
+      (g.claims || []).some((held) => namespaceOf(held.claim) === f.namespace)) &&
+      !(node.mig || []).some((pool) => pool.pods.some((h) => namespaceOf(h.pod) === f.namespace))) continue;
     shown++;
     html.push('<div class="node" data-node="' + esc(node.name) + '" data-mode="' + esc(node.mode) + '" data-model="' +
       esc(model) + '"><div class="node-name" title="' + esc(node.name) + '">' + esc(node.name) + "<small>" + esc(model) +
       " · " + esc(node.mode) + " · " + node.pods + ' pod(s)</small></div><div class="gpus">' +
-      node.gpus.map(gpuHtml).join("") + "</div></div>");
+      node.gpus.map(gpuHtml).join("") + (node.mig || []).map(migHtml).join("") + "</div></div>");
   }
   $("nodes").innerHTML = html.join("");
   $("node-count").textContent = "(" + shown + " of " + view.nodes.length + ")";

@@ -39,7 +39,7 @@ pub const MIG_STRATEGY_LABEL: &str = "nvidia.com/mig.strategy";
 pub fn mig_profile_of(resource: &str) -> Option<Result<MigProfile, RequestError>> {
     resource
         .strip_prefix(MIG_RESOURCE_PREFIX)
-        .map(MigProfile::parse)
+        .map(|name| MigProfile::parse(name).map_err(RequestError::from))
 }
 
 /// The most GPUs one node may have (the engine's GPU sets are 64-bit masks).
