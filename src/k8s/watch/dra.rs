@@ -287,6 +287,7 @@ impl Feed {
                     holder,
                     node,
                     holds: holds.holds,
+                    mig: Vec::new(),
                 });
             }
             _ => {
