@@ -26,7 +26,6 @@ use crate::objects::quota::quota_names;
 use crate::objects::{admission, translate};
 use crate::state::{ClusterState, Snapshot, TableWriter};
 use gpu_engine::quota::QuotaSet;
-use gpu_engine::{GpuDemand, PodRequest};
 
 /// Output format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -212,11 +211,11 @@ fn explain_objects(
         None => {
             let no_gpu =
                 || anyhow!("pod {key} requests no GPU: the GPU extender does not judge it");
-            let gpus = state.claim_gpus(pod).ok_or_else(no_gpu)?;
+            let ask = state.claim_ask(pod).ok_or_else(no_gpu)?;
             let (cpu, memory) = translate::pod_host_request(pod).unwrap_or_default();
-            let demand = GpuDemand::whole(gpus)
+            let request = crate::state::verbs::claim_pod_request(&ask, cpu, memory)
                 .map_err(|error| anyhow!("pod {key}: its claims' GPUs cannot be read: {error}"))?;
-            (PodRequest::single(cpu, memory, demand), Some(gpus))
+            (request, Some(ask))
         }
     };
     let claims = crate::objects::dra::pod_claims(pod);
@@ -231,8 +230,18 @@ fn explain_objects(
             .filter_map(|claim| {
                 let hold = table.external(&crate::objects::dra::claim_holder(claim))?;
                 let gpus: Vec<String> = hold.holds.iter().map(|h| h.gpu.0.to_string()).collect();
+                let slices: Vec<String> = hold
+                    .mig
+                    .iter()
+                    .map(|slices| format!("{} x{}", slices.profile, slices.count))
+                    .collect();
+                let slices = if slices.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (MIG slices {})", slices.join(", "))
+                };
                 Some(format!(
-                    "{claim} holds GPU {} of {}",
+                    "{claim} holds GPU {}{slices} of {}",
                     gpus.join(", "),
                     hold.node
                 ))
@@ -284,10 +293,11 @@ fn explain_objects(
     match output {
         Output::Text => {
             let mut text = explain::to_text(&key, &request, &verdicts);
-            if let Some(gpus) = claimed {
+            if let Some(ask) = &claimed {
                 text.push_str(&format!(
-                    "DRA: the pod's claims ({}) ask for {gpus} whole GPU(s) of a known DeviceClass. kube-scheduler's DRA plugin filters the nodes and allocates the devices; the extender ranks the nodes with the {} policy on the GPUs their ResourceSlices publish, less those claims hold (the verdicts above).\n",
+                    "DRA: the pod's claims ({}) ask for {} of a known DeviceClass. kube-scheduler's DRA plugin filters the nodes and allocates the devices; the extender ranks the nodes with the {} policy on the GPUs and MIG slices their ResourceSlices publish, less those claims hold (the verdicts above).\n",
                     claims.join(", "),
+                    ask.describe(),
                     snapshot.policy().scoring.as_str()
                 ));
             }
