@@ -690,4 +690,98 @@ mod tests {
         .unwrap_err();
         assert!(error.to_string().contains("requests no GPU"), "{error}");
     }
+
+    /// A pod whose DRA claim asks a MIG slice of one profile is judged for it, on the slices the
+    /// nodes' ResourceSlices publish less those other claims hold; once bound, its claim's slice
+    /// is named.
+    #[test]
+    fn explain_judges_a_pod_by_its_mig_claims() {
+        use crate::objects::dra::fixtures::{
+            claim, claim_pod, mig_slice, pending_mig_claim, slice,
+        };
+        let config = Arc::new(Config::default());
+        let dra_node = |name: &str| -> Node {
+            serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "status": {"allocatable": {"cpu": "32", "memory": "128Gi", "pods": "110"}}
+            }))
+            .unwrap()
+        };
+        let one = "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'";
+        let dra = || {
+            Some((
+                vec![
+                    slice(
+                        "a",
+                        "gpu.nvidia.com",
+                        "d1",
+                        1,
+                        1,
+                        vec![mig_slice("m0", 0, "A0", "1g.10gb", 10)],
+                    ),
+                    slice(
+                        "b",
+                        "gpu.nvidia.com",
+                        "d2",
+                        1,
+                        1,
+                        vec![mig_slice("m0", 0, "B0", "1g.10gb", 10)],
+                    ),
+                ],
+                vec![
+                    claim("held", &[("d2", "m0")], &["other"]),
+                    pending_mig_claim("wants", "mig.nvidia.com", 1, &[one]),
+                ],
+            ))
+        };
+        let nodes = || vec![dra_node("d1"), dra_node("d2")];
+        let pod = claim_pod("p", "wants");
+        let text = explain_objects(
+            &config,
+            (nodes(), Vec::new(), dra()),
+            None,
+            &pod,
+            Output::Json,
+        )
+        .unwrap();
+        let out: Value = serde_json::from_str(&text).unwrap();
+        let fits: BTreeMap<String, Value> = out["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| (v["node"].as_str().unwrap().to_owned(), v["fits"].clone()))
+            .collect();
+        assert_eq!(fits["d1"], json!(true), "{out:#}");
+        assert_eq!(
+            fits["d2"],
+            json!(false),
+            "a claim holds d2's only slice: {out:#}"
+        );
+        let text = explain_objects(
+            &config,
+            (nodes(), Vec::new(), dra()),
+            None,
+            &pod,
+            Output::Text,
+        )
+        .unwrap();
+        assert!(
+            text.contains("DRA: the pod's claims (team/wants) ask for 1 MIG slice(s) of 1g.10gb"),
+            "{text}"
+        );
+        let mut bound = claim_pod("q", "held");
+        bound.spec.as_mut().unwrap().node_name = Some("d2".into());
+        let text = explain_objects(
+            &config,
+            (nodes(), vec![bound.clone()], dra()),
+            None,
+            &bound,
+            Output::Text,
+        )
+        .unwrap();
+        assert!(
+            text.contains("team/held holds GPU 0 (MIG slices 1g.10gb x1) of d2"),
+            "{text}"
+        );
+    }
 }
