@@ -26,7 +26,6 @@ use crate::objects::quota::quota_names;
 use crate::objects::{admission, translate};
 use crate::state::{ClusterState, Snapshot, TableWriter};
 use gpu_engine::quota::QuotaSet;
-use gpu_engine::{GpuDemand, PodRequest};
 
 /// Output format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -212,11 +211,11 @@ fn explain_objects(
         None => {
             let no_gpu =
                 || anyhow!("pod {key} requests no GPU: the GPU extender does not judge it");
-            let gpus = state.claim_gpus(pod).ok_or_else(no_gpu)?;
+            let ask = state.claim_ask(pod).ok_or_else(no_gpu)?;
             let (cpu, memory) = translate::pod_host_request(pod).unwrap_or_default();
-            let demand = GpuDemand::whole(gpus)
+            let request = crate::state::verbs::claim_pod_request(&ask, cpu, memory)
                 .map_err(|error| anyhow!("pod {key}: its claims' GPUs cannot be read: {error}"))?;
-            (PodRequest::single(cpu, memory, demand), Some(gpus))
+            (request, Some(ask))
         }
     };
     let claims = crate::objects::dra::pod_claims(pod);
@@ -231,8 +230,18 @@ fn explain_objects(
             .filter_map(|claim| {
                 let hold = table.external(&crate::objects::dra::claim_holder(claim))?;
                 let gpus: Vec<String> = hold.holds.iter().map(|h| h.gpu.0.to_string()).collect();
+                let slices: Vec<String> = hold
+                    .mig
+                    .iter()
+                    .map(|slices| format!("{} x{}", slices.profile, slices.count))
+                    .collect();
+                let slices = if slices.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (MIG slices {})", slices.join(", "))
+                };
                 Some(format!(
-                    "{claim} holds GPU {} of {}",
+                    "{claim} holds GPU {}{slices} of {}",
                     gpus.join(", "),
                     hold.node
                 ))
@@ -284,10 +293,11 @@ fn explain_objects(
     match output {
         Output::Text => {
             let mut text = explain::to_text(&key, &request, &verdicts);
-            if let Some(gpus) = claimed {
+            if let Some(ask) = &claimed {
                 text.push_str(&format!(
-                    "DRA: the pod's claims ({}) ask for {gpus} whole GPU(s) of a known DeviceClass. kube-scheduler's DRA plugin filters the nodes and allocates the devices; the extender ranks the nodes with the {} policy on the GPUs their ResourceSlices publish, less those claims hold (the verdicts above).\n",
+                    "DRA: the pod's claims ({}) ask for {} of a known DeviceClass. kube-scheduler's DRA plugin filters the nodes and allocates the devices; the extender ranks the nodes with the {} policy on the GPUs and MIG slices their ResourceSlices publish, less those claims hold (the verdicts above).\n",
                     claims.join(", "),
+                    ask.describe(),
                     snapshot.policy().scoring.as_str()
                 ));
             }
@@ -679,5 +689,99 @@ mod tests {
         )
         .unwrap_err();
         assert!(error.to_string().contains("requests no GPU"), "{error}");
+    }
+
+    /// A pod whose DRA claim asks a MIG slice of one profile is judged for it, on the slices the
+    /// nodes' ResourceSlices publish less those other claims hold; once bound, its claim's slice
+    /// is named.
+    #[test]
+    fn explain_judges_a_pod_by_its_mig_claims() {
+        use crate::objects::dra::fixtures::{
+            claim, claim_pod, mig_slice, pending_mig_claim, slice,
+        };
+        let config = Arc::new(Config::default());
+        let dra_node = |name: &str| -> Node {
+            serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "status": {"allocatable": {"cpu": "32", "memory": "128Gi", "pods": "110"}}
+            }))
+            .unwrap()
+        };
+        let one = "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'";
+        let dra = || {
+            Some((
+                vec![
+                    slice(
+                        "a",
+                        "gpu.nvidia.com",
+                        "d1",
+                        1,
+                        1,
+                        vec![mig_slice("m0", 0, "A0", "1g.10gb", 10)],
+                    ),
+                    slice(
+                        "b",
+                        "gpu.nvidia.com",
+                        "d2",
+                        1,
+                        1,
+                        vec![mig_slice("m0", 0, "B0", "1g.10gb", 10)],
+                    ),
+                ],
+                vec![
+                    claim("held", &[("d2", "m0")], &["other"]),
+                    pending_mig_claim("wants", "mig.nvidia.com", 1, &[one]),
+                ],
+            ))
+        };
+        let nodes = || vec![dra_node("d1"), dra_node("d2")];
+        let pod = claim_pod("p", "wants");
+        let text = explain_objects(
+            &config,
+            (nodes(), Vec::new(), dra()),
+            None,
+            &pod,
+            Output::Json,
+        )
+        .unwrap();
+        let out: Value = serde_json::from_str(&text).unwrap();
+        let fits: BTreeMap<String, Value> = out["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| (v["node"].as_str().unwrap().to_owned(), v["fits"].clone()))
+            .collect();
+        assert_eq!(fits["d1"], json!(true), "{out:#}");
+        assert_eq!(
+            fits["d2"],
+            json!(false),
+            "a claim holds d2's only slice: {out:#}"
+        );
+        let text = explain_objects(
+            &config,
+            (nodes(), Vec::new(), dra()),
+            None,
+            &pod,
+            Output::Text,
+        )
+        .unwrap();
+        assert!(
+            text.contains("DRA: the pod's claims (team/wants) ask for 1 MIG slice(s) of 1g.10gb"),
+            "{text}"
+        );
+        let mut bound = claim_pod("q", "held");
+        bound.spec.as_mut().unwrap().node_name = Some("d2".into());
+        let text = explain_objects(
+            &config,
+            (nodes(), vec![bound.clone()], dra()),
+            None,
+            &bound,
+            Output::Text,
+        )
+        .unwrap();
+        assert!(
+            text.contains("team/held holds GPU 0 (MIG slices 1g.10gb x1) of d2"),
+            "{text}"
+        );
     }
 }

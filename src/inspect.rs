@@ -231,8 +231,9 @@ pub struct NodeReport {
     pub placement: String,
     pub gpus: Vec<GpuReport>,
     pub pods: usize,
-    /// MIG slices by profile: what the device plugin advertises and which pods hold them
-    /// (docs/mig.md); absent on a node without any.
+    /// MIG slices by profile: what the device plugin advertises or the node's DRA
+    /// ResourceSlices publish, and which pods and DRA claims hold them (docs/mig.md); absent on
+    /// a node without any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mig: Vec<MigReport>,
 }
@@ -245,15 +246,30 @@ pub struct MigReport {
     pub profile: String,
     /// Memory of one slice as the profile names it, MiB.
     pub memory_mib: u64,
-    /// Slices the device plugin advertises (the node's allocatable).
+    /// Slices the device plugin advertises (the node's allocatable), or the `mig` devices of
+    /// the profile the node's DRA ResourceSlices publish.
     pub advertised: u32,
-    /// Slices pods hold (bound, and binds in flight); above `advertised` when over-committed.
+    /// Slices pods (bound, and binds in flight) and DRA claims hold; above `advertised` when
+    /// over-committed.
     pub held: u32,
     /// Slices advertised and not held.
     pub free: u32,
     /// The pods holding slices of the profile, by `namespace/name`.
     #[serde(default)]
     pub pods: Vec<MigHolder>,
+    /// The DRA claims holding slices of the profile; absent when none does.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub claims: Vec<MigClaim>,
+}
+
+/// A DRA claim holding MIG slices of one profile.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigClaim {
+    /// `namespace/name` of the ResourceClaim.
+    pub claim: String,
+    /// How many slices of the profile it holds.
+    pub slices: u32,
 }
 
 /// A pod holding MIG slices of one profile.
@@ -632,8 +648,8 @@ impl ClusterReport {
 }
 
 /// The MIG slices of every node that has any, one row per node of `profile held/advertised`
-/// cells, then, with `details`, one line per profile with the pods holding it (`ns/p x2` for a
-/// pod holding two slices).
+/// cells, then, with `details`, one line per profile with the pods and claims holding it
+/// (`ns/p x2` for a pod holding two slices, `claim ns/c` for a DRA claim).
 fn write_mig(out: &mut String, nodes: &[NodeReport], details: bool) {
     let with_mig: Vec<&NodeReport> = nodes.iter().filter(|node| !node.mig.is_empty()).collect();
     if with_mig.is_empty() {
@@ -657,14 +673,24 @@ fn write_mig(out: &mut String, nodes: &[NodeReport], details: bool) {
         return;
     }
     for node in with_mig {
-        for pool in node.mig.iter().filter(|pool| !pool.pods.is_empty()) {
+        for pool in node
+            .mig
+            .iter()
+            .filter(|pool| !pool.pods.is_empty() || !pool.claims.is_empty())
+        {
+            let times = |name: String, slices: u32| match slices {
+                1 => name,
+                n => format!("{name} x{n}"),
+            };
             let holders: Vec<String> = pool
                 .pods
                 .iter()
-                .map(|holder| match holder.slices {
-                    1 => holder.pod.clone(),
-                    n => format!("{} x{n}", holder.pod),
-                })
+                .map(|holder| times(holder.pod.clone(), holder.slices))
+                .chain(
+                    pool.claims
+                        .iter()
+                        .map(|held| times(format!("claim {}", held.claim), held.slices)),
+                )
                 .collect();
             let _ = writeln!(
                 out,
@@ -846,11 +872,21 @@ fn node_report(table: &Table, node: &NodeState) -> NodeReport {
             });
         }
     }
+    for (holder, entry) in table.externals_on(&node.spec.name) {
+        let claim = holder_claim(holder).unwrap_or(holder.as_str());
+        for slices in &entry.mig {
+            mig_report(&mut mig, &slices.profile).claims.push(MigClaim {
+                claim: claim.to_owned(),
+                slices: slices.count,
+            });
+        }
+    }
     let mig = mig
         .into_values()
         .map(|mut report| {
             report.free = report.advertised.saturating_sub(report.held);
             report.pods.sort_by(|a, b| a.pod.cmp(&b.pod));
+            report.claims.sort_by(|a, b| a.claim.cmp(&b.claim));
             report
         })
         .collect();
@@ -972,7 +1008,7 @@ pub(crate) mod fixtures {
 mod tests {
     #![allow(clippy::unwrap_used, reason = "tests fail loudly on a broken fixture")]
 
-    use super::fixtures::{add_mig_node, add_node, bind, bind_mig};
+    use super::fixtures::{add_mig_node, add_node, bind, bind_mig, mig};
     use super::*;
     use gpu_engine::{GpuDemand, GpuMode};
 
@@ -1053,6 +1089,13 @@ mod tests {
         add_mig_node(&mut table, "mig-b", &[("1g.10gb", 7)]);
         bind_mig(&mut table, "mig-a", "p1", &[("1g.10gb", 2)]);
         bind_mig(&mut table, "mig-a", "p2", &[("1g.10gb", 1), ("3g.40gb", 1)]);
+        // A DRA claim holding three slices of mig-b.
+        table.apply(gpu_engine::Change::HoldExternal {
+            holder: claim_holder("team/c"),
+            node: gpu_engine::NodeName::new("mig-b"),
+            holds: Vec::new(),
+            mig: mig(&[("1g.10gb", 3)]),
+        });
         let report = report(&table);
         let json = serde_json::to_value(&report).unwrap();
         let mig_a = json["nodes"]
@@ -1074,22 +1117,36 @@ mod tests {
             json["nodes"][0].get("mig").is_none(),
             "a node without MIG slices has no mig field"
         );
+        let mig_b = json["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|node| node["name"] == "mig-b")
+            .unwrap();
+        assert_eq!(
+            mig_b["mig"],
+            serde_json::json!([
+                {"profile": "1g.10gb", "memoryMib": 10240, "advertised": 7, "held": 3, "free": 4,
+                 "pods": [], "claims": [{"claim": "team/c", "slices": 3}]},
+            ])
+        );
         assert_eq!(
             (report.totals.mig_slices, report.totals.mig_slices_held),
-            (16, 4)
+            (16, 7)
         );
-        // `idle` (one A100) and the untouched mig-b are idle; mig-a is not.
-        assert_eq!(report.totals.idle_gpu_nodes, 2);
+        // `idle` (one A100) is idle; mig-a and mig-b (a claim's slices) are not.
+        assert_eq!(report.totals.idle_gpu_nodes, 1);
         let back: ClusterReport = serde_json::from_value(json).unwrap();
         assert_eq!(back, report);
         let text = report.to_text(true);
         for line in [
             "MIG slices (held/advertised):",
             "mig-a  1g.10gb 3/7  3g.40gb 1/2",
-            "mig-b  1g.10gb 0/7",
+            "mig-b  1g.10gb 3/7",
             "mig-a MIG 1g.10gb: ns/p1 x2, ns/p2",
             "mig-a MIG 3g.40gb: ns/p2",
-            "Held/Advertised MIG slices In Cluster: 4/16 (25%)",
+            "mig-b MIG 1g.10gb: claim team/c x3",
+            "Held/Advertised MIG slices In Cluster: 7/16 (44%)",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }

@@ -559,6 +559,7 @@ fn check_table(table: &Table) -> Result<(), TestCaseError> {
             holder: holder.clone(),
             node: entry.node.clone(),
             holds: entry.holds.clone(),
+            mig: entry.mig.clone(),
         });
     }
     prop_assert!(
@@ -1024,6 +1025,7 @@ fn run(
                     holder: holder.clone(),
                     node: specs[index].name.clone(),
                     holds,
+                    mig: Vec::new(),
                 };
                 let before = fingerprint(&table, true);
                 table.apply(hold.clone());

@@ -903,6 +903,10 @@ pub struct DraDriverConfig {
     /// The DeviceClasses whose claims ask for this driver's GPUs: prioritize ranks nodes for a
     /// pod whose claims ask for whole GPUs of these classes.
     pub device_classes: Vec<String>,
+    /// The DeviceClasses whose claims ask for this driver's MIG slices: prioritize ranks nodes
+    /// for a pod whose claims ask slices of one profile of these classes (a selector comparing
+    /// the profile attribute, docs/dra.md).
+    pub mig_device_classes: Vec<String>,
     /// The string attribute that tells a whole GPU from a MIG slice.
     pub type_attribute: String,
     /// Its value for a whole GPU.
@@ -931,6 +935,7 @@ impl Default for DraDriverConfig {
         Self {
             name: "gpu.nvidia.com".into(),
             device_classes: vec!["gpu.nvidia.com".into()],
+            mig_device_classes: vec!["mig.nvidia.com".into()],
             type_attribute: "type".into(),
             gpu_type: "gpu".into(),
             mig_type: "mig".into(),

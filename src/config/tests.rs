@@ -265,6 +265,22 @@ fn an_invalid_value_names_the_key_and_the_choices() {
 }
 
 #[test]
+fn mig_device_classes_default_to_nvidias_and_must_not_be_whole_gpu_classes() {
+    let driver = &Config::default().dra.drivers[0];
+    assert_eq!(driver.mig_device_classes, ["mig.nvidia.com"]);
+    let cfg = from_yaml("dra:\n  drivers:\n    - migDeviceClasses: [mig-small]\n").unwrap();
+    assert_eq!(cfg.dra.drivers[0].mig_device_classes, ["mig-small"]);
+    assert_eq!(cfg.dra.drivers[0].device_classes, ["gpu.nvidia.com"]);
+    let err = from_yaml("dra:\n  drivers:\n    - migDeviceClasses: [gpu.nvidia.com]\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("dra.drivers[0]: DeviceClass \"gpu.nvidia.com\" is listed both"),
+        "{err}"
+    );
+}
+
+#[test]
 fn an_estimator_off_loopback_requires_client_certificates_or_the_opt_out() {
     // Off loopback without a client CA: refused, naming the keys that would fix it.
     for listen in ["0.0.0.0:10352", "192.0.2.7:10352", "[::]:10352"] {

@@ -47,6 +47,15 @@ impl Config {
                 &key,
                 "gpuType and migType must differ".into(),
             );
+            for class in &driver.mig_device_classes {
+                check(
+                    !driver.device_classes.contains(class),
+                    &key,
+                    format!(
+                        "DeviceClass {class:?} is listed both in deviceClasses and migDeviceClasses"
+                    ),
+                );
+            }
             for (field, value) in [
                 ("typeAttribute", &driver.type_attribute),
                 ("uuidAttribute", &driver.uuid_attribute),

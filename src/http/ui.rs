@@ -409,6 +409,7 @@ mod tests {
                 mem: MemMiB(80 << 10),
                 compute: ComputeMilli(1000),
             }],
+            mig: Vec::new(),
         });
         let dra = DraReport {
             served: true,

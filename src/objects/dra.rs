@@ -15,7 +15,10 @@ use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, ResourceClaim, Res
 use super::quantity::Quantity;
 use super::translate::UNKNOWN_MODEL;
 use crate::config::{DraConfig, DraDriverConfig};
-use gpu_engine::{ComputeMilli, Gpu, GpuHold, GpuIndex, MemMiB, WHOLE_GPU_COMPUTE};
+use gpu_engine::mig::normalized;
+use gpu_engine::{
+    ComputeMilli, Gpu, GpuHold, GpuIndex, MemMiB, MigProfile, MigSlices, WHOLE_GPU_COMPUTE,
+};
 
 /// The most problems a book keeps for the views (the log has each one as it happens).
 const MAX_PROBLEMS: usize = 64;
@@ -111,6 +114,9 @@ struct ClaimReading {
 pub struct ClaimHolds {
     pub node: Option<String>,
     pub holds: Vec<GpuHold>,
+    /// The MIG slices among its devices, by profile (normalized): counted against the node's
+    /// pools ([`node_mig`]) besides the memory [`Self::holds`] takes of their parent GPUs.
+    pub mig: Vec<MigSlices>,
     /// Why some allocated device is not (yet) held: its pool is incomplete or unknown, the
     /// device is not in it, or it matches none of the node's GPUs.
     pub problems: Vec<String>,
@@ -131,9 +137,50 @@ pub struct DraBook {
     claims: HashMap<String, ClaimReading>,
     /// Claims by the pools their allocations name.
     claims_by_pool: HashMap<PoolKey, BTreeSet<String>>,
-    /// Whole GPUs each claim asks for of the configured DeviceClasses, allocated or not (what
-    /// prioritize ranks nodes for), by `namespace/name`.
-    requests: HashMap<String, u64>,
+    /// What each claim asks of the configured DeviceClasses, allocated or not (what prioritize
+    /// ranks nodes for), by `namespace/name`.
+    requests: HashMap<String, ClaimAsk>,
+    /// Why a claim asking devices of the configured DeviceClasses is not read (no opinion on
+    /// its pod), by `namespace/name`.
+    unread: HashMap<String, String>,
+}
+
+/// What a claim, or a pod's claims together, ask of the configured DeviceClasses: whole GPUs,
+/// and MIG slices by profile (normalized).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClaimAsk {
+    pub gpus: u64,
+    pub mig: Vec<MigSlices>,
+}
+
+impl ClaimAsk {
+    /// Whether it asks for nothing.
+    pub fn is_empty(&self) -> bool {
+        self.gpus == 0 && self.mig.is_empty()
+    }
+
+    /// Adds what `other` asks.
+    pub fn add(&mut self, other: &ClaimAsk) {
+        self.gpus = self.gpus.saturating_add(other.gpus);
+        let mut mig = std::mem::take(&mut self.mig);
+        mig.extend(other.mig.iter().cloned());
+        self.mig = normalized(mig);
+    }
+
+    /// In words: `2 whole GPU(s)`, `3 MIG slice(s) of 1g.10gb`, joined by `and`.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if self.gpus > 0 {
+            parts.push(format!("{} whole GPU(s)", self.gpus));
+        }
+        for slices in &self.mig {
+            parts.push(format!(
+                "{} MIG slice(s) of {}",
+                slices.count, slices.profile
+            ));
+        }
+        parts.join(" and ")
+    }
 }
 
 /// What the extender knows of Dynamic Resource Allocation, shared by the feed (which writes it)
@@ -254,12 +301,19 @@ impl DraBook {
         self.claims = listed.claims;
         self.claims_by_pool = listed.claims_by_pool;
         self.requests = listed.requests;
+        self.unread = listed.unread;
     }
 
-    /// Whole GPUs a claim asks for of the configured DeviceClasses (`None`: none, or asked in
-    /// a way not read: all devices of a class, or a list of alternatives).
-    pub fn claim_request(&self, key: &str) -> Option<u64> {
-        self.requests.get(key).copied()
+    /// What a claim asks for of the configured DeviceClasses (`None`: nothing, or asked in a
+    /// way not read: [`Self::claim_unread`] says which).
+    pub fn claim_request(&self, key: &str) -> Option<&ClaimAsk> {
+        self.requests.get(key)
+    }
+
+    /// Why a claim that asks devices of the configured DeviceClasses is not read, if it is not
+    /// ([`read_claim_request`]).
+    pub fn claim_unread(&self, key: &str) -> Option<&str> {
+        self.unread.get(key).map(String::as_str)
     }
 
     /// A pool's devices (newest generation only) and where it stands; `None` for a pool no
@@ -372,8 +426,14 @@ impl DraBook {
             .map(|consumer| format!("{namespace}/{}", consumer.name))
             .collect();
         self.remove_claim(&key);
-        if let Some(gpus) = requested_gpus(claim, cfg) {
-            self.requests.insert(key.clone(), gpus);
+        match read_claim_request(claim, cfg) {
+            Ok(Some(ask)) => {
+                self.requests.insert(key.clone(), ask);
+            }
+            Ok(None) => {}
+            Err(why) => {
+                self.unread.insert(key.clone(), why);
+            }
         }
         if !devices.is_empty() {
             for (pool, _) in &devices {
@@ -391,6 +451,7 @@ impl DraBook {
     /// Forgets a claim (deleted, or allocated no device of ours any more).
     pub fn remove_claim(&mut self, key: &str) {
         self.requests.remove(key);
+        self.unread.remove(key);
         let Some(old) = self.claims.remove(key) else {
             return;
         };
@@ -493,12 +554,24 @@ impl DraBook {
             };
             match match_gpu(device, gpus) {
                 Ok(gpu) => out.holds.push(device_hold(device, gpu)),
-                Err(problem) => out.problems.push(format!(
-                    "device {pool}/{device_name} on node {node}: {problem}"
-                )),
+                Err(problem) => {
+                    out.problems.push(format!(
+                        "device {pool}/{device_name} on node {node}: {problem}"
+                    ));
+                    continue;
+                }
+            }
+            if matches!(device.kind, DeviceKind::Mig { .. }) {
+                match mig_profile(device) {
+                    Ok(profile) => out.mig.push(MigSlices::new(profile, 1)),
+                    Err(problem) => out.problems.push(format!(
+                        "device {pool}/{device_name} on node {node}: {problem}; its memory is held, not a slice of a profile"
+                    )),
+                }
             }
         }
         out.holds.sort_by_key(|hold| hold.gpu);
+        out.mig = normalized(std::mem::take(&mut out.mig));
         out
     }
 
@@ -594,35 +667,187 @@ pub fn pool_problem(key: &PoolKey, view: &PoolView<'_>) -> Option<String> {
     }
 }
 
-/// Whole GPUs `claim` asks for of the DeviceClasses `cfg` lists: each `exactly` request of
-/// such a class in `ExactCount` mode counts its `count` (1 when unset). `None` when it asks for
-/// none, or for one in a way not read (`All` mode, `firstAvailable` alternatives).
-pub fn requested_gpus(claim: &ResourceClaim, cfg: &DraConfig) -> Option<u64> {
-    let known = |class: &str| {
+/// What `claim` asks of the DeviceClasses `cfg` lists. Each `exactly` request in `ExactCount`
+/// mode of a whole-GPU class (`dra.drivers[].deviceClasses`) asks its `count` (1 when unset)
+/// whole GPUs; of a MIG class (`migDeviceClasses`), with one selector whose CEL expression is
+/// exactly `device.attributes['<driver>'].<profile attribute> == '<profile>'`
+/// ([`selector_profile`]), `count` slices of that profile. `Ok(None)`: it asks for none of
+/// them; `Err`: it asks for one in a way not read (`All` mode, `firstAvailable` alternatives,
+/// a MIG request without that one selector), said in words: no opinion on its pod.
+pub fn read_claim_request(
+    claim: &ResourceClaim,
+    cfg: &DraConfig,
+) -> Result<Option<ClaimAsk>, String> {
+    let whole_class = |class: &str| {
         cfg.drivers
             .iter()
             .any(|driver| driver.device_classes.iter().any(|known| known == class))
     };
-    let mut gpus = 0u64;
-    for request in claim.spec.devices.as_ref()?.requests.as_ref()? {
-        match &request.exactly {
-            Some(exact) if known(&exact.device_class_name) => {
-                if exact.allocation_mode.as_deref().unwrap_or("ExactCount") != "ExactCount" {
-                    return None;
-                }
-                let count = u64::try_from(exact.count.unwrap_or(1)).ok()?;
-                gpus = gpus.saturating_add(count);
+    let mig_driver = |class: &str| {
+        cfg.drivers
+            .iter()
+            .find(|driver| driver.mig_device_classes.iter().any(|known| known == class))
+    };
+    let Some(requests) = claim
+        .spec
+        .devices
+        .as_ref()
+        .and_then(|devices| devices.requests.as_ref())
+    else {
+        return Ok(None);
+    };
+    let mut ask = ClaimAsk::default();
+    for request in requests {
+        let name = &request.name;
+        let Some(exact) = &request.exactly else {
+            let known = request.first_available.iter().flatten().find(|sub| {
+                whole_class(&sub.device_class_name) || mig_driver(&sub.device_class_name).is_some()
+            });
+            if let Some(sub) = known {
+                return Err(format!(
+                    "request {name} lists alternatives (firstAvailable) of DeviceClass {}: not read",
+                    sub.device_class_name
+                ));
             }
-            Some(_) => {}
-            None => {
-                let alternatives = request.first_available.as_ref()?;
-                if alternatives.iter().any(|sub| known(&sub.device_class_name)) {
-                    return None;
-                }
-            }
+            continue;
+        };
+        let class = &exact.device_class_name;
+        let mig = mig_driver(class);
+        if !whole_class(class) && mig.is_none() {
+            continue;
         }
+        let mode = exact.allocation_mode.as_deref().unwrap_or("ExactCount");
+        if mode != "ExactCount" {
+            return Err(format!(
+                "request {name} asks all devices of DeviceClass {class} (allocationMode {mode}): not read"
+            ));
+        }
+        let count = exact.count.unwrap_or(1);
+        let Some(driver) = mig else {
+            let count = u64::try_from(count)
+                .map_err(|_| format!("request {name}: count {count} is not a number of devices"))?;
+            ask.gpus = ask.gpus.saturating_add(count);
+            continue;
+        };
+        let count = u32::try_from(count)
+            .map_err(|_| format!("request {name}: count {count} is not a number of devices"))?;
+        let expressions: Vec<&str> = exact
+            .selectors
+            .iter()
+            .flatten()
+            .map(|selector| {
+                selector
+                    .cel
+                    .as_ref()
+                    .map_or("", |cel| cel.expression.as_str())
+            })
+            .collect();
+        let profile = match expressions.as_slice() {
+            [expression] => selector_profile(expression, driver).ok_or_else(|| {
+                format!(
+                    "request {name} of MIG DeviceClass {class}: its selector is not the plain profile comparison the extender reads (device.attributes['{}'].{} == '<profile>'): not read",
+                    attribute_domain(driver),
+                    attribute_short(driver)
+                )
+            })?,
+            [] => {
+                return Err(format!(
+                    "request {name} of MIG DeviceClass {class} names no profile (no selector): not read"
+                ));
+            }
+            _ => {
+                return Err(format!(
+                    "request {name} of MIG DeviceClass {class} has {} selectors; only one plain profile comparison is read",
+                    expressions.len()
+                ));
+            }
+        };
+        ask.mig.push(MigSlices::new(profile, count));
     }
-    (gpus > 0).then_some(gpus)
+    ask.mig = normalized(ask.mig);
+    Ok((!ask.is_empty()).then_some(ask))
+}
+
+/// Whole GPUs `claim` asks for of the whole-GPU DeviceClasses `cfg` lists ([`read_claim_request`]);
+/// `None` when it asks for none, or asks in a way not read.
+pub fn requested_gpus(claim: &ResourceClaim, cfg: &DraConfig) -> Option<u64> {
+    read_claim_request(claim, cfg)
+        .ok()
+        .flatten()
+        .map(|ask| ask.gpus)
+        .filter(|gpus| *gpus > 0)
+}
+
+/// The MIG profile a CEL selector names when it is exactly the plain comparison
+/// `device.attributes['<domain>'].<attribute> == '<profile>'` of the driver's profile attribute
+/// (either quote, any whitespace between the parts) and the profile reads
+/// ([`MigProfile::parse`]); `None` for anything else, which the extender does not evaluate.
+pub fn selector_profile(expression: &str, driver: &DraDriverConfig) -> Option<MigProfile> {
+    let mut rest = Cel(expression);
+    rest.word("device")?;
+    rest.word(".")?;
+    rest.word("attributes")?;
+    rest.word("[")?;
+    if rest.quoted()? != attribute_domain(driver) {
+        return None;
+    }
+    rest.word("]")?;
+    rest.word(".")?;
+    rest.word(attribute_short(driver))?;
+    rest.word("==")?;
+    let profile = rest.quoted()?;
+    if !rest.0.trim().is_empty() {
+        return None;
+    }
+    MigProfile::parse(profile).ok()
+}
+
+/// A CEL expression being read from the front, a token at a time.
+struct Cel<'a>(&'a str);
+
+impl<'a> Cel<'a> {
+    /// Takes `word` after any whitespace.
+    fn word(&mut self, word: &str) -> Option<()> {
+        let rest = self.0.trim_start().strip_prefix(word)?;
+        // An identifier must end where the next one cannot go on (`devices` is not `device`).
+        let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+        if word.chars().last().is_some_and(ident) && rest.chars().next().is_some_and(ident) {
+            return None;
+        }
+        self.0 = rest;
+        Some(())
+    }
+
+    /// Takes a plain string literal after any whitespace: `'...'` or `"..."`, without escapes.
+    fn quoted(&mut self) -> Option<&'a str> {
+        let text = self.0.trim_start();
+        let quote = text.chars().next().filter(|c| matches!(c, '\'' | '"'))?;
+        let body = &text[1..];
+        let end = body.find(quote)?;
+        let literal = &body[..end];
+        if literal.contains('\\') {
+            return None;
+        }
+        self.0 = &body[end + 1..];
+        Some(literal)
+    }
+}
+
+/// The domain under which a selector names the driver's profile attribute: the attribute's own
+/// (`domain/name`), else the driver's.
+fn attribute_domain(driver: &DraDriverConfig) -> &str {
+    driver
+        .profile_attribute
+        .split_once('/')
+        .map_or(driver.name.as_str(), |(domain, _)| domain)
+}
+
+/// The profile attribute's name without its domain.
+fn attribute_short(driver: &DraDriverConfig) -> &str {
+    driver
+        .profile_attribute
+        .split_once('/')
+        .map_or(driver.profile_attribute.as_str(), |(_, short)| short)
 }
 
 /// The claims (`namespace/name`) a pod uses: each `spec.resourceClaims` entry's
@@ -695,6 +920,38 @@ pub fn node_gpus(devices: &[&DraDevice]) -> (Vec<Gpu>, Vec<String>) {
     }
     gpus.extend(parents);
     (gpus.into_values().collect(), problems)
+}
+
+/// The MIG slices a node offers only through DRA, for its engine spec's pools: each `mig`
+/// device of `devices` counts one slice of its profile. A slice without a readable profile is
+/// left out of the pools and reported (its memory still counts in its parent GPU).
+pub fn node_mig(devices: &[&DraDevice]) -> (Vec<MigSlices>, Vec<String>) {
+    let mut pools = Vec::new();
+    let mut problems = Vec::new();
+    for device in devices
+        .iter()
+        .filter(|d| matches!(d.kind, DeviceKind::Mig { .. }))
+    {
+        match mig_profile(device) {
+            Ok(profile) => pools.push(MigSlices::new(profile, 1)),
+            Err(problem) => problems.push(format!(
+                "device {}: {problem}; not counted as a slice",
+                device.name
+            )),
+        }
+    }
+    (normalized(pools), problems)
+}
+
+/// The profile of MIG slice `device`, read as the device plugin's are.
+fn mig_profile(device: &DraDevice) -> Result<MigProfile, String> {
+    match &device.kind {
+        DeviceKind::Mig {
+            profile: Some(profile),
+        } => MigProfile::parse(profile).map_err(|error| error.to_string()),
+        DeviceKind::Mig { profile: None } => Err("the MIG slice names no profile".to_owned()),
+        DeviceKind::Gpu => Err("not a MIG slice".to_owned()),
+    }
 }
 
 /// The card `device` is, or is a MIG slice of, with `memory` and `healthy` as given.

@@ -212,19 +212,22 @@ impl ClusterState {
         })
     }
 
-    /// Whole GPUs `pod`'s claims ask for of the configured DeviceClasses, as the watch last saw
-    /// the claims; `None` when they ask for none (or the pod has no claims).
-    pub fn claim_gpus(&self, pod: &Pod) -> Option<u64> {
+    /// What `pod`'s claims ask for of the configured DeviceClasses (whole GPUs, MIG slices by
+    /// profile), as the watch last saw the claims; `None` when they ask for none the extender
+    /// reads (or the pod has no claims).
+    pub fn claim_ask(&self, pod: &Pod) -> Option<crate::objects::dra::ClaimAsk> {
         let claims = crate::objects::dra::pod_claims(pod);
         if claims.is_empty() {
             return None;
         }
         let dra = self.dra.read();
-        let gpus = claims
-            .iter()
-            .filter_map(|claim| dra.book.claim_request(claim))
-            .fold(0u64, u64::saturating_add);
-        (gpus > 0).then_some(gpus)
+        let mut ask = crate::objects::dra::ClaimAsk::default();
+        for claim in &claims {
+            if let Some(asked) = dra.book.claim_request(claim) {
+                ask.add(asked);
+            }
+        }
+        (!ask.is_empty()).then_some(ask)
     }
 
     /// What the metrics read of Dynamic Resource Allocation: whether it is served, the book's

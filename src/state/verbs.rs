@@ -14,9 +14,10 @@ use super::policy::PolicyCell;
 use super::snapshot::Snapshot;
 use crate::config::Config;
 use crate::objects::admission::PodClaims;
+use crate::objects::dra::ClaimAsk;
 use crate::objects::quota::quota_names;
 use crate::objects::translate;
-use gpu_engine::{GpuDemand, NodeState, PodRequest, Policy};
+use gpu_engine::{CpuMilli, GpuDemand, MemMiB, NodeState, PodRequest, Policy, RequestError};
 
 /// The nodes one call offers: kube-scheduler's candidate names (`nodeCacheCapable: true`), or
 /// the node objects it sent, each read into a node state or the reason it could not be.
@@ -81,6 +82,17 @@ fn placement_request(
         .map_err(|error| error.to_string())
 }
 
+/// A pod's DRA claims' ask as the engine's request: `ask.gpus` whole GPUs in one container (none
+/// when it asks only slices) and its MIG slices, with the pod's CPU and memory.
+pub fn claim_pod_request(
+    ask: &ClaimAsk,
+    cpu: CpuMilli,
+    memory: MemMiB,
+) -> Result<PodRequest, RequestError> {
+    let demand = GpuDemand::whole(ask.gpus)?;
+    Ok(PodRequest::single(cpu, memory, demand).with_mig(ask.mig.clone()))
+}
+
 fn namespace(pod: &Pod) -> &str {
     pod.metadata.namespace.as_deref().unwrap_or("default")
 }
@@ -124,7 +136,7 @@ impl Verbs<'_> {
         // them with what the extender cannot see (selectors, CEL), so nothing is narrowed here,
         // not even to the policy's best nodes (policy.filterBestOnly); prioritize ranks them.
         if request.as_ref().is_none_or(|request| !request.wants_gpu())
-            && self.cluster.claim_gpus(pod).is_some()
+            && self.cluster.claim_ask(pod).is_some()
         {
             request = None;
         }
@@ -209,8 +221,8 @@ impl Verbs<'_> {
     /// Prioritize: the offered nodes' scores (0..=10) for `pod`, in offered order; empty when
     /// the pod is absent or does not read (kube-scheduler ignores prioritize's errors, so an
     /// unreadable pod just gets no preference anywhere). A pod that asks no GPU of the extender
-    /// but whole GPUs through DRA claims (it reaches this stanza where the profile sends every
-    /// pod, as the dedicated scheduler does) is ranked for those GPUs, as
+    /// but whole GPUs or MIG slices through DRA claims (it reaches this stanza where the profile
+    /// sends every pod, as the dedicated scheduler does) is ranked for them, as
     /// [`Self::prioritize_claims`] ranks it.
     pub fn prioritize<'a>(&self, pod: Option<&Pod>, offered: Offered<'a>) -> Vec<(&'a str, i64)> {
         let policy = self.policy.load();
@@ -226,11 +238,13 @@ impl Verbs<'_> {
         }
     }
 
-    /// Prioritize for pods whose DRA claims ask for whole GPUs of the configured DeviceClasses
-    /// (docs/dra.md): the offered nodes ranked with the policy in force for that many whole
-    /// GPUs, on the GPUs the nodes' slices publish less those claims hold. Empty (no opinion)
-    /// for a pod that asks for GPUs through extended resources (the extender's own stanza
-    /// ranks those) or through no claim of a known class.
+    /// Prioritize for pods whose DRA claims ask for whole GPUs or MIG slices of the configured
+    /// DeviceClasses (docs/dra.md): the offered nodes ranked with the policy in force for that
+    /// many whole GPUs and slices by profile, on the GPUs and slices the nodes' ResourceSlices
+    /// publish less those claims hold (slices with the policy's MIG ranking: packed onto nodes
+    /// whose slices are in use, spread the reverse). Empty (no opinion) for a pod that asks for
+    /// GPUs through extended resources (the extender's own stanza ranks those) or through no
+    /// claim it reads.
     pub fn prioritize_claims<'a>(
         &self,
         pod: Option<&Pod>,
@@ -248,13 +262,13 @@ impl Verbs<'_> {
         self.rank(self.policy.load(), offered, &request)
     }
 
-    /// What `pod` asks through its DRA claims, as a request for that many whole GPUs with its
-    /// containers' CPU and memory; `None` when its claims ask for no GPU the extender reads.
+    /// What `pod` asks through its DRA claims, as a request for that many whole GPUs and MIG
+    /// slices with its containers' CPU and memory; `None` when its claims ask for nothing the
+    /// extender reads.
     fn claim_request(&self, pod: &Pod) -> Option<PodRequest> {
-        let gpus = self.cluster.claim_gpus(pod)?;
+        let ask = self.cluster.claim_ask(pod)?;
         let (cpu, memory) = translate::pod_host_request(pod).unwrap_or_default();
-        let demand = GpuDemand::whole(gpus).ok()?;
-        Some(PodRequest::single(cpu, memory, demand))
+        claim_pod_request(&ask, cpu, memory).ok()
     }
 
     /// The offered nodes scored for `request` with `policy`.

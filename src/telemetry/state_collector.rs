@@ -247,12 +247,12 @@ const CLUSTER_GPU_FREE: Family = gauge(
 );
 const MIG_SLICES: Family = gauge(
     "gpu_extender_mig_slices",
-    "MIG slices of each node by profile (the device plugin's nvidia.com/mig-<profile>): held by pods (held) or not (free).",
+    "MIG slices of each node by profile (the device plugin's nvidia.com/mig-<profile>, or a DRA driver's mig devices): held by pods or DRA claims (held) or not (free).",
     &["node", "profile", "state"],
 );
 const CLUSTER_MIG_SLICES: Family = gauge(
     "gpu_extender_cluster_mig_slices",
-    "MIG slices in the table by profile: held by pods (held) or not (free).",
+    "MIG slices in the table by profile: held by pods or DRA claims (held) or not (free).",
     &["profile", "state"],
 );
 const CLUSTER_GPU_FRAGMENTED: Family = gauge(

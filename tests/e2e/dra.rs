@@ -7,7 +7,8 @@
 //! claim pods are packed as the policy says; so are they in the dedicated scheduler as shipped,
 //! whose profile sends every pod to the extender's own stanza. With kube-controller-manager's
 //! resourceclaim controller, claims made from ResourceClaimTemplates are packed the same way,
-//! and deleting a pod releases its claim's GPUs in the table.
+//! and deleting a pod releases its claim's GPUs in the table. Claims for MIG devices of one
+//! profile hold their node's slices and are packed onto the node whose slices are in use.
 
 use std::time::{Duration, Instant};
 
@@ -771,6 +772,170 @@ fn dra_template_claims_are_made_packed_and_released() {
             tmpl_a["gpus"].as_array().map_or(0, Vec::len) == 4,
             "tmpl-a counted once across generations: {tmpl_a:#}"
         );
+        Ok(())
+    });
+}
+
+/// The `mig.nvidia.com` DeviceClass NVIDIA's driver installs for its MIG devices.
+const MIG_CLASS: &str = "mig.nvidia.com";
+
+/// A `1g.10gb` MIG device of card 0 of `node`, as NVIDIA's driver publishes one.
+fn mig_device(node: &str, slice: u16) -> Value {
+    json!({
+        "name": format!("gpu-0-mig-1g10gb-{slice}"),
+        "attributes": {
+            "type": {"string": "mig"},
+            "uuid": {"string": format!("MIG-{node}-{slice}")},
+            "parentUUID": {"string": format!("GPU-{node}-0")},
+            "parentIndex": {"int": 0},
+            "profile": {"string": "1g.10gb"},
+            "productName": {"string": "NVIDIA A100-SXM4-80GB"},
+        },
+        "capacity": {"memory": {"value": "10Gi"}},
+    })
+}
+
+/// The `mig.nvidia.com` DeviceClass: every MIG device of the driver.
+async fn create_mig_device_class(client: &kube::Client) -> Result<()> {
+    let expression =
+        format!("device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == 'mig'");
+    let device_class: DeviceClass = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": MIG_CLASS},
+        "spec": {"selectors": [{"cel": {"expression": expression}}]},
+    }))?;
+    Api::<DeviceClass>::all(client.clone())
+        .create(&PostParams::default(), &device_class)
+        .await
+        .context("creating the MIG DeviceClass")?;
+    Ok(())
+}
+
+/// A claim for one `1g.10gb` slice, picked by the profile as NVIDIA's examples do.
+async fn create_mig_claim(client: &kube::Client, name: &str) -> Result<()> {
+    let claim: ResourceClaim = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
+            "deviceClassName": MIG_CLASS,
+            "count": 1,
+            "selectors": [{"cel": {"expression": format!("device.attributes['{DRIVER}'].profile == '1g.10gb'")}}],
+        }}]}},
+    }))?;
+    Api::<ResourceClaim>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &claim)
+        .await
+        .with_context(|| format!("creating ResourceClaim {name}"))?;
+    Ok(())
+}
+
+/// `node`'s `1g.10gb` pool as `inspect` shows it: (held, advertised, the claims holding it).
+fn mig_pool(report: &Value, node: &str) -> (u64, u64, Vec<String>) {
+    let pool = report["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|n| n["name"] == node)
+        .flat_map(|n| n["mig"].as_array().cloned().unwrap_or_default())
+        .find(|pool| pool["profile"] == "1g.10gb")
+        .unwrap_or_default();
+    let mut claims: Vec<String> = pool["claims"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["claim"].as_str().map(str::to_owned))
+        .collect();
+    claims.sort();
+    (
+        pool["held"].as_u64().unwrap_or(0),
+        pool["advertised"].as_u64().unwrap_or(0),
+        claims,
+    )
+}
+
+#[test]
+#[ignore = "end-to-end: needs the Kubernetes binaries; make test runs it, or cargo test --test e2e -- --ignored"]
+fn dra_mig_claims_are_packed_onto_the_node_whose_slices_are_in_use() {
+    crate::harness::run("dra-mig", async |c| {
+        let client = c.client.clone();
+        // Two DRA-only nodes, each with one card split into seven 1g.10gb devices.
+        for node in ["mig-a", "mig-b"] {
+            dra_node(&client, node).await?;
+            let devices = (0..7).map(|slice| mig_device(node, slice)).collect();
+            publish(
+                &client,
+                &format!("{node}-gpus"),
+                DRIVER,
+                node,
+                node,
+                1,
+                devices,
+            )
+            .await?;
+        }
+        create_mig_device_class(&client).await?;
+        // Binpack (the default policy), with the DRA stanza.
+        c.start_extender("").await?;
+        let rendered = with_dra_stanza(c)?;
+        c.start_scheduler_rendered(PROFILE_CONFIG, &rendered, &[])
+            .await?;
+        wait_inspect(c, "the nodes' MIG pools", BIND, |r| {
+            mig_pool(r, "mig-a").1 == 7 && mig_pool(r, "mig-b").1 == 7
+        })
+        .await?;
+
+        // One slice already in use on mig-b.
+        create_mig_claim(&client, "mig-first").await?;
+        create_claim_pod(&client, "mig-first", "mig-first", Some("mig-b")).await?;
+        wait_bound(&client, "mig-first", BIND).await?;
+        wait_inspect(c, "mig-first's slice", BIND, |r| {
+            mig_pool(r, "mig-b") == (1, 7, vec!["default/mig-first".to_owned()])
+        })
+        .await?;
+        // Two more, free to go anywhere: binpack packs them onto mig-b, whose card is in use.
+        for name in ["mig-next-1", "mig-next-2"] {
+            create_mig_claim(&client, name).await?;
+            create_claim_pod(&client, name, name, None).await?;
+            let bound = wait_bound(&client, name, BIND).await?;
+            let node = node_of(&bound).unwrap_or_default().to_owned();
+            eprintln!("  {name}: {node} ({:?})", allocated(&client, name).await?);
+            ensure!(
+                node == "mig-b",
+                "{name} went to {node}, not mig-b whose slices are in use"
+            );
+        }
+        let report = wait_inspect(c, "the three claims' slices on mig-b", BIND, |r| {
+            mig_pool(r, "mig-b").0 == 3
+        })
+        .await?;
+        ensure!(
+            mig_pool(&report, "mig-b")
+                == (
+                    3,
+                    7,
+                    vec![
+                        "default/mig-first".to_owned(),
+                        "default/mig-next-1".to_owned(),
+                        "default/mig-next-2".to_owned(),
+                    ]
+                ),
+            "mig-b's pool: {:?}",
+            mig_pool(&report, "mig-b")
+        );
+        ensure!(
+            mig_pool(&report, "mig-a") == (0, 7, Vec::new()),
+            "mig-a's pool: {:?}",
+            mig_pool(&report, "mig-a")
+        );
+        let metrics = c.metrics().await?;
+        let held = metric_sum(
+            &metrics,
+            "gpu_extender_mig_slices",
+            &[("node", "mig-b"), ("state", "held")],
+        );
+        ensure!(held == 3.0, "gpu_extender_mig_slices held on mig-b: {held}");
         Ok(())
     });
 }

@@ -44,8 +44,8 @@ pub struct NodeState {
     pub pods: u32,
     /// Grants that name a GPU the node no longer has (it shrank under running pods).
     pub dangling_holds: u32,
-    /// MIG slices pods hold, by profile (normalized); a profile the node no longer advertises
-    /// stays listed, and over-committed, until its pods are gone.
+    /// MIG slices pods and external holds (DRA claims) hold, by profile (normalized); a profile
+    /// the node no longer advertises stays listed, and over-committed, until its holders are gone.
     pub mig_held: Vec<MigSlices>,
     /// `spec.gpus[i].model` in comparison form, computed once.
     pub normalized_models: Vec<String>,
@@ -415,7 +415,7 @@ impl NodeState {
         mig::count_of(&self.spec.mig, profile)
     }
 
-    /// Slices of `profile` pods hold.
+    /// Slices of `profile` pods and external holds hold.
     pub fn mig_held_of(&self, profile: &MigProfile) -> u32 {
         mig::count_of(&self.mig_held, profile)
     }
@@ -426,24 +426,28 @@ impl NodeState {
             .saturating_sub(self.mig_held_of(profile))
     }
 
-    /// Whether pods hold any MIG slice of the node: its MIG cards are partitioned and in use.
+    /// Whether pods or external holds (DRA claims) hold any MIG slice of the node: its MIG cards
+    /// are partitioned and in use.
     pub fn mig_in_use(&self) -> bool {
         !self.mig_held.is_empty()
     }
 
-    /// Adds GPU holds of a holder that is not a pod ([`crate::table::ExternalHold`]): its GPUs
-    /// only, no host CPU, memory or pod slot (the holder's pods, if any, are counted as pods).
-    pub fn add_external(&mut self, holds: &[GpuHold]) {
+    /// Adds the GPU holds and MIG slices of a holder that is not a pod
+    /// ([`crate::table::ExternalHold`]): its GPUs and slices only, no host CPU, memory or pod
+    /// slot (the holder's pods, if any, are counted as pods).
+    pub fn add_external(&mut self, holds: &[GpuHold], slices: &[MigSlices]) {
         for hold in holds {
             self.apply_hold(hold, true);
         }
+        self.take_mig(slices);
     }
 
     /// Removes holds added by [`NodeState::add_external`]: its exact inverse.
-    pub fn remove_external(&mut self, holds: &[GpuHold]) {
+    pub fn remove_external(&mut self, holds: &[GpuHold], slices: &[MigSlices]) {
         for hold in holds {
             self.apply_hold(hold, false);
         }
+        mig::apply(&mut self.mig_held, slices, false);
     }
 
     fn apply_hold(&mut self, hold: &GpuHold, adding: bool) {

@@ -11,7 +11,7 @@ use std::sync::{Arc, Weak};
 use thiserror::Error;
 
 use super::allocation::{GpuHold, PodAllocation};
-use super::mig::MigSlices;
+use super::mig::{MigSlices, normalized};
 use super::model::{HolderKey, LinkMatrix, NodeName, NodeSpec, PodKey, WHOLE_GPU_COMPUTE};
 use super::state::{GpuUsage, NodeState, same_shape};
 use super::topology::TopologyIndex;
@@ -30,12 +30,15 @@ pub enum Change {
     },
     /// A pod finished (Succeeded/Failed) or was deleted: its GPUs are free again.
     PodGone(PodKey),
-    /// A holder that is not a pod (a DRA claim) holds these GPUs of `node`, replacing what it
-    /// held before. No pod is placed on them; like every fact, never refused.
+    /// A holder that is not a pod (a DRA claim) holds these GPUs and MIG slices of `node`,
+    /// replacing what it held before. No pod is placed on them; like every fact, never refused.
     HoldExternal {
         holder: HolderKey,
         node: NodeName,
         holds: Vec<GpuHold>,
+        /// MIG slices held, by profile (normalized when applied), counted against the node's
+        /// pools as pods' slices are.
+        mig: Vec<MigSlices>,
     },
     /// The holder let go of everything it held (a claim deallocated or deleted).
     ReleaseExternal(HolderKey),
@@ -46,6 +49,8 @@ pub enum Change {
 pub struct ExternalHold {
     pub node: NodeName,
     pub holds: Vec<GpuHold>,
+    /// MIG slices held, by profile: normalized ([`crate::mig::normalized`]).
+    pub mig: Vec<MigSlices>,
 }
 
 /// Whether a pod's hold is confirmed by the API server or only promised by a bind in flight.
@@ -219,7 +224,7 @@ impl Table {
                 }
                 for holder in self.external_by_node.get(&name).into_iter().flatten() {
                     if let Some(entry) = self.external.get(holder) {
-                        state.add_external(&entry.holds);
+                        state.add_external(&entry.holds, &entry.mig);
                     }
                 }
                 if let Some(old) = self.nodes.insert(NameKey::new(name.as_str()), state) {
@@ -254,14 +259,19 @@ impl Table {
                 holder,
                 node,
                 holds,
+                mig,
             } => {
-                let entry = ExternalHold { node, holds };
+                let entry = ExternalHold {
+                    node,
+                    holds,
+                    mig: normalized(mig),
+                };
                 if self.external.get(&holder) == Some(&entry) {
                     return;
                 }
                 self.release_external(&holder);
                 if let Some(state) = self.node_mut(&entry.node) {
-                    state.add_external(&entry.holds);
+                    state.add_external(&entry.holds, &entry.mig);
                 }
                 self.external_by_node
                     .entry(entry.node.clone())
@@ -279,7 +289,7 @@ impl Table {
     fn release_external(&mut self, holder: &HolderKey) -> Option<ExternalHold> {
         let entry = self.external.remove(holder)?;
         if let Some(state) = self.node_mut(&entry.node) {
-            state.remove_external(&entry.holds);
+            state.remove_external(&entry.holds, &entry.mig);
         }
         if let Some(set) = self.external_by_node.get_mut(&entry.node) {
             set.remove(holder);
@@ -523,7 +533,8 @@ impl Table {
 
     /// Every broken invariant, as readable lines: no GPU over-committed in memory or compute, none
     /// both whole and shared or whole twice, at most the per-GPU pod limit, no more MIG slices of
-    /// a profile held than the node advertises, host CPU and memory within capacity, and every node's usage equal to the sum of its pods and external holds
+    /// a profile held (by pods and external holds together) than the node advertises, host CPU and
+    /// memory within capacity, and every node's usage equal to the sum of its pods and external holds
     /// (so released capacity equals what was allocated).
     pub fn check_invariants(&self) -> Result<(), Vec<String>> {
         let mut violations = Vec::new();
@@ -535,7 +546,7 @@ impl Table {
                 recomputed.add(&entry.allocation);
             }
             for (_, entry) in self.externals_on(name) {
-                recomputed.add_external(&entry.holds);
+                recomputed.add_external(&entry.holds, &entry.mig);
             }
             if recomputed.gpus != node.gpus
                 || recomputed.cpu_used != node.cpu_used

@@ -3,7 +3,8 @@
 //! not advertise a profile never takes a pod asking for it; releasing a pod restores its node
 //! exactly, and rebuilding the table from specs and pods gives the same table; the score-only
 //! path decides as the full evaluation; and packing ranks a node whose slices are in use above an
-//! untouched one, spread the reverse.
+//! untouched one, spread the reverse. External holds (DRA claims) of slices count against the
+//! pools as pods do and are released exactly.
 
 #![allow(
     clippy::unwrap_used,
@@ -13,10 +14,11 @@
 mod common;
 
 use common::mig;
+use gpu_engine::mig::normalized;
 use gpu_engine::{
-    Change, CpuMilli, GpuDemand, GpuMode, MemMiB, MigProfile, NodeName, NodeSpec, NodeState,
-    PodAllocation, PodKey, PodRequest, Policy, RejectReason, ScoringPolicy, Table, TypicalPod,
-    TypicalPods, fit,
+    Change, CpuMilli, GpuDemand, GpuMode, HolderKey, MemMiB, MigProfile, MigSlices, NodeName,
+    NodeSpec, NodeState, PodAllocation, PodKey, PodRequest, Policy, RejectReason, ScoringPolicy,
+    Table, TypicalPod, TypicalPods, fit,
 };
 use proptest::prelude::*;
 
@@ -50,6 +52,21 @@ fn pod_desc() -> impl Strategy<Value = PodDesc> {
         prop::collection::vec((0..PROFILES.len(), 1u32..4), 1..3),
     )
         .prop_map(|(whole, asks)| PodDesc { whole, asks })
+}
+
+/// One step of a run: a pod placed by fit, or a claim (an external hold) taking slices.
+#[derive(Clone, Debug)]
+enum Step {
+    Pod(PodDesc),
+    /// (profile, slices) pairs the claim asks for; it is given those free on its node.
+    Claim(Vec<(usize, u32)>),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        pod_desc().prop_map(Step::Pod),
+        prop::collection::vec((0..PROFILES.len(), 1u32..4), 1..3).prop_map(Step::Claim),
+    ]
 }
 
 fn slices(pairs: &[(usize, u32)]) -> Vec<(&'static str, u32)> {
@@ -161,6 +178,105 @@ proptest! {
         placed.rotate_left(half);
         for key in &placed {
             table.apply(Change::PodGone(key.clone()));
+            prop_assert!(table.check_invariants().is_ok(), "{:?}", table.check_invariants());
+        }
+        for node in table.nodes() {
+            prop_assert!(node.mig_held.is_empty(), "{:?}", node.mig_held);
+        }
+        prop_assert!(table == Table::rebuild(20, specs, []));
+    }
+
+    /// Claims holding free slices between pod placements, as kube-scheduler's DRA allocator
+    /// gives them: a pod placed after them never takes a claimed slice, so no pool is
+    /// over-committed and the invariants hold throughout; a claim released at once leaves its
+    /// node exactly as it was; the table equals its rebuild with the claims held again; and with
+    /// every pod and claim gone no slice is held.
+    #[test]
+    fn claims_holding_slices_never_over_commit_a_pool_and_release_restores(
+        nodes in prop::collection::vec(node_desc(), 1..4),
+        steps in prop::collection::vec((step(), any::<prop::sample::Index>()), 1..24),
+        scoring in 0..ScoringPolicy::ALL.len(),
+    ) {
+        let policy = &policies()[scoring];
+        let specs: Vec<NodeSpec> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, desc)| spec(&format!("n{i}"), desc))
+            .collect();
+        let mut table = Table::rebuild(20, specs.clone(), []);
+        let mut pods: Vec<PodKey> = Vec::new();
+        let mut claims: Vec<HolderKey> = Vec::new();
+        for (index, (step, on)) in steps.iter().enumerate() {
+            let name = NodeName::new(format!("n{}", on.index(specs.len())));
+            let node = table.node(&name).unwrap().clone();
+            match step {
+                Step::Pod(desc) => {
+                    let Ok(allocation) = fit(&node, &request(desc), policy) else {
+                        continue;
+                    };
+                    let key = PodKey::new("ns", &format!("p{index}"));
+                    table.apply(Change::PodBound { pod: key.clone(), allocation });
+                    pods.push(key);
+                }
+                Step::Claim(asks) => {
+                    let held: Vec<MigSlices> = normalized(mig(&slices(asks)))
+                        .into_iter()
+                        .filter_map(|asked| {
+                            let count = asked.count.min(node.mig_free(&asked.profile));
+                            (count > 0).then(|| MigSlices::new(asked.profile, count))
+                        })
+                        .collect();
+                    if held.is_empty() {
+                        continue;
+                    }
+                    let holder = HolderKey::new(format!("dra:ns/c{index}"));
+                    let hold = Change::HoldExternal {
+                        holder: holder.clone(),
+                        node: name.clone(),
+                        holds: Vec::new(),
+                        mig: held.clone(),
+                    };
+                    table.apply(hold.clone());
+                    let holding = table.node(&name).unwrap();
+                    for slices in &held {
+                        prop_assert_eq!(
+                            holding.mig_held_of(&slices.profile),
+                            node.mig_held_of(&slices.profile) + slices.count
+                        );
+                    }
+                    prop_assert_eq!(holding.pods, node.pods);
+                    table.apply(Change::ReleaseExternal(holder.clone()));
+                    let released = table.node(&name).unwrap();
+                    prop_assert!(released.placed_alike(&node));
+                    prop_assert_eq!(&released.mig_held, &node.mig_held);
+                    table.apply(hold);
+                    claims.push(holder);
+                }
+            }
+            for state in table.nodes() {
+                within_pools(state)?;
+            }
+            prop_assert!(table.check_invariants().is_ok(), "{:?}", table.check_invariants());
+        }
+        let bound: Vec<(PodKey, PodAllocation)> = table
+            .pods()
+            .map(|(key, entry)| (key.clone(), entry.allocation.clone()))
+            .collect();
+        let mut rebuilt = Table::rebuild(20, specs.clone(), bound);
+        for (holder, entry) in table.externals() {
+            rebuilt.apply(Change::HoldExternal {
+                holder: holder.clone(),
+                node: entry.node.clone(),
+                holds: entry.holds.clone(),
+                mig: entry.mig.clone(),
+            });
+        }
+        prop_assert!(rebuilt == table);
+        for key in &pods {
+            table.apply(Change::PodGone(key.clone()));
+        }
+        for holder in &claims {
+            table.apply(Change::ReleaseExternal(holder.clone()));
             prop_assert!(table.check_invariants().is_ok(), "{:?}", table.check_invariants());
         }
         for node in table.nodes() {

@@ -529,6 +529,7 @@ fn external_holds_keep_their_gpus_from_pods_and_release_exactly() {
         holder: claim("c1"),
         node: node("whole"),
         holds: whole_holds(&[0, 1]),
+        mig: Vec::new(),
     });
     // No pod slot, CPU or memory: the claim's pod is counted as a pod by itself.
     let held = table.node_by_str("whole").unwrap();
@@ -561,6 +562,7 @@ fn external_holds_keep_their_gpus_from_pods_and_release_exactly() {
         holder: claim("c1"),
         node: node("whole"),
         holds: whole_holds(&[0, 1]),
+        mig: Vec::new(),
     });
     assert!(table.node_by_str("whole").unwrap().gpus[1].is_whole());
     assert_eq!(table.externals_on(&node("whole")).count(), 1);
@@ -570,6 +572,7 @@ fn external_holds_keep_their_gpus_from_pods_and_release_exactly() {
         holder: claim("c1"),
         node: node("whole"),
         holds: whole_holds(&[3]),
+        mig: Vec::new(),
     });
     let moved = table.node_by_str("whole").unwrap();
     assert!(!moved.gpus[0].is_whole() && moved.gpus[3].is_whole());
@@ -588,6 +591,7 @@ fn an_external_hold_on_a_pods_gpu_is_a_visible_over_commit() {
         holder: claim("c1"),
         node: node("whole"),
         holds: whole_holds(&[0]),
+        mig: Vec::new(),
     });
     let violations = table.check_invariants().unwrap_err();
     assert_eq!(
@@ -599,6 +603,7 @@ fn an_external_hold_on_a_pods_gpu_is_a_visible_over_commit() {
         holder: claim("c2"),
         node: node("later"),
         holds: whole_holds(&[1]),
+        mig: Vec::new(),
     });
     table.apply(Change::UpsertNode(named(
         "later",

@@ -78,16 +78,24 @@ function gpuHtml(gpu) {
 
 // One MIG profile of a node: slices held of those advertised, and who holds them.
 function migHtml(pool) {
+  const claims = pool.claims || [];
+  const holders = pool.pods.map((h) => h.pod + (h.slices > 1 ? " x" + h.slices : ""))
+    .concat(claims.map((h) => "DRA claim " + h.claim + (h.slices > 1 ? " x" + h.slices : "")));
   const title = "MIG " + pool.profile + " (" + gib(pool.memoryMib) + " each): " + pool.held + " of " + pool.advertised +
-    " held" + (pool.pods.length ? " by " + pool.pods.map((h) => h.pod + (h.slices > 1 ? " x" + h.slices : "")).join(", ") : "");
+    " held" + (holders.length ? " by " + holders.join(", ") : "");
+  const of = Math.max(pool.advertised, pool.held);
   let bar = "";
   for (const h of pool.pods) {
-    bar += '<span class="seg" style="width:' + pct(h.slices, Math.max(pool.advertised, pool.held)).toFixed(2) +
+    bar += '<span class="seg" style="width:' + pct(h.slices, of).toFixed(2) +
       "%;background:" + colour(h.pod) + '" title="' + esc(h.pod + ": " + h.slices + " slice(s)") + '"></span>';
+  }
+  for (const h of claims) {
+    bar += '<span class="seg claim" style="width:' + pct(h.slices, of).toFixed(2) +
+      "%;background-color:" + colour(h.claim) + '" title="' + esc("DRA claim " + h.claim + ": " + h.slices + " slice(s)") + '"></span>';
   }
   return '<div class="gpu mig' + (pool.held > pool.advertised ? " unhealthy" : "") + '" data-mig-profile="' + esc(pool.profile) +
     '" data-mig-held="' + pool.held + '" data-mig-advertised="' + pool.advertised + '" data-mig-pods="' +
-    esc(pool.pods.map((h) => h.pod).join(" ")) + '" title="' + esc(title) + '"><div class="gpu-head"><span>MIG ' + esc(pool.profile) +
+    esc(pool.pods.map((h) => h.pod).join(" ")) + '" data-mig-claims="' + esc(claims.map((h) => h.claim).join(" ")) + '" title="' + esc(title) + '"><div class="gpu-head"><span>MIG ' + esc(pool.profile) +
     "</span><span>" + pool.held + "/" + pool.advertised + '</span></div><div class="bar mem">' + bar + "</div></div>";
 }
 
@@ -143,7 +151,10 @@ function render() {
       for (const p of gpu.pods) namespaces.add(namespaceOf(p));
       for (const held of gpu.claims || []) namespaces.add(namespaceOf(held.claim));
     }
-    for (const pool of node.mig || []) for (const h of pool.pods) namespaces.add(namespaceOf(h.pod));
+    for (const pool of node.mig || []) {
+      for (const h of pool.pods) namespaces.add(namespaceOf(h.pod));
+      for (const h of pool.claims || []) namespaces.add(namespaceOf(h.claim));
+    }
   }
   for (const p of view.pending) namespaces.add(namespaceOf(p.pod));
   fillSelect($("f-model"), models); fillSelect($("f-mode"), modes); fillSelect($("f-namespace"), namespaces);
@@ -184,7 +195,8 @@ function render() {
     if (f.model && !node.gpus.some((g) => g.model === f.model)) continue;
     if (f.namespace && !node.gpus.some((g) => g.pods.some((p) => namespaceOf(p) === f.namespace) ||
       (g.claims || []).some((held) => namespaceOf(held.claim) === f.namespace)) &&
-      !(node.mig || []).some((pool) => pool.pods.some((h) => namespaceOf(h.pod) === f.namespace))) continue;
+      !(node.mig || []).some((pool) => pool.pods.some((h) => namespaceOf(h.pod) === f.namespace) ||
+        (pool.claims || []).some((h) => namespaceOf(h.claim) === f.namespace))) continue;
     shown++;
     html.push('<div class="node" data-node="' + esc(node.name) + '" data-mode="' + esc(node.mode) + '" data-model="' +
       esc(model) + '"><div class="node-name" title="' + esc(node.name) + '">' + esc(node.name) + "<small>" + esc(model) +

@@ -1,9 +1,10 @@
 //! The feed's Dynamic Resource Allocation side: ResourceSlice and ResourceClaim events
 //! ([`crate::k8s::dra`]) into the shared [`DraState`](crate::objects::dra::DraState) and the
 //! table. A node whose own translation has no GPUs takes the GPUs its DRA slices publish; a node
-//! with GPUs of its own keeps them and is noted as offering GPUs both ways. Every allocated
-//! claim holds its devices' GPUs in the table as an external hold (`dra:namespace/name`), so
-//! no pod is placed on them; a released or deleted claim lets them go. Lists are read into a
+//! with GPUs of its own keeps them and is noted as offering GPUs both ways; a DRA-only node's
+//! MIG slices become its MIG pools by profile. Every allocated claim holds its devices' GPUs
+//! (and MIG slices) in the table as an external hold (`dra:namespace/name`), so no pod is
+//! placed on them; a released or deleted claim lets them go. Lists are read into a
 //! book of their own and swapped in at `InitDone`, as node and pod lists are.
 
 use std::collections::BTreeSet;
@@ -15,7 +16,7 @@ use tracing::{debug, info, warn};
 
 use super::{Feed, NodeMemo, spec_fingerprint};
 use crate::k8s::dra::DraEvent;
-use crate::objects::dra::{DraBook, claim_holder, claim_key, node_gpus};
+use crate::objects::dra::{DraBook, claim_holder, claim_key, node_gpus, node_mig};
 use gpu_engine::{Change, GpuMode, LinkMatrix, NodeName, NodeSpec, Table};
 
 /// What the feed keeps of DRA besides the shared state: lists in progress and where it stands.
@@ -183,7 +184,8 @@ impl Feed {
             Event::Init => self.dra.claim_list = Some(DraBook::new()),
             Event::InitApply(claim) => match self.dra.claim_list.as_mut() {
                 Some(list) => {
-                    list.apply_claim(&claim, &cfg.dra);
+                    let key = list.apply_claim(&claim, &cfg.dra);
+                    tell_unread(list, &key);
                 }
                 None => self.claim_changed(Some(&claim), &claim_key(&claim)),
             },
@@ -217,6 +219,7 @@ impl Feed {
         match claim {
             Some(claim) => {
                 dra.book.apply_claim(claim, &cfg.dra);
+                tell_unread(&dra.book, key);
             }
             None => dra.book.remove_claim(key),
         }
@@ -279,7 +282,7 @@ impl Feed {
             Some(node) if !holds.holds.is_empty() => {
                 let node = NodeName::new(node);
                 if let Some(old) = &before
-                    && (old.node != node || old.holds != holds.holds)
+                    && (old.node != node || old.holds != holds.holds || old.mig != holds.mig)
                 {
                     self.state.note_freed(&old.node);
                 }
@@ -287,6 +290,7 @@ impl Feed {
                     holder,
                     node,
                     holds: holds.holds,
+                    mig: holds.mig,
                 });
             }
             _ => {
@@ -318,12 +322,14 @@ impl Feed {
         let mut dra = self.state.dra_write();
         let devices = dra.book.node_devices(name.as_str());
         let dra_devices = devices.len();
-        let (gpus, problems) = node_gpus(&devices);
+        let (gpus, mut problems) = node_gpus(&devices);
+        let (mig, mig_problems) = node_mig(&devices);
+        problems.extend(mig_problems);
         if dra_devices == 0 {
             dra.both_ways.remove(name.as_str());
             return spec;
         }
-        if !spec.gpus.is_empty() {
+        if !spec.gpus.is_empty() || !spec.mig.is_empty() {
             if dra.both_ways.insert(name.to_string()) {
                 warn!(
                     node = %name,
@@ -337,13 +343,14 @@ impl Feed {
         dra.both_ways.remove(name.as_str());
         drop(dra);
         for problem in &problems {
-            warn!(node = %name, %problem, "DRA GPU not counted");
+            warn!(node = %name, %problem, "DRA GPU or MIG slice not counted");
         }
         self.dra.from_dra.insert(name.clone(), spec.mode);
         let links = LinkMatrix::uniform(gpus.len());
         NodeSpec::with_gpus(name.as_str(), GpuMode::Exclusive, gpus, links)
             .with_host(spec.cpu, spec.memory, spec.max_pods)
             .with_placement(spec.placement)
+            .with_mig(mig)
     }
 
     /// Forgets what was merged for a node that is gone (its slices, if any are left, merge again
@@ -399,6 +406,14 @@ impl Feed {
         for claim in &claims {
             self.refresh_dra_claim(table, claim);
         }
+    }
+}
+
+/// Says at debug why a claim asking devices of the configured DeviceClasses is not read (its
+/// pod gets no ranking from the extender; kube-scheduler's DRA plugin still allocates it).
+fn tell_unread(book: &DraBook, key: &str) {
+    if let Some(why) = book.claim_unread(key) {
+        debug!(claim = %key, %why, "ResourceClaim's request not read: no ranking for its pod");
     }
 }
 

@@ -19,8 +19,19 @@ pub(crate) fn gpu(index: i64, uuid: &str) -> Value {
     })
 }
 
-/// A MIG slice of GPU `parent`.
+/// A `3g.40gb` MIG slice of GPU `parent`.
 pub(crate) fn mig(name: &str, parent: i64, parent_uuid: &str, gib: u64) -> Value {
+    mig_slice(name, parent, parent_uuid, "3g.40gb", gib)
+}
+
+/// A MIG slice of `profile` of GPU `parent`.
+pub(crate) fn mig_slice(
+    name: &str,
+    parent: i64,
+    parent_uuid: &str,
+    profile: &str,
+    gib: u64,
+) -> Value {
     json!({
         "name": name,
         "attributes": {
@@ -28,7 +39,7 @@ pub(crate) fn mig(name: &str, parent: i64, parent_uuid: &str, gib: u64) -> Value
             "uuid": {"string": format!("MIG-{name}")},
             "parentUUID": {"string": parent_uuid},
             "parentIndex": {"int": parent},
-            "profile": {"string": "3g.40gb"},
+            "profile": {"string": profile},
             "gpu.nvidia.com/productName": {"string": "NVIDIA A100-SXM4-80GB"},
         },
         "capacity": {"memory": {"value": format!("{gib}Gi")}},
@@ -102,6 +113,29 @@ pub(crate) fn claim_pod(name: &str, claim: &str) -> k8s_openapi::api::core::v1::
             "resourceClaims": [{"name": "gpus", "resourceClaimName": claim}],
             "containers": [{"name": "c", "resources": {"claims": [{"name": "gpus"}], "requests": {"cpu": "1"}}}],
         },
+    }))
+    .unwrap()
+}
+
+/// A claim not allocated yet, asking for `count` MIG slices of `class` picked by the CEL
+/// `expression`s (none: no selector).
+pub(crate) fn pending_mig_claim(
+    name: &str,
+    class: &str,
+    count: i64,
+    expressions: &[&str],
+) -> ResourceClaim {
+    let selectors: Vec<Value> = expressions
+        .iter()
+        .map(|expression| json!({"cel": {"expression": expression}}))
+        .collect();
+    serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "team"},
+        "spec": {"devices": {"requests": [
+            {"name": "slices", "exactly": {"deviceClassName": class, "count": count, "selectors": selectors}},
+        ]}},
     }))
     .unwrap()
 }

@@ -5,7 +5,9 @@
 
 use serde_json::json;
 
-use super::fixtures::{claim, claim_pod, gpu, mig, pending_claim, slice};
+use super::fixtures::{
+    claim, claim_pod, gpu, mig, mig_slice, pending_claim, pending_mig_claim, slice,
+};
 use super::*;
 
 fn cfg() -> DraConfig {
@@ -340,7 +342,13 @@ fn a_claims_request_counts_whole_gpus_of_known_classes() {
     // Kept while pending, and after allocation.
     let mut book = DraBook::new();
     let key = book.apply_claim(&pending_claim("c", "gpu.nvidia.com", 2), &cfg());
-    assert_eq!(book.claim_request(&key), Some(2));
+    assert_eq!(
+        book.claim_request(&key),
+        Some(&ClaimAsk {
+            gpus: 2,
+            mig: Vec::new()
+        })
+    );
     assert!(book.claim_keys().is_empty(), "holds nothing yet");
     book.remove_claim(&key);
     assert_eq!(book.claim_request(&key), None);
@@ -425,4 +433,208 @@ fn the_book_keeps_nothing_of_objects_that_are_gone() {
     assert_eq!(book.counts(), DraCounts::default());
     assert!(book.claims_in(&pool("n1")).is_empty());
     assert!(book.problems().is_empty());
+}
+
+fn profile(text: &str) -> MigProfile {
+    MigProfile::parse(text).unwrap()
+}
+
+#[test]
+fn a_selector_is_read_only_when_it_is_the_plain_profile_comparison() {
+    let driver = DraDriverConfig::default();
+    let read = |expression: &str| selector_profile(expression, &driver).map(|p| p.to_string());
+    for (expression, expected) in [
+        (
+            "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'",
+            "1g.10gb",
+        ),
+        (
+            r#"device.attributes["gpu.nvidia.com"].profile == "3g.40gb""#,
+            "3g.40gb",
+        ),
+        // A YAML block scalar's newline, and whitespace anywhere between the parts.
+        (
+            "  device . attributes[ 'gpu.nvidia.com' ] .profile=='1g.10gb+me'\n",
+            "1g.10gb+me",
+        ),
+    ] {
+        assert_eq!(
+            read(expression).as_deref(),
+            Some(expected),
+            "{expression:?}"
+        );
+    }
+    for expression in [
+        // Too complex: the extender does not evaluate CEL.
+        "device.attributes['gpu.nvidia.com'].profile == '1g.10gb' && device.attributes['gpu.nvidia.com'].index == 0",
+        "device.attributes['gpu.nvidia.com'].profile != '1g.10gb'",
+        "device.attributes['gpu.nvidia.com'].profile.startsWith('1g')",
+        "'1g.10gb' == device.attributes['gpu.nvidia.com'].profile",
+        "device.attributes['gpu.nvidia.com'].profile in ['1g.10gb', '2g.20gb']",
+        // Another attribute, domain or variable.
+        "device.attributes['gpu.nvidia.com'].type == 'mig'",
+        "device.attributes['example.com'].profile == '1g.10gb'",
+        "devices.attributes['gpu.nvidia.com'].profile == '1g.10gb'",
+        "device.attributes['gpu.nvidia.com'].profiles == '1g.10gb'",
+        // Garbage.
+        "",
+        "device.attributes['gpu.nvidia.com'].profile == ",
+        "device.attributes['gpu.nvidia.com'].profile == '1g.10gb",
+        "device.attributes['gpu.nvidia.com'].profile == '1g.10gb\"",
+        r"device.attributes['gpu.nvidia.com'].profile == '1g\.10gb'",
+        "device.attributes['gpu.nvidia.com'].profile == 'large'",
+        "))((",
+    ] {
+        assert_eq!(read(expression), None, "{expression:?}");
+    }
+    // A profile attribute configured with its domain is compared under that domain.
+    let qualified = DraDriverConfig {
+        profile_attribute: "mig.example.com/shape".into(),
+        ..DraDriverConfig::default()
+    };
+    assert_eq!(
+        selector_profile(
+            "device.attributes['mig.example.com'].shape == '2g.20gb'",
+            &qualified
+        ),
+        Some(profile("2g.20gb"))
+    );
+    assert_eq!(
+        selector_profile(
+            "device.attributes['gpu.nvidia.com'].profile == '2g.20gb'",
+            &qualified
+        ),
+        None
+    );
+}
+
+#[test]
+fn a_claims_request_asks_mig_slices_by_profile_or_is_said_unread() {
+    let one = "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'";
+    assert_eq!(
+        read_claim_request(&pending_mig_claim("c", "mig.nvidia.com", 3, &[one]), &cfg()),
+        Ok(Some(ClaimAsk {
+            gpus: 0,
+            mig: vec![MigSlices::new(profile("1g.10gb"), 3)],
+        }))
+    );
+    assert_eq!(
+        requested_gpus(&pending_mig_claim("c", "mig.nvidia.com", 3, &[one]), &cfg()),
+        None,
+        "slices are not whole GPUs"
+    );
+    // A class no driver lists is not the extender's: nothing asked, nothing unread.
+    assert_eq!(
+        read_claim_request(&pending_mig_claim("c", "mig.example.com", 1, &[]), &cfg()),
+        Ok(None)
+    );
+    for (claim, why) in [
+        (
+            pending_mig_claim("c", "mig.nvidia.com", 1, &[]),
+            "names no profile",
+        ),
+        (
+            pending_mig_claim(
+                "c",
+                "mig.nvidia.com",
+                1,
+                &["device.attributes['gpu.nvidia.com'].profile.startsWith('1g')"],
+            ),
+            "not the plain profile comparison",
+        ),
+        (
+            pending_mig_claim("c", "mig.nvidia.com", 1, &[one, one]),
+            "has 2 selectors",
+        ),
+    ] {
+        let error = read_claim_request(&claim, &cfg()).unwrap_err();
+        assert!(error.contains(why), "{error}");
+        // The book keeps the reason, and no ask.
+        let mut book = DraBook::new();
+        let key = book.apply_claim(&claim, &cfg());
+        assert_eq!(book.claim_request(&key), None);
+        assert!(book.claim_unread(&key).unwrap().contains(why));
+        book.remove_claim(&key);
+        assert_eq!(book.claim_unread(&key), None);
+    }
+    // Whole GPUs and slices of two requests add up.
+    let mut both = pending_mig_claim("c", "mig.nvidia.com", 2, &[one]);
+    let gpus = pending_claim("c", "gpu.nvidia.com", 1)
+        .spec
+        .devices
+        .unwrap()
+        .requests
+        .unwrap();
+    both.spec
+        .devices
+        .as_mut()
+        .unwrap()
+        .requests
+        .as_mut()
+        .unwrap()
+        .extend(gpus);
+    let ask = read_claim_request(&both, &cfg()).unwrap().unwrap();
+    assert_eq!(
+        (ask.gpus, ask.mig.clone()),
+        (1, vec![MigSlices::new(profile("1g.10gb"), 2)])
+    );
+    assert_eq!(
+        ask.describe(),
+        "1 whole GPU(s) and 2 MIG slice(s) of 1g.10gb"
+    );
+}
+
+#[test]
+fn a_nodes_mig_slices_become_its_pools_and_a_claim_holds_its_slices() {
+    let mut book = DraBook::new();
+    let mut devices: Vec<serde_json::Value> = (0..3)
+        .map(|i| mig_slice(&format!("gpu-0-mig-{i}"), 0, "GPU-a", "1g.10gb", 10))
+        .collect();
+    devices.push(mig_slice("gpu-1-mig-0", 1, "GPU-b", "3g.40gb", 40));
+    let mut nameless = mig_slice("gpu-1-mig-1", 1, "GPU-b", "3g.40gb", 40);
+    nameless["attributes"]
+        .as_object_mut()
+        .unwrap()
+        .remove("profile");
+    devices.push(nameless);
+    book.apply_slice(
+        &slice("n1-gpus", "gpu.nvidia.com", "n1", 1, 1, devices),
+        &cfg(),
+    );
+    let devices = book.node_devices("n1");
+    let (pools, problems) = node_mig(&devices);
+    assert_eq!(
+        pools,
+        vec![
+            MigSlices::new(profile("1g.10gb"), 3),
+            MigSlices::new(profile("3g.40gb"), 1),
+        ]
+    );
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(problems[0].contains("gpu-1-mig-1"), "{problems:?}");
+    let (gpus, _) = node_gpus(&devices);
+    // The claim holds two 1g.10gb slices and the nameless one: its memory, no slice of a profile.
+    let key = book.apply_claim(
+        &claim(
+            "c",
+            &[
+                ("n1", "gpu-0-mig-0"),
+                ("n1", "gpu-0-mig-2"),
+                ("n1", "gpu-1-mig-1"),
+            ],
+            &["p"],
+        ),
+        &cfg(),
+    );
+    let holds = book.claim_holds(&key, |_| Some(&gpus[..]));
+    assert_eq!(holds.node.as_deref(), Some("n1"));
+    assert_eq!(holds.mig, vec![MigSlices::new(profile("1g.10gb"), 2)]);
+    let memory: Vec<(u16, u64)> = holds.holds.iter().map(|h| (h.gpu.0, h.mem.0)).collect();
+    assert_eq!(memory, vec![(0, 10 << 10), (0, 10 << 10), (1, 40 << 10)]);
+    assert_eq!(holds.problems.len(), 1, "{:?}", holds.problems);
+    assert!(
+        holds.problems[0].contains("names no profile"),
+        "{:?}",
+        holds.problems
+    );
 }

@@ -13,9 +13,14 @@ use super::super::Feed;
 use crate::config::Config;
 use crate::k8s::dra::{DraEvent, Unavailable};
 use crate::objects::dra::claim_holder;
-use crate::objects::dra::fixtures::{claim, claim_pod, gpu, mig, pending_claim, slice};
+use crate::objects::dra::fixtures::{
+    claim, claim_pod, gpu, mig, mig_slice, pending_claim, pending_mig_claim, slice,
+};
 use crate::state::{ClusterState, TableWriter};
-use gpu_engine::{CpuMilli, GpuDemand, MemMiB, NodeName, PodRequest, Policy, fit};
+use gpu_engine::{
+    CpuMilli, GpuDemand, MemMiB, MigProfile, MigSlices, NodeName, PodRequest, Policy,
+    ScoringPolicy, fit,
+};
 
 fn feed() -> Feed {
     let mut feed = Feed::new(
@@ -453,4 +458,143 @@ fn prioritize_ranks_nodes_for_a_pods_gpu_claims_with_the_policy() {
             )
             .is_empty()
     );
+}
+
+/// One card of `node` split into seven `1g.10gb` MIG slices, as NVIDIA's driver publishes it.
+fn seven_slices(node: &str) -> k8s_openapi::api::resource::v1::ResourceSlice {
+    let devices = (0..7)
+        .map(|i| {
+            mig_slice(
+                &format!("gpu-0-mig-{i}"),
+                0,
+                &format!("GPU-{node}"),
+                "1g.10gb",
+                10,
+            )
+        })
+        .collect();
+    slice(
+        &format!("{node}-gpus"),
+        "gpu.nvidia.com",
+        node,
+        1,
+        1,
+        devices,
+    )
+}
+
+/// A claim of `mig.nvidia.com` asking for one `1g.10gb` slice, as NVIDIA's demos write it.
+const ONE_1G_10GB: &str = "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'";
+
+/// Slices of `1g.10gb` held on `node`, and the memory held on its card.
+fn slices_held(feed: &Feed, node: &str) -> (u32, MemMiB) {
+    let table = feed.state().read();
+    let state = table.node_by_str(node).unwrap();
+    let profile = MigProfile::parse("1g.10gb").unwrap();
+    (state.mig_held_of(&profile), state.gpus[0].mem)
+}
+
+#[test]
+fn mig_claims_hold_a_dra_nodes_slices_and_pods_asking_slices_are_packed() {
+    let mut feed = feed();
+    nodes(&mut feed, &[dra_node("a"), dra_node("b")]);
+    no_pods(&mut feed);
+    slices(&mut feed, vec![seven_slices("a"), seven_slices("b")]);
+    let held_claim = || {
+        claim(
+            "held",
+            &[("b", "gpu-0-mig-0"), ("b", "gpu-0-mig-1")],
+            &["p0"],
+        )
+    };
+    claims(
+        &mut feed,
+        vec![
+            held_claim(),
+            pending_mig_claim("wants", "mig.nvidia.com", 1, &[ONE_1G_10GB]),
+            pending_mig_claim("seven", "mig.nvidia.com", 7, &[ONE_1G_10GB]),
+            pending_mig_claim("any", "mig.nvidia.com", 1, &[]),
+        ],
+    );
+    // Each node's pool is its slices; the card they split is never given whole.
+    {
+        let table = feed.state().read();
+        for node in ["a", "b"] {
+            let state = table.node_by_str(node).unwrap();
+            assert_eq!(
+                state.spec.mig,
+                vec![MigSlices::new(MigProfile::parse("1g.10gb").unwrap(), 7)]
+            );
+            assert!(!state.spec.gpus[0].healthy);
+        }
+        table.check_invariants().unwrap();
+    }
+    // The claim holds two slices of b, and their memory of its card.
+    assert_eq!(slices_held(&feed, "a"), (0, MemMiB(0)));
+    assert_eq!(slices_held(&feed, "b"), (2, MemMiB(20 << 10)));
+    let report = crate::inspect::report(&feed.state().read());
+    let b = report.nodes.iter().find(|node| node.name == "b").unwrap();
+    assert_eq!(
+        (b.mig[0].held, b.mig[0].free, &b.mig[0].claims),
+        (
+            2,
+            5,
+            &vec![crate::inspect::MigClaim {
+                claim: "team/held".into(),
+                slices: 2
+            }]
+        )
+    );
+    let cfg = Config::default();
+    let names = ["a", "b"];
+    let pod = claim_pod("p", "wants");
+    for scoring in ScoringPolicy::ALL {
+        let policy = crate::state::PolicyCell::from(Policy::scoring(scoring));
+        let verbs = crate::state::Verbs {
+            cluster: feed.state(),
+            policy: &policy,
+            config: &cfg,
+        };
+        let scores = verbs.prioritize_claims(Some(&pod), crate::state::Offered::Names(&names));
+        let score = |node: &str| scores.iter().find(|(n, _)| *n == node).unwrap().1;
+        if scoring == ScoringPolicy::Spread {
+            assert!(score("a") > score("b"), "{scoring:?}: {scores:?}");
+        } else {
+            assert!(score("b") > score("a"), "{scoring:?}: {scores:?}");
+        }
+        // Both routes rank alike; filter narrows nothing.
+        assert_eq!(
+            verbs.prioritize(Some(&pod), crate::state::Offered::Names(&names)),
+            scores
+        );
+        let decision = verbs.filter(Some(&pod), crate::state::Offered::Names(&names));
+        assert!(
+            matches!(decision, crate::state::FilterDecision::PassAll),
+            "{decision:?}"
+        );
+        // Seven slices fit a only; a claim naming no profile gets no opinion.
+        let seven = verbs.prioritize_claims(
+            Some(&claim_pod("p", "seven")),
+            crate::state::Offered::Names(&names),
+        );
+        let score = |node: &str| seven.iter().find(|(n, _)| *n == node).unwrap().1;
+        assert!(score("a") > 0 && score("b") == 0, "{scoring:?}: {seven:?}");
+        assert!(
+            verbs
+                .prioritize_claims(
+                    Some(&claim_pod("p", "any")),
+                    crate::state::Offered::Names(&names)
+                )
+                .is_empty()
+        );
+    }
+    // Deallocated: its slices and memory go; allocated again, then deleted: gone again.
+    let event = |claim| DraEvent::Claim(Ok(Event::Apply(claim)));
+    feed.apply_dra_event(event(claim("held", &[], &["p0"])));
+    assert_eq!(slices_held(&feed, "b"), (0, MemMiB(0)));
+    feed.apply_dra_event(event(held_claim()));
+    assert_eq!(slices_held(&feed, "b"), (2, MemMiB(20 << 10)));
+    feed.apply_dra_event(DraEvent::Claim(Ok(Event::Delete(held_claim()))));
+    assert_eq!(slices_held(&feed, "b"), (0, MemMiB(0)));
+    feed.state().read().check_invariants().unwrap();
 }
