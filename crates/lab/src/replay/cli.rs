@@ -305,8 +305,13 @@ async fn replay_one(
         );
     }
     eprintln!(
-        "replay: {} nodes, extender and kube-scheduler up in {:.1} s ({})",
+        "replay: {} nodes, {} up in {:.1} s ({})",
         names.len(),
+        if with_extender {
+            "extender and kube-scheduler"
+        } else {
+            "kube-scheduler"
+        },
         started.elapsed().as_secs_f64(),
         plane.dir().display()
     );

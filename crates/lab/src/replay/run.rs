@@ -615,7 +615,9 @@ pub async fn replay_pods(
         let retry_wait = if departed_now {
             Some(RETRY_WAIT)
         } else {
-            plan.config.requeue.enabled.then_some(MISSED_RETRY_WAIT)
+            // In DRA mode the extender filters nothing: no window miss of its to nudge.
+            (plan.config.requeue.enabled && plan.gpu_api() == GpuApi::DevicePlugin)
+                .then_some(MISSED_RETRY_WAIT)
         };
         if let Some(retry_wait) = retry_wait.filter(|_| fits) {
             match next_of(&mut decided, &mut early, &name, retry_wait, |seen| {
