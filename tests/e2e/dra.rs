@@ -26,7 +26,7 @@ use crate::objects::{
     GpuNode, Mode, NS, NVIDIA_GPU, PodSpec, create_bound, create_pod, delete_pod, node_of, pods,
     wait_bound, wait_unschedulable,
 };
-use crate::web_view::{browse, node_row};
+use crate::web_view::{drawn_page, node_row};
 use crate::{BIND, up};
 
 const DRIVER: &str = "gpu.nvidia.com";
@@ -447,13 +447,7 @@ fn dra_claims_are_accounted_next_to_the_extenders_pods() {
 
         // The web view draws every claim on its GPUs, lists the claims, the node offered both
         // ways and the problems.
-        let page = format!("http://{}/ui", c.admin_addr);
-        let profile = c.dir.join("chromium-profile");
-        let dom = tokio::task::block_in_place(|| browse(&profile, &page, &["--dump-dom"]))?;
-        ensure!(
-            dom.contains("data-ready=\"true\""),
-            "the page never drew its data:\n{dom}"
-        );
+        let dom = drawn_page(c)?;
         let dra_a = node_row(&dom, "dra-a")?;
         ensure!(
             dra_a.matches("data-claims=\"default/c-two\"").count() == 2,
@@ -589,15 +583,34 @@ async fn create_template(client: &kube::Client, name: &str, count: u32) -> Resul
 }
 
 /// The claim kube-controller-manager made from a template for `pod`'s claim `gpus`.
-async fn generated_claim(client: &kube::Client, pod: &str) -> Result<Option<String>> {
-    let pod = pods(client).get(pod).await?;
-    Ok(pod
+async fn generated_claim(client: &kube::Client, pod: &str) -> Result<String> {
+    let found = pods(client).get(pod).await?;
+    found
         .status
         .and_then(|s| s.resource_claim_statuses)
         .unwrap_or_default()
         .into_iter()
         .find(|status| status.name == "gpus")
-        .and_then(|status| status.resource_claim_name))
+        .and_then(|status| status.resource_claim_name)
+        .with_context(|| format!("{pod} has no claim made from a template"))
+}
+
+/// Creates pod `pod` claiming from `template`, waits until it is bound, and checks that it went
+/// to `expected`.
+async fn place_from_template(
+    client: &kube::Client,
+    pod: &str,
+    template: &str,
+    expected: &str,
+) -> Result<()> {
+    create_template_pod(client, pod, template, None).await?;
+    let bound = wait_bound(client, pod, BIND).await?;
+    ensure!(
+        node_of(&bound) == Some(expected),
+        "{pod} went to {:?}, not {expected}",
+        node_of(&bound)
+    );
+    Ok(())
 }
 
 /// The claims `inspect` shows holding GPUs of `node`, sorted.
@@ -639,18 +652,10 @@ fn dra_template_claims_are_made_packed_and_released() {
         // The first pod kept to tmpl-b, the second free: binpack puts it beside the first.
         create_template_pod(&client, "t-1", "two-gpus", Some("tmpl-b")).await?;
         wait_bound(&client, "t-1", BIND).await?;
-        create_template_pod(&client, "t-2", "two-gpus", None).await?;
-        let bound = wait_bound(&client, "t-2", BIND).await?;
-        ensure!(
-            node_of(&bound) == Some("tmpl-b"),
-            "t-2 went to {:?}, not beside t-1 on tmpl-b",
-            node_of(&bound)
-        );
+        place_from_template(&client, "t-2", "two-gpus", "tmpl-b").await?;
         let mut claims = Vec::new();
         for pod in ["t-1", "t-2"] {
-            let claim = generated_claim(&client, pod)
-                .await?
-                .with_context(|| format!("{pod} has no claim made from the template"))?;
+            let claim = generated_claim(&client, pod).await?;
             ensure!(
                 allocated(&client, &claim).await?.len() == 2,
                 "{claim} not allocated 2 GPUs"
@@ -682,19 +687,11 @@ fn dra_template_claims_are_made_packed_and_released() {
         eprintln!("  t-1 and t-2 packed on tmpl-b: {claims:?}");
 
         // A third finds tmpl-b full and goes to tmpl-a.
-        create_template_pod(&client, "t-3", "two-gpus", None).await?;
-        let bound = wait_bound(&client, "t-3", BIND).await?;
-        ensure!(
-            node_of(&bound) == Some("tmpl-a"),
-            "t-3 on {:?}",
-            node_of(&bound)
-        );
+        place_from_template(&client, "t-3", "two-gpus", "tmpl-a").await?;
 
         // Released: deleting t-3 has kube-controller-manager deallocate its claim, and the
         // extender frees its GPUs.
-        let third = generated_claim(&client, "t-3")
-            .await?
-            .context("t-3 has no claim made from the template")?;
+        let third = generated_claim(&client, "t-3").await?;
         delete_pod(&client, "t-3").await?;
         let report = wait_inspect(c, "t-3's claim released", BIND, |r| {
             held_claims(r, "tmpl-a").is_empty()
@@ -724,17 +721,8 @@ fn dra_template_claims_are_made_packed_and_released() {
         ensure!(left.is_none(), "{third} still allocated: {left:?}");
         // The freed GPUs take a pod asking all four, and the table shows them held by it.
         create_template(&client, "four-gpus", 4).await?;
-        create_template_pod(&client, "t-4", "four-gpus", None).await?;
-        let bound = wait_bound(&client, "t-4", BIND).await?;
-        ensure!(
-            node_of(&bound) == Some("tmpl-a"),
-            "t-4 on {:?}",
-            node_of(&bound)
-        );
-        let fourth = generated_claim(&client, "t-4")
-            .await?
-            .context("t-4 has no claim made from the template")?;
-        let fourth = format!("{NS}/{fourth}");
+        place_from_template(&client, "t-4", "four-gpus", "tmpl-a").await?;
+        let fourth = format!("{NS}/{}", generated_claim(&client, "t-4").await?);
         wait_inspect(c, "t-4's four GPUs", BIND, |r| {
             claim_gpus(r, "tmpl-a", &fourth).len() == 4
         })

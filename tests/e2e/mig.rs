@@ -9,7 +9,7 @@ use anyhow::{Context, Result, ensure};
 use serde_json::Value;
 
 use crate::objects::{GpuNode, Mode, NVIDIA_GPU, PodSpec, create_bound, node_of};
-use crate::web_view::{browse, node_row};
+use crate::web_view::{drawn_page, node_row};
 use crate::{BIND, up};
 
 const MIG_1G: &str = "nvidia.com/mig-1g.10gb";
@@ -119,13 +119,7 @@ fn mig_pods_are_packed_onto_the_node_whose_slices_are_in_use() {
         }
 
         // The web view draws each node's pool with its holders.
-        let page = format!("http://{}/ui", c.admin_addr);
-        let profile = c.dir.join("chromium-profile");
-        let dom = tokio::task::block_in_place(|| browse(&profile, &page, &["--dump-dom"]))?;
-        ensure!(
-            dom.contains("data-ready=\"true\""),
-            "the page never drew its data:\n{dom}"
-        );
+        let dom = drawn_page(c)?;
         let row = node_row(&dom, "mig-b")?;
         ensure!(
             row.contains(

@@ -12,7 +12,7 @@ use std::process::Command;
 use anyhow::{Context, Result, ensure};
 use serde_json::Value;
 
-use crate::harness::{ROOT, http_get_bearer};
+use crate::harness::{Cluster, ROOT, http_get_bearer};
 use crate::objects::{
     GPU_MEM, GpuNode, Mode, PodSpec, TOPOLOGY_GPU, create_bound, create_nodes, create_pod,
     wait_unschedulable,
@@ -37,7 +37,7 @@ fn chromium() -> Result<PathBuf> {
 
 /// Chromium headless (its profile in `profile`) on `url` with `args` (`--dump-dom`, `--screenshot=...`); its stdout. The
 /// page's first data request is awaited through a virtual-time budget.
-pub(crate) fn browse(profile: &Path, url: &str, args: &[&str]) -> Result<String> {
+fn browse(profile: &Path, url: &str, args: &[&str]) -> Result<String> {
     let output = Command::new(chromium()?)
         .args([
             "--headless",
@@ -58,6 +58,19 @@ pub(crate) fn browse(profile: &Path, url: &str, args: &[&str]) -> Result<String>
         String::from_utf8_lossy(&output.stderr)
     );
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// The web view of `c`'s extender as Chromium draws it (its DOM), with `/ui/data` unguarded;
+/// an error when the page never drew its data.
+pub(crate) fn drawn_page(c: &Cluster) -> Result<String> {
+    let page = format!("http://{}/ui", c.admin_addr);
+    let profile = c.dir.join("chromium-profile");
+    let dom = tokio::task::block_in_place(|| browse(&profile, &page, &["--dump-dom"]))?;
+    ensure!(
+        dom.contains("data-ready=\"true\""),
+        "the page never drew its data:\n{dom}"
+    );
+    Ok(dom)
 }
 
 /// The HTML of the row `data-node="name"` in the dumped DOM.
