@@ -5,7 +5,9 @@
 # modification times with the build's outputs: a fresh clone's files are all new, so without
 # this every run rebuilds the workspace's crates (the library, every test target, the fuzz
 # targets) even when nothing changed. A file whose content changed keeps the clone's time,
-# newer than any earlier build, so what depends on it is rebuilt as before.
+# newer than any earlier build, so what depends on it is rebuilt as before. The git files the
+# build script watches for the commit it stamps (build.rs) are treated alike, by their content:
+# a new commit moves them, so the library and what depends on it are rebuilt with the new stamp.
 #
 #   scripts/ci-mtimes.sh            .ci/run calls it first, in the clone's root
 #
@@ -24,7 +26,7 @@ fi
 mkdir -p "$CACHE"
 cd "$ROOT"
 git ls-files -s -z | python3 -c '
-import os, subprocess, sys
+import hashlib, os, subprocess, sys
 record = sys.argv[1]
 known = {}
 try:
@@ -57,6 +59,28 @@ for entry in sys.stdin.buffer.read().split(b"\0"):
         os.utime(path, (mtime, mtime))
         kept += 1
     lines.append(f"{blob} {mtime} {path}\n")
+# The git files the build script watches for the commit it stamps (build.rs): HEAD, the packed
+# refs and the branch refs, by their content; a new commit moves them, and the stamp with it.
+def git_files():
+    yield ".git/HEAD"
+    yield ".git/packed-refs"
+    for folder, _, names in os.walk(".git/refs"):
+        for name in names:
+            yield os.path.join(folder, name)
+for path in git_files():
+    if not os.path.isfile(path):
+        continue
+    with open(path, "rb") as f:
+        digest = hashlib.sha1(f.read()).hexdigest()
+    key = "git:" + path
+    mtime = known.get((key, digest))
+    if mtime is None:
+        mtime = int(os.stat(path).st_mtime)
+        changed += 1
+    else:
+        os.utime(path, (mtime, mtime))
+        kept += 1
+    lines.append(f"{digest} {mtime} {key}\n")
 tmp = record + ".tmp"
 with open(tmp, "w") as f:
     f.writelines(lines)
