@@ -8,6 +8,7 @@
 # newer than any earlier build, so what depends on it is rebuilt as before. The git files the
 # build script watches for the commit it stamps (build.rs) are treated alike, by their content:
 # a new commit moves them, so the library and what depends on it are rebuilt with the new stamp.
+# Folders are treated alike, by the names in them (build.rs watches the `proto` folder).
 #
 #   scripts/ci-mtimes.sh            .ci/run calls it first, in the clone's root
 #
@@ -59,6 +60,25 @@ for entry in sys.stdin.buffer.read().split(b"\0"):
         os.utime(path, (mtime, mtime))
         kept += 1
     lines.append(f"{blob} {mtime} {path}\n")
+# Folders too, by the names in them (cargo reads the time of a folder that a build script
+# watches: `proto` in build.rs); a folder that gained or lost an entry keeps the clone time.
+children = {}
+for line in lines:
+    path = line.split(" ", 2)[2].rstrip("\n")
+    parts = path.split("/")
+    for depth in range(1, len(parts)):
+        children.setdefault("/".join(parts[:depth]), set()).add(parts[depth])
+for folder, names in children.items():
+    digest = hashlib.sha1("\0".join(sorted(names)).encode()).hexdigest()
+    key = "dir:" + folder
+    mtime = known.get((key, digest))
+    if mtime is None:
+        mtime = int(os.stat(folder).st_mtime)
+        changed += 1
+    else:
+        os.utime(folder, (mtime, mtime))
+        kept += 1
+    lines.append(f"{digest} {mtime} {key}\n")
 # The git files the build script watches for the commit it stamps (build.rs): HEAD, the packed
 # refs and the branch refs, by their content; a new commit moves them, and the stamp with it.
 def git_files():
