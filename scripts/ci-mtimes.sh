@@ -42,43 +42,38 @@ edited = set(
     subprocess.run(["git", "ls-files", "-m", "-z"], check=True, capture_output=True)
     .stdout.decode().split("\0")
 )
-kept = changed = 0
+counts = {"kept": 0, "changed": 0}
 lines = []
+def settle(path, key, digest, same=True):
+    """Gives path the time recorded for (key, digest) if any (and same), else keeps its own;
+    records the time it ends with."""
+    mtime = known.get((key, digest)) if same else None
+    if mtime is None:
+        mtime = int(os.stat(path).st_mtime)
+        counts["changed"] += 1
+    else:
+        os.utime(path, (mtime, mtime))
+        counts["kept"] += 1
+    lines.append(f"{digest} {mtime} {key}\n")
+tracked = []
 for entry in sys.stdin.buffer.read().split(b"\0"):
     if not entry:
         continue
     meta, path = entry.split(b"\t", 1)
     path = path.decode()
-    blob = meta.split()[1].decode()
     if not os.path.isfile(path) or os.path.islink(path):
         continue
-    mtime = None if path in edited else known.get((path, blob))
-    if mtime is None:
-        mtime = int(os.stat(path).st_mtime)
-        changed += 1
-    else:
-        os.utime(path, (mtime, mtime))
-        kept += 1
-    lines.append(f"{blob} {mtime} {path}\n")
+    tracked.append(path)
+    settle(path, path, meta.split()[1].decode(), same=path not in edited)
 # Folders too, by the names in them (cargo reads the time of a folder that a build script
 # watches: `proto` in build.rs); a folder that gained or lost an entry keeps the clone time.
 children = {}
-for line in lines:
-    path = line.split(" ", 2)[2].rstrip("\n")
+for path in tracked:
     parts = path.split("/")
     for depth in range(1, len(parts)):
         children.setdefault("/".join(parts[:depth]), set()).add(parts[depth])
 for folder, names in children.items():
-    digest = hashlib.sha1("\0".join(sorted(names)).encode()).hexdigest()
-    key = "dir:" + folder
-    mtime = known.get((key, digest))
-    if mtime is None:
-        mtime = int(os.stat(folder).st_mtime)
-        changed += 1
-    else:
-        os.utime(folder, (mtime, mtime))
-        kept += 1
-    lines.append(f"{digest} {mtime} {key}\n")
+    settle(folder, "dir:" + folder, hashlib.sha1("\0".join(sorted(names)).encode()).hexdigest())
 # The git files the build script watches for the commit it stamps (build.rs): HEAD, the packed
 # refs and the branch refs, by their content; a new commit moves them, and the stamp with it.
 def git_files():
@@ -88,22 +83,13 @@ def git_files():
         for name in names:
             yield os.path.join(folder, name)
 for path in git_files():
-    if not os.path.isfile(path):
-        continue
-    with open(path, "rb") as f:
-        digest = hashlib.sha1(f.read()).hexdigest()
-    key = "git:" + path
-    mtime = known.get((key, digest))
-    if mtime is None:
-        mtime = int(os.stat(path).st_mtime)
-        changed += 1
-    else:
-        os.utime(path, (mtime, mtime))
-        kept += 1
-    lines.append(f"{digest} {mtime} {key}\n")
+    if os.path.isfile(path):
+        with open(path, "rb") as f:
+            settle(path, "git:" + path, hashlib.sha1(f.read()).hexdigest())
 tmp = record + ".tmp"
 with open(tmp, "w") as f:
     f.writelines(lines)
 os.replace(tmp, record)
+kept, changed = counts["kept"], counts["changed"]
 print(f"ci-mtimes: {kept} files as in the previous run, {changed} new or changed", file=sys.stderr)
 ' "$RECORD"

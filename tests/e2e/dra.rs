@@ -22,6 +22,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 use crate::harness::{Cluster, PROFILE_CONFIG, metric_sum};
+use crate::mig::node;
 use crate::objects::{
     GpuNode, Mode, NS, NVIDIA_GPU, PodSpec, create_bound, create_pod, delete_pod, node_of, pods,
     wait_bound, wait_unschedulable,
@@ -387,12 +388,7 @@ fn dra_claims_are_accounted_next_to_the_extenders_pods() {
             claim_gpus(r, "dra-a", "default/c-two").len() == 2
         })
         .await?;
-        let dra_a = report["nodes"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|n| n["name"] == "dra-a")
-            .context("dra-a in inspect")?;
+        let dra_a = node(&report, "dra-a")?;
         ensure!(
             dra_a["gpus"].as_array().map_or(0, Vec::len) == 4,
             "dra-a: {dra_a:#}"
@@ -750,12 +746,7 @@ fn dra_template_claims_are_made_packed_and_released() {
                 .contains("pool gpu.nvidia.com/tmpl-a: 1 slice(s) of an older generation ignored")
         })
         .await?;
-        let tmpl_a = report["nodes"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|n| n["name"] == "tmpl-a")
-            .context("tmpl-a in inspect")?;
+        let tmpl_a = node(&report, "tmpl-a")?;
         ensure!(
             tmpl_a["gpus"].as_array().map_or(0, Vec::len) == 4,
             "tmpl-a counted once across generations: {tmpl_a:#}"

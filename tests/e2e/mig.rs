@@ -22,7 +22,7 @@ fn mig_node(name: &str) -> GpuNode {
 }
 
 /// The `/inspect` report of node `name`.
-fn node<'a>(report: &'a Value, name: &str) -> Result<&'a Value> {
+pub(crate) fn node<'a>(report: &'a Value, name: &str) -> Result<&'a Value> {
     report["nodes"]
         .as_array()
         .into_iter()
